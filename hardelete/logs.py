@@ -1,0 +1,42 @@
+"""structlog set-up: JSON lines in production, readable output on a TTY."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR}
+
+
+def configure_logging(fmt: str = "auto", level: str = "info") -> None:
+    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer()
+        if use_json
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    # Quieten chatty libraries; their warnings still show.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    for name in ("aiokafka", "botocore", "boto3", "urllib3", "py4j", "kafka"):
+        logging.getLogger(name).setLevel(logging.WARNING if name != "aiokafka" else logging.ERROR)
+
+
+def get_logger(name: str) -> structlog.stdlib.BoundLogger:
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(name)
+    return logger

@@ -1,0 +1,207 @@
+"""One settings object for every component.
+
+Values come from, in increasing precedence: the defaults below, an optional TOML file (the
+``[hardelete]`` table of ``$HARDELETE_CONFIG`` or ``--config``), and ``HARDELETE_*`` environment
+variables (the field name upper-cased). Validation happens once, at start-up, and a bad value
+stops start-up with a :class:`ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "HARDELETE_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or wrong; the message names the key."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"config {key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+def _positive(v: float) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def _non_negative(v: float) -> str | None:
+    return None if v >= 0 else "must be >= 0"
+
+
+def _one_of(*choices: str) -> Callable[[str], str | None]:
+    def check(v: str) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(choices)}"
+
+    return check
+
+
+def _url(*schemes: str) -> Callable[[str], str | None]:
+    def check(v: str) -> str | None:
+        if not v:
+            return None  # empty means "embedded/default"
+        if not any(v.startswith(s) for s in schemes):
+            return f"must start with {' or '.join(schemes)}"
+        return None
+
+    return check
+
+
+def _opt(check: Callable[[Any], str | None] | None = None, doc: str = "") -> dict[str, Any]:
+    return {"check": check, "doc": doc}
+
+
+@dataclass(frozen=True)
+class Settings:
+    # --- where the real parts are (empty: start the embedded stack, see hardelete.stack) ---
+    kafka_bootstrap: str = field(default="", metadata=_opt(doc="host:port[,host:port]"))
+    redis_url: str = field(
+        default="", metadata=_opt(_url("redis://", "rediss://", "unix://"), "Redis URL")
+    )
+    redis_cluster: bool = field(default=False, metadata=_opt(doc="redis_url is a cluster node"))
+    s3_endpoint_url: str = field(
+        default="", metadata=_opt(_url("http://", "https://"), "S3 endpoint")
+    )
+    s3_region: str = "us-east-1"
+    s3_access_key: str = "testing"
+    s3_secret_key: str = "testing"
+
+    # --- Kafka ---
+    events_topic: str = "hardelete.events"
+    dlq_topic: str = "hardelete.events.dlq"
+    topic_partitions: int = field(default=4, metadata=_opt(_positive))
+    consumer_group: str = "hardelete-tracker"
+    session_timeout_ms: int = field(default=10_000, metadata=_opt(_positive))
+    heartbeat_interval_ms: int = field(default=3_000, metadata=_opt(_positive))
+
+    # --- tracker ---
+    tracker_batch_max: int = field(default=5_000, metadata=_opt(_positive))
+    tracker_poll_ms: int = field(default=200, metadata=_opt(_positive))
+
+    # --- reaper ---
+    grace_seconds: float = field(default=3_600.0, metadata=_opt(_non_negative))
+    min_safe_grace_seconds: float = field(default=300.0, metadata=_opt(_non_negative))
+    allow_unsafe_grace: bool = False
+    lease_seconds: float = field(default=120.0, metadata=_opt(_positive))
+    tombstone_days: float = field(default=7.0, metadata=_opt(_positive))
+    reaper_batch_keys: int = field(default=1_000, metadata=_opt(_positive))
+    reaper_concurrency: int = field(default=8, metadata=_opt(_positive))
+    reaper_poll_seconds: float = field(default=1.0, metadata=_opt(_positive))
+    quarantine_days: float = field(
+        default=0.0, metadata=_opt(_non_negative, "0: delete; >0: move to quarantine for N days")
+    )
+
+    # --- uploads ---
+    upload_token_secret: str = "hardelete-dev-secret-change-me"
+    upload_ttl_seconds: float = field(default=3_600.0, metadata=_opt(_positive))
+
+    # --- reconciler ---
+    spark_master: str = "local[2]"
+    reconcile_min_age_seconds: float = field(default=6 * 3_600.0, metadata=_opt(_non_negative))
+
+    # --- operations ---
+    metrics_port: int = field(default=0, metadata=_opt(_non_negative, "0 disables the endpoint"))
+    log_format: str = field(default="auto", metadata=_opt(_one_of("auto", "json", "console")))
+    log_level: str = field(
+        default="info", metadata=_opt(_one_of("debug", "info", "warning", "error"))
+    )
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            check = f.metadata.get("check")
+            problem = check(value) if check else None
+            if problem:
+                raise ConfigError(f.name, f"{problem} (got {value!r})")
+        if self.reaper_batch_keys > 1_000:
+            raise ConfigError("reaper_batch_keys", "S3 accepts at most 1000 keys per delete")
+        if self.grace_seconds < self.min_safe_grace_seconds and not self.allow_unsafe_grace:
+            raise ConfigError(
+                "grace_seconds",
+                f"{self.grace_seconds:g}s is under the safe minimum "
+                f"{self.min_safe_grace_seconds:g}s; set allow_unsafe_grace=true to force it",
+            )
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+def _coerce(key: str, raw: Any, kind: Any) -> Any:
+    kind_name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+    try:
+        if kind_name == "bool":
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError
+        if kind_name == "int":
+            if isinstance(raw, bool):
+                raise ValueError
+            return int(raw)
+        if kind_name == "float":
+            if isinstance(raw, bool):
+                raise ValueError
+            return float(raw)
+        if kind_name == "str":
+            if not isinstance(raw, str | int | float):
+                raise ValueError
+            return str(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(key, f"expected {kind_name}, got {raw!r}") from None
+    raise ConfigError(key, f"unsupported type {kind_name}")
+
+
+def load_settings(
+    config_file: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> Settings:
+    """Build and validate the settings; raises ConfigError naming the bad key."""
+    env = os.environ if env is None else env
+    known = {f.name: f for f in fields(Settings)}
+    values: dict[str, Any] = {}
+
+    path = config_file or env.get(ENV_PREFIX + "CONFIG")
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("config", f"file {str(p)!r} does not exist")
+        try:
+            doc = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("config", f"{p} is not valid TOML: {exc}") from None
+        table = doc.get("hardelete", doc)
+        for key, raw in table.items():
+            if key not in known:
+                raise ConfigError(key, f"unknown key in {p}")
+            values[key] = _coerce(key, raw, known[key].type)
+
+    for name, f in known.items():
+        raw_env = env.get(ENV_PREFIX + name.upper())
+        if raw_env is not None:
+            values[name] = _coerce(ENV_PREFIX + name.upper(), raw_env, f.type)
+
+    for key, raw in overrides.items():
+        if key not in known:
+            raise ConfigError(key, "unknown setting")
+        values[key] = raw
+    return Settings(**values)
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(env var, default, doc) for every setting: the README's configuration table."""
+    rows = []
+    for f in fields(Settings):
+        rows.append((ENV_PREFIX + f.name.upper(), repr(f.default), f.metadata.get("doc", "")))
+    return rows

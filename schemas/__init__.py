@@ -1,0 +1,1 @@
+"""The contracts: event schemas, Redis record layout, report formats, and the publisher."""

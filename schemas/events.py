@@ -1,0 +1,366 @@
+"""Event contract, version 1.
+
+Every event is a flat JSON object (orjson-encoded) with an envelope, ``event_id``, ``type``,
+``v`` (schema version), ``repository`` and ``emitted_at``, plus the fields of its type. The
+repository is the Kafka partition key, so the events of one repository are totally ordered by
+the broker (but services may publish concurrently, so the order is not the order of operations:
+see ``schemas/README.md`` for the reference-id rule that makes that harmless).
+
+``decode`` validates every field and raises :class:`EventError`, whose message names the field
+and the problem; the tracker sends such events to the dead-letter topic with that reason.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+import uuid
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, ClassVar, Union, get_args, get_origin
+
+import orjson
+
+SCHEMA_VERSION = 1
+
+
+class EventError(ValueError):
+    """An event could not be decoded; ``field`` names the culprit (or ``None``)."""
+
+    def __init__(self, problem: str, field: str | None = None, event_type: str | None = None):
+        where = f"field {field!r}: " if field else ""
+        what = f"{event_type} event: " if event_type else ""
+        super().__init__(f"{what}{where}{problem}")
+        self.field = field
+        self.problem = problem
+        self.event_type = event_type
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    TYPE: ClassVar[str] = ""
+    DOC: ClassVar[str] = ""
+    repository: str
+    event_id: str = field(default_factory=new_id)
+    # Publisher's clock: informational only. No safety decision ever reads it.
+    emitted_at: float = 0.0
+
+    @property
+    def key(self) -> bytes:
+        """Kafka partition key: the repository, so one repository is one ordered stream."""
+        return self.repository.encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RepositoryCreated(Event):
+    TYPE = "repository_created"
+    DOC = "A repository and its storage namespace; retention defaults for the reconciler."
+    storage_namespace: str
+    default_branch: str
+    default_retention_days: float
+    branch_retention_days: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BranchCreated(Event):
+    TYPE = "branch_created"
+    DOC = "A branch with its first open staging token, starting at source_commit (if any)."
+    branch: str
+    staging_token: str
+    source_commit: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AddressIssued(Event):
+    TYPE = "address_issued"
+    DOC = (
+        "An upload address handed to a client (GetPhysicalAddress). Protected for ttl_seconds, "
+        "measured on the tracker's clock from when the tracker applies this event."
+    )
+    address: str
+    ttl_seconds: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObjectWritten(Event):
+    TYPE = "object_written"
+    DOC = (
+        "An entry staged in a token (upload or link): reference ref_id of address. If it "
+        "overwrote an entry staged in the SAME token, replaces_ref_id/replaces_address name the "
+        "reference it removes."
+    )
+    branch: str
+    staging_token: str
+    path: str
+    address: str
+    size: int
+    ref_id: str
+    replaces_ref_id: str | None = None
+    replaces_address: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObjectCopied(Event):
+    TYPE = "object_copied"
+    DOC = (
+        "Shallow copy: source address gains reference ref_id in the destination token. "
+        "source_read_at is when the service read the source entry (publisher clock, diagnostics)."
+    )
+    branch: str
+    staging_token: str
+    path: str
+    address: str
+    size: int
+    ref_id: str
+    source_read_at: float
+    replaces_ref_id: str | None = None
+    replaces_address: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObjectDeleted(Event):
+    TYPE = "object_deleted"
+    DOC = "An entry removed from a staging token: the reference ref_id of address ends."
+    branch: str
+    staging_token: str
+    path: str
+    address: str
+    ref_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommitCreated(Event):
+    TYPE = "commit_created"
+    DOC = (
+        "A commit on branch: it sealed and committed sealed_tokens, the branch's open token is "
+        "now staging_token, and its entries are listed in the Parquet manifest at manifest."
+    )
+    branch: str
+    commit_id: str
+    parents: list[str]
+    sealed_tokens: list[str]
+    staging_token: str
+    committed_at: float
+    manifest: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BranchReset(Event):
+    TYPE = "branch_reset"
+    DOC = "Uncommitted changes thrown away: dropped_tokens are dropped, staging_token is new."
+    branch: str
+    dropped_tokens: list[str]
+    staging_token: str
+    head: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BranchDeleted(Event):
+    TYPE = "branch_deleted"
+    DOC = "A branch deleted: its tokens are dropped; last_head may now be a dangling commit."
+    branch: str
+    dropped_tokens: list[str]
+    last_head: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TagCreated(Event):
+    TYPE = "tag_created"
+    DOC = "A tag naming a commit."
+    tag: str
+    commit_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TagDeleted(Event):
+    TYPE = "tag_deleted"
+    DOC = "A tag removed."
+    tag: str
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.TYPE: cls
+    for cls in (
+        RepositoryCreated,
+        BranchCreated,
+        AddressIssued,
+        ObjectWritten,
+        ObjectCopied,
+        ObjectDeleted,
+        CommitCreated,
+        BranchReset,
+        BranchDeleted,
+        TagCreated,
+        TagDeleted,
+    )
+}
+
+# Fields whose string value must be an s3:// URI (checked here; namespace checked by the tracker).
+ADDRESS_FIELDS = ("address", "replaces_address", "storage_namespace")
+_ENVELOPE = ("type", "v")
+
+
+def encode(event: Event) -> bytes:
+    body = asdict(event)
+    body["type"] = event.TYPE
+    body["v"] = SCHEMA_VERSION
+    return orjson.dumps(body)
+
+
+def _type_name(tp: Any) -> str:
+    if tp is str:
+        return "string"
+    if tp is int:
+        return "integer"
+    if tp is float:
+        return "number"
+    if tp is bool:
+        return "boolean"
+    return str(tp)
+
+
+def _check(name: str, tp: Any, value: Any, etype: str) -> Any:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _check(name, args[0], value, etype)
+    if origin is list:
+        (item,) = get_args(tp)
+        if not isinstance(value, list):
+            raise EventError(f"expected a list, got {type(value).__name__}", name, etype)
+        return [_check(f"{name}[{i}]", item, v, etype) for i, v in enumerate(value)]
+    if origin is dict:
+        _, vt = get_args(tp)
+        if not isinstance(value, dict):
+            raise EventError(f"expected an object, got {type(value).__name__}", name, etype)
+        return {str(k): _check(f"{name}.{k}", vt, v, etype) for k, v in value.items()}
+    ok = (
+        (tp is str and isinstance(value, str))
+        or (tp is int and isinstance(value, int) and not isinstance(value, bool))
+        or (tp is float and isinstance(value, int | float) and not isinstance(value, bool))
+        or (tp is bool and isinstance(value, bool))
+    )
+    if not ok:
+        got = "null" if value is None else type(value).__name__
+        raise EventError(f"expected {_type_name(tp)}, got {got}", name, etype)
+    if tp is float:
+        value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise EventError("must be a finite number", name, etype)
+    if tp is str and not value and name not in ("path",):
+        raise EventError("must not be empty", name, etype)
+    if tp is str and name in ADDRESS_FIELDS and not value.startswith("s3://"):
+        raise EventError(f"must be an s3:// URI, got {value!r}", name, etype)
+    return value
+
+
+def decode(data: bytes | str) -> Event:
+    """Parse and validate one event; raises EventError naming the field and the problem."""
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise EventError(f"not valid JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise EventError(f"expected a JSON object, got {type(body).__name__}")
+    etype = body.get("type")
+    if not isinstance(etype, str):
+        raise EventError("missing or not a string", "type")
+    cls = EVENT_TYPES.get(etype)
+    if cls is None:
+        raise EventError(f"unknown event type {etype!r}", "type")
+    version = body.get("v")
+    if version != SCHEMA_VERSION:
+        raise EventError(f"unsupported schema version {version!r} (this is v{SCHEMA_VERSION})",
+                         "v", etype)
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in body:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise EventError("missing", f.name, etype)
+            continue
+        kwargs[f.name] = _check(f.name, hints[f.name], body[f.name], etype)
+    extra = set(body) - {f.name for f in fields(cls)} - set(_ENVELOPE)
+    if extra:
+        raise EventError(f"unknown field(s) {sorted(extra)}", sorted(extra)[0], etype)
+    event = cls(**kwargs)
+    _check_semantics(event)
+    return event
+
+
+def _check_semantics(e: Event) -> None:
+    etype = e.TYPE
+    if isinstance(e, ObjectWritten | ObjectCopied):
+        if e.size < 0:
+            raise EventError("must be >= 0", "size", etype)
+        if (e.replaces_ref_id is None) != (e.replaces_address is None):
+            raise EventError("replaces_ref_id and replaces_address go together",
+                             "replaces_address", etype)
+        if e.replaces_ref_id == e.ref_id:
+            raise EventError("a reference cannot replace itself", "replaces_ref_id", etype)
+    if isinstance(e, AddressIssued) and e.ttl_seconds <= 0:
+        raise EventError("must be > 0", "ttl_seconds", etype)
+    if isinstance(e, RepositoryCreated):
+        if not e.storage_namespace.endswith("/"):
+            raise EventError("must end with '/'", "storage_namespace", etype)
+        if e.default_retention_days < 0:
+            raise EventError("must be >= 0", "default_retention_days", etype)
+        for b, d in e.branch_retention_days.items():
+            if d < 0:
+                raise EventError("must be >= 0", f"branch_retention_days.{b}", etype)
+
+
+def required_fields(cls: type[Event]) -> list[str]:
+    return [f.name for f in fields(cls)
+            if f.default is MISSING and f.default_factory is MISSING]
+
+
+# --- JSON Schema export, for publishers in other languages ------------------------------------
+
+def _json_type(tp: Any) -> dict[str, Any]:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        inner = [a for a in get_args(tp) if a is not type(None)][0]
+        schema = _json_type(inner)
+        return {"anyOf": [schema, {"type": "null"}]}
+    if origin is list:
+        return {"type": "array", "items": _json_type(get_args(tp)[0])}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": _json_type(get_args(tp)[1])}
+    return {
+        str: {"type": "string", "minLength": 1},
+        int: {"type": "integer"},
+        float: {"type": "number"},
+        bool: {"type": "boolean"},
+    }[tp]
+
+
+def json_schema(cls: type[Event]) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    props: dict[str, Any] = {
+        "type": {"const": cls.TYPE},
+        "v": {"const": SCHEMA_VERSION},
+    }
+    for f in fields(cls):
+        prop = _json_type(hints[f.name])
+        if f.name == "path":
+            prop.pop("minLength", None)
+        if f.name in ADDRESS_FIELDS:
+            target = prop["anyOf"][0] if "anyOf" in prop else prop
+            target["pattern"] = "^s3://"
+        props[f.name] = prop
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"hardelete/events/v{SCHEMA_VERSION}/{cls.TYPE}",
+        "title": cls.TYPE,
+        "description": cls.DOC,
+        "type": "object",
+        "properties": props,
+        "required": ["type", "v", *required_fields(cls)],
+        "additionalProperties": False,
+    }

@@ -1,0 +1,99 @@
+"""The publisher library services use to emit events correctly.
+
+``await publisher.publish(event)`` returns once the broker acknowledged the event (acks=all).
+Events are keyed by repository, so one repository's events stay in one partition, in the order
+each publisher sent them. ``publish_many`` sends a batch and awaits every acknowledgement;
+aiokafka batches records per partition under the hood (``linger_ms``).
+
+Idempotent/transactional producers are deliberately not used (the embedded broker refuses them);
+a retried send may duplicate an event, which the tracker tolerates by design (event ids,
+reference ids, idempotent apply).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from types import TracebackType
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from hardelete.settings import Settings
+from schemas.events import Event, encode
+
+
+async def ensure_topics(settings: Settings, attempts: int = 20) -> None:
+    """Create the events and dead-letter topics if they do not exist (idempotent)."""
+    last: Exception | None = None
+    for attempt in range(attempts):
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+        try:
+            await admin.start()
+            existing = set(await admin.list_topics())
+            wanted = [
+                NewTopic(t, settings.topic_partitions, 1)
+                for t in (settings.events_topic, settings.dlq_topic)
+                if t not in existing
+            ]
+            if wanted:
+                try:
+                    await admin.create_topics(wanted)
+                except TopicAlreadyExistsError:
+                    pass
+            return
+        except TopicAlreadyExistsError:
+            return
+        except Exception as exc:  # broker still starting: retry with backoff
+            last = exc
+            await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+        finally:
+            await admin.close()
+    raise RuntimeError(f"could not create topics on {settings.kafka_bootstrap}: {last}")
+
+
+class Publisher:
+    """Async, acks=all, keyed by repository."""
+
+    def __init__(self, settings: Settings, *, linger_ms: int = 5) -> None:
+        self.topic = settings.events_topic
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=settings.kafka_bootstrap,
+            acks="all",
+            linger_ms=linger_ms,
+            max_batch_size=1 << 20,
+            request_timeout_ms=30_000,
+        )
+        self.published = 0
+
+    async def start(self) -> Publisher:
+        await self._producer.start()
+        return self
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def __aenter__(self) -> Publisher:
+        return await self.start()
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+    async def publish(self, event: Event) -> None:
+        """Return once the broker has acknowledged the event."""
+        await self._producer.send_and_wait(self.topic, encode(event), key=event.key)
+        self.published += 1
+
+    async def publish_many(self, events: Iterable[Event]) -> int:
+        """Send all, then await every acknowledgement; per-repository order is preserved."""
+        futures = [await self._producer.send(self.topic, encode(e), key=e.key) for e in events]
+        if futures:
+            await asyncio.gather(*futures)
+        self.published += len(futures)
+        return len(futures)
+
+    async def publish_raw(self, value: bytes, key: bytes) -> None:
+        """Publish bytes as they are (tests and tools that exercise the dead-letter path)."""
+        await self._producer.send_and_wait(self.topic, value, key=key)
