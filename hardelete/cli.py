@@ -1,0 +1,117 @@
+"""``hardelete``: one CLI for everything.
+
+Each component owns its subcommand: a module exposing ``configure(parser)`` (adds arguments)
+and ``run_cli(settings, args) -> int``. The CLI loads the settings once (env, ``--config``),
+sets up logging, and turns user mistakes into one clear line (exit 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from hardelete import UserError
+from hardelete.logs import configure_logging
+from hardelete.settings import ConfigError, load_settings
+
+# (command path, module implementing it, help)
+COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
+    (("demo",), "hardelete.demo", "run the model service (and daemons) on the embedded stack"),
+    (("tracker", "run"), "tracker.daemon", "consume events into Redis reference state"),
+    (("reaper", "run"), "reaper.daemon", "hard-delete addresses unreferenced past the grace"),
+    (("restore",), "reaper.quarantine", "bring a quarantined address back"),
+    (("reconcile",), "reconciler.job", "nightly mark and sweep with retention (PySpark)"),
+    (("status",), "hardelete.status", "tracker progress, queues, incidents per repository"),
+    (("explain",), "hardelete.status:explain", "why an address is alive or why it was deleted"),
+    (("config",), "hardelete.cli:config", "show the effective settings"),
+    (("bench",), "hardelete.bench", "benchmarks against raw limits (see BENCHMARKS.md)"),
+]
+
+
+class _Config:
+    """`hardelete config`: print the effective settings (secrets masked)."""
+
+    @staticmethod
+    def configure(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--json", action="store_true")
+
+    @staticmethod
+    def run_cli(settings: object, args: argparse.Namespace) -> int:
+        import dataclasses
+
+        import orjson
+
+        values = dataclasses.asdict(settings)  # type: ignore[call-overload]
+        for k in values:
+            if "secret" in k:
+                values[k] = "***"
+        if args.json:
+            print(orjson.dumps(values, option=orjson.OPT_INDENT_2).decode())
+        else:
+            for k, v in values.items():
+                print(f"{k:28} {v!r}")
+        return 0
+
+
+config = _Config
+
+
+def _load(target: str) -> ModuleType | type | None:
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            return None  # component not installed/built yet
+        raise
+    return getattr(module, attr) if attr else module
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], object]]:
+    parser = argparse.ArgumentParser(prog="hardelete", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", help="TOML settings file (else $HARDELETE_CONFIG)")
+    top = parser.add_subparsers(dest="command", metavar="COMMAND")
+    groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
+    impls: dict[tuple[str, ...], object] = {}
+    for path, target, help_text in COMMANDS:
+        impl = _load(target)
+        if impl is None:
+            continue
+        subs = top
+        if len(path) == 2:
+            if path[0] not in groups:
+                grp = top.add_parser(path[0], help=f"{path[0]} commands")
+                groups[path[0]] = grp.add_subparsers(dest="subcommand", metavar="SUBCOMMAND")
+            subs = groups[path[0]]
+        sub = subs.add_parser(path[-1], help=help_text, description=help_text)
+        sub.set_defaults(_path=path)
+        impl.configure(sub)  # type: ignore[attr-defined]
+        impls[path] = impl
+    return parser, impls
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, impls = build_parser()
+    args = parser.parse_args(argv)
+    path = getattr(args, "_path", None)
+    if path is None:
+        parser.print_help()
+        return 2
+    try:
+        settings = load_settings(args.config)
+        configure_logging(settings.log_format, settings.log_level)
+        code: int = impls[path].run_cli(settings, args)  # type: ignore[attr-defined]
+        return code
+    except (ConfigError, UserError) as exc:
+        print(f"hardelete: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hardelete: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

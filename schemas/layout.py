@@ -1,0 +1,135 @@
+"""Redis record layout: the one place that names every key the components share.
+
+Every key of a repository carries the hash tag ``{repo}`` so that all of a repository's keys
+live in one Redis Cluster slot and one server-side script can update them atomically. Times are
+integer milliseconds of the Redis server clock (``TIME``), the one clock no publisher controls.
+See schemas/README.md for the meaning of each record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+PREFIX = "hd"
+
+# Global keys (not repository-scoped).
+REPOS = f"{PREFIX}:repos"  # set of repository ids
+PROGRESS = f"{PREFIX}:progress"  # hash: partition -> ms up to which the broker's content is applied
+PROGRESS_META = f"{PREFIX}:progress:meta"  # hash: topic, partitions (count)
+RECONCILER_LEASE = f"{PREFIX}:reconciler:lease:"  # + repo: string with run id, PX lease
+
+
+class AddressState(StrEnum):
+    STAGED = "staged"  # at least one live reference in an open/sealed (or unknown) token
+    COMMITTED = "committed"  # a commit took it: terminal for the online path, never reaped online
+    ISSUED = "issued"  # an issued upload address not yet expired, no live reference
+    UNREFERENCED = "unreferenced"  # no live reference since `since`: a reaping candidate
+    REAPING = "reaping"  # claimed by a reaper until `lease_until`
+    REAPED = "reaped"  # deleted from the store at `reaped_at` (tombstone, kept tombstone_days)
+
+
+class TokenState(StrEnum):
+    OPEN = "open"
+    SEALED = "sealed"
+    DROPPED = "dropped"
+    COMMITTED = "committed"
+
+
+# Token states only move up this rank (duplicates/reordering cannot move them back); committed
+# outranks dropped because, when in doubt, keeping wins.
+TOKEN_RANK = {TokenState.OPEN: 0, TokenState.SEALED: 1, TokenState.DROPPED: 2,
+              TokenState.COMMITTED: 3}
+LIVE_TOKEN_STATES = frozenset({TokenState.OPEN, TokenState.SEALED})
+
+# Reserved metadata prefixes inside a storage namespace: nothing under them is ever deleted by
+# the reaper or the reconciler's sweep.
+META_PREFIX = "_hardelete/"
+MANIFESTS_PREFIX = META_PREFIX + "manifests/"
+REPORTS_PREFIX = META_PREFIX + "reports/"
+QUARANTINE_PREFIX = META_PREFIX + "quarantine/"
+RESERVED_PREFIXES = (META_PREFIX, "_lakefs/")
+DATA_PREFIX = "data/"
+
+# Fields of an address hash that are not references.
+F_STATE, F_SINCE, F_COMMITTED, F_ISSUED_UNTIL, F_SIZE = "state", "since", "committed", "iu", "size"
+F_LEASE_UNTIL, F_CLAIMER, F_REAPED_AT = "lease_until", "claimer", "reaped_at"
+REF_ADD, REF_REMOVE = "+", "-"  # address hash fields "+<ref_id>" / "-<ref_id>" -> token
+
+
+@dataclass(frozen=True, slots=True)
+class RepoKeys:
+    """Key names for one repository."""
+
+    repo: str
+
+    @property
+    def tag(self) -> str:
+        return f"{PREFIX}:{{{self.repo}}}"
+
+    def address(self, address: str) -> str:
+        """hash: +ref -> token, -ref -> token, state, since, committed, iu, size, lease..."""
+        return f"{self.tag}:a:{address}"
+
+    def token_addresses(self, token: str) -> str:
+        """set: addresses that have a reference in this staging token."""
+        return f"{self.tag}:t:{token}"
+
+    @property
+    def meta(self) -> str:
+        """hash: namespace, default_branch, default_retention_days, branch_retention (json)."""
+        return f"{self.tag}:repo"
+
+    @property
+    def tokens(self) -> str:
+        """hash: token -> '<state>:<ms>'."""
+        return f"{self.tag}:tokens"
+
+    @property
+    def branches(self) -> str:
+        """hash: branch -> json {head, staging_token, sealed_tokens}."""
+        return f"{self.tag}:branches"
+
+    @property
+    def commits(self) -> str:
+        """hash: commit id -> json {parents, time, branch, manifest}."""
+        return f"{self.tag}:commits"
+
+    @property
+    def tags(self) -> str:
+        """hash: tag -> commit id."""
+        return f"{self.tag}:tags"
+
+    @property
+    def unreferenced(self) -> str:
+        """zset: address -> ms it became unreferenced (or its issued upload expires)."""
+        return f"{self.tag}:unref"
+
+    @property
+    def claims(self) -> str:
+        """zset: address -> lease expiry ms of a reaper's claim."""
+        return f"{self.tag}:claims"
+
+    @property
+    def reaped(self) -> str:
+        """zset: address -> ms reaped (tombstones, pruned after tombstone_days)."""
+        return f"{self.tag}:reaped"
+
+    @property
+    def incidents(self) -> str:
+        """list: json incidents (reference for an address already reaped or being reaped)."""
+        return f"{self.tag}:incidents"
+
+    @property
+    def stats(self) -> str:
+        """hash: counters (events, incidents, reaped, reaped_bytes ...)."""
+        return f"{self.tag}:stats"
+
+    @property
+    def applied(self) -> str:
+        """hash: partition -> last applied offset (makes redelivery a no-op)."""
+        return f"{self.tag}:applied"
+
+    @property
+    def address_prefix(self) -> str:
+        return f"{self.tag}:a:"

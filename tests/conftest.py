@@ -1,0 +1,88 @@
+"""Fixtures: real servers (Tansu, Redis/Valkey, moto) started once per run on free loopback
+ports by the same launcher the demo uses; each test gets fresh topics, a flushed Redis and a
+reset S3 server."""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hardelete.clients import redis_sync, s3_client
+from hardelete.settings import Settings, load_settings
+from hardelete.stack import Stack, embedded_stack
+
+os.environ.setdefault("HARDELETE_LOG_FORMAT", "console")
+
+
+def base_settings(**overrides: Any) -> Settings:
+    """Settings for tests: short timeouts, tiny grace (explicitly allowed as unsafe)."""
+    defaults: dict[str, Any] = {
+        "session_timeout_ms": 3000,
+        "heartbeat_interval_ms": 1000,
+        "grace_seconds": 1.0,
+        "allow_unsafe_grace": True,
+        "lease_seconds": 5.0,
+        "tracker_poll_ms": 50,
+        "reaper_poll_seconds": 0.1,
+    }
+    defaults.update(overrides)
+    return load_settings(env={}, **defaults)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    wd: Path = tmp_path_factory.mktemp("stack")
+    with embedded_stack(base_settings(), redis_aof=True, workdir=wd) as st:
+        yield st
+
+
+@pytest.fixture
+def settings(stack: Stack) -> Settings:
+    """Per-test settings: own topics and consumer group on the shared servers, clean state."""
+    suffix = uuid.uuid4().hex[:8]
+    s = stack.settings.replace(
+        events_topic=f"events-{suffix}",
+        dlq_topic=f"dlq-{suffix}",
+        consumer_group=f"tracker-{suffix}",
+    )
+    r = redis_sync(s)
+    r.flushall()
+    r.close()
+    req = urllib.request.Request(f"{s.s3_endpoint_url}/moto-api/reset", method="POST")
+    urllib.request.urlopen(req, timeout=10).close()
+    return s
+
+
+@pytest.fixture
+def redis_client(settings: Settings) -> Iterator[Any]:
+    r = redis_sync(settings)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def s3(settings: Settings) -> Any:
+    return s3_client(settings)
+
+
+@pytest.fixture
+def bucket(s3: Any) -> str:
+    name = f"bucket-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session per test run (about 5 s to start)."""
+    from reconciler.spark import get_spark
+
+    session = get_spark(base_settings())
+    yield session
+    session.stop()
