@@ -88,7 +88,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], objec
             subs = groups[path[0]]
         sub = subs.add_parser(path[-1], help=help_text, description=help_text)
         sub.set_defaults(_path=path)
-        impl.configure(sub)  # type: ignore[attr-defined]
+        impl.configure(sub)  # type: ignore[union-attr]
         impls[path] = impl
     return parser, impls
 

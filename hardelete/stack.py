@@ -243,17 +243,17 @@ def start_redis_cluster(workdir: Path, nodes: int = 3) -> list[Server]:
     for i, s in enumerate(servers):
         r = redis_lib.Redis(port=s.port)
         hi = 16383 if i == nodes - 1 else (i + 1) * per - 1
-        r.execute_command("CLUSTER", "ADDSLOTSRANGE", i * per, hi)
+        r.execute_command("CLUSTER", "ADDSLOTSRANGE", i * per, hi)  # type: ignore[no-untyped-call]
         for other in servers:
             if other is not s:
-                r.execute_command("CLUSTER", "MEET", "127.0.0.1", other.port)
+                r.execute_command("CLUSTER", "MEET", "127.0.0.1", other.port)  # type: ignore[no-untyped-call]
         r.close()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         states = []
         for s in servers:
             r = redis_lib.Redis(port=s.port)
-            info = r.execute_command("CLUSTER", "INFO")
+            info = r.execute_command("CLUSTER", "INFO")  # type: ignore[no-untyped-call]
             r.close()
             text = info.decode() if isinstance(info, bytes) else str(info)
             states.append("cluster_state:ok" in text)

@@ -325,19 +325,20 @@ def required_fields(cls: type[Event]) -> list[str]:
 def _json_type(tp: Any) -> dict[str, Any]:
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
-        inner = [a for a in get_args(tp) if a is not type(None)][0]
+        inner = next(a for a in get_args(tp) if a is not type(None))
         schema = _json_type(inner)
         return {"anyOf": [schema, {"type": "null"}]}
     if origin is list:
         return {"type": "array", "items": _json_type(get_args(tp)[0])}
     if origin is dict:
         return {"type": "object", "additionalProperties": _json_type(get_args(tp)[1])}
-    return {
+    scalars: dict[Any, dict[str, Any]] = {
         str: {"type": "string", "minLength": 1},
         int: {"type": "integer"},
         float: {"type": "number"},
         bool: {"type": "boolean"},
-    }[tp]
+    }
+    return dict(scalars[tp])
 
 
 def json_schema(cls: type[Event]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ reference ids, idempotent apply).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable
 from types import TracebackType
 
@@ -38,10 +39,8 @@ async def ensure_topics(settings: Settings, attempts: int = 20) -> None:
                 if t not in existing
             ]
             if wanted:
-                try:
+                with contextlib.suppress(TopicAlreadyExistsError):
                     await admin.create_topics(wanted)
-                except TopicAlreadyExistsError:
-                    pass
             return
         except TopicAlreadyExistsError:
             return

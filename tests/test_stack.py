@@ -1,0 +1,46 @@
+"""The embedded stack: real servers on free loopback ports, stopped by PID; external services
+are used as configured."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import redis
+
+from hardelete.settings import load_settings
+from hardelete.stack import embedded_stack, redis_server
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone once reaped by Popen.wait in stop().
+    return True
+
+
+def test_starts_answers_and_stops(tmp_path: Path) -> None:
+    with embedded_stack(load_settings(env={}), workdir=tmp_path) as st:
+        pids = {name: s.pid for name, s in st.servers.items()}
+        assert set(pids) == {"kafka", "redis", "s3"}
+        assert st.settings.kafka_bootstrap.startswith("127.0.0.1:")
+        r = redis.Redis.from_url(st.settings.redis_url)
+        assert r.ping()
+        r.close()
+    for pid in pids.values():
+        assert pid is not None and not _alive(pid)
+
+
+def test_external_service_is_used_not_started(tmp_path: Path) -> None:
+    external = redis_server(tmp_path)
+    external.start()
+    try:
+        url = f"redis://127.0.0.1:{external.port}/0"
+        with embedded_stack(load_settings(env={}, redis_url=url), kafka=False, s3=False,
+                            workdir=tmp_path) as st:
+            assert st.servers == {}
+            assert st.settings.redis_url == url
+    finally:
+        external.stop()
