@@ -133,6 +133,42 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
+# What each setting is for: `hardelete config`, the README's configuration table.
+DOCS: dict[str, str] = {
+    "kafka_bootstrap": "Kafka bootstrap servers host:port[,...]; empty: embedded Tansu",
+    "redis_url": "Redis URL; empty: embedded redis-server/valkey-server",
+    "redis_cluster": "treat redis_url as a Redis Cluster node",
+    "s3_endpoint_url": "S3 endpoint URL; empty: embedded moto server",
+    "s3_region": "S3 region",
+    "s3_access_key": "S3 access key id",
+    "s3_secret_key": "S3 secret key",
+    "events_topic": "topic the services publish events to",
+    "dlq_topic": "dead-letter topic for malformed events (reason in a header)",
+    "topic_partitions": "partitions when the topics are created",
+    "consumer_group": "tracker consumer group",
+    "session_timeout_ms": "Kafka consumer session timeout",
+    "heartbeat_interval_ms": "Kafka consumer heartbeat interval",
+    "tracker_batch_max": "most events fetched and applied in one tracker batch",
+    "tracker_poll_ms": "longest wait of one fetch",
+    "grace_seconds": "how long after its last reference ended (tracker clock) an address may go",
+    "min_safe_grace_seconds": "grace windows under this are refused unless allow_unsafe_grace",
+    "allow_unsafe_grace": "accept a grace window under min_safe_grace_seconds",
+    "lease_seconds": "a reaper's claim on an address expires after this",
+    "tombstone_days": "reaped addresses are remembered this long to catch late references",
+    "reaper_batch_keys": "keys per S3 delete_objects request (at most 1000)",
+    "reaper_concurrency": "delete requests in flight per reaper",
+    "reaper_poll_seconds": "reaper idle poll interval",
+    "quarantine_days": "0: delete; >0: move to the quarantine prefix and keep N days",
+    "upload_token_secret": "HMAC secret that signs upload tokens",
+    "upload_ttl_seconds": "lifetime of an issued upload address",
+    "spark_master": "Spark master for the reconciler",
+    "reconcile_min_age_seconds": "reconciler cutoff: younger objects are never candidates",
+    "metrics_port": "Prometheus metrics port; 0 disables the endpoint",
+    "log_format": "auto (console on a TTY, else JSON), json or console",
+    "log_level": "debug, info, warning or error",
+}
+
+
 def _coerce(key: str, raw: Any, kind: Any) -> Any:
     kind_name = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
     try:
@@ -203,5 +239,5 @@ def describe() -> list[tuple[str, str, str]]:
     """(env var, default, doc) for every setting: the README's configuration table."""
     rows = []
     for f in fields(Settings):
-        rows.append((ENV_PREFIX + f.name.upper(), repr(f.default), f.metadata.get("doc", "")))
+        rows.append((ENV_PREFIX + f.name.upper(), repr(f.default), DOCS.get(f.name, "")))
     return rows

@@ -60,3 +60,11 @@ def test_unknown_toml_key_and_missing_file(tmp_path: Path) -> None:
 def test_describe_lists_every_env_var() -> None:
     names = [row[0] for row in describe()]
     assert "HARDELETE_KAFKA_BOOTSTRAP" in names and "HARDELETE_GRACE_SECONDS" in names
+
+
+def test_every_setting_is_documented() -> None:
+    from dataclasses import fields
+
+    from hardelete.settings import DOCS, Settings
+
+    assert {f.name for f in fields(Settings)} == set(DOCS)
