@@ -133,3 +133,27 @@ class RepoKeys:
     @property
     def address_prefix(self) -> str:
         return f"{self.tag}:a:"
+
+
+class OutsideNamespace(ValueError):
+    """An address that must never be deleted: outside the namespace or under a reserved prefix."""
+
+
+def namespace_key(namespace: str, address: str) -> str:
+    """The key (relative to the namespace) of an address that may be deleted, else raise.
+
+    Every delete path (reaper, quarantine, sweep) and the tracker's admission check call this one
+    function, so a bad event can never steer a delete outside ``namespace`` or into metadata.
+    """
+    if not namespace.startswith("s3://") or not namespace.endswith("/"):
+        raise OutsideNamespace(f"namespace {namespace!r} must be s3://bucket/prefix/")
+    if not address.startswith(namespace):
+        raise OutsideNamespace(f"{address!r} is outside namespace {namespace!r}")
+    rel = address[len(namespace):]
+    if not rel or rel.startswith("/") or "//" in rel or any(
+        part in (".", "..") for part in rel.split("/")
+    ):
+        raise OutsideNamespace(f"{address!r} is not a plain object key under {namespace!r}")
+    if any(rel.startswith(p) for p in RESERVED_PREFIXES):
+        raise OutsideNamespace(f"{address!r} is under a reserved metadata prefix")
+    return rel
