@@ -1,0 +1,460 @@
+"""Commit retention and snapshot expiration over a versioned commit graph.
+
+Pure functions over immutable values; nothing here performs I/O.
+
+Two policies are modelled:
+
+* **Retention** (lakeFS committed retention, treeverse/lakeFS#1932) - :func:`active_commits`.
+  For each branch, the commits of its *main ancestry* (first-parent chain from HEAD) that the
+  branch HEAD pointed at, or moved past, during the branch's retention window are *active*.
+  Only the data (manifests) of active commits must be retained; data reachable only from
+  other commits may be hard-deleted.
+* **Expiration** (Icechunk "update A in place") - :func:`expire_snapshots`. History is
+  rewritten so that snapshots older than a threshold drop out of the ancestry of every ref;
+  snapshots that become unreachable can then be garbage collected.
+
+:func:`retained_commits` combines them: expiration rewrites history first, then retention is
+computed on the rewritten graph.
+
+Conventions: a commit's ``time`` is in epoch seconds and its first parent is its main
+ancestry. The graph is a ``Mapping[str, Commit]`` keyed by ``Commit.id``. Ids that are
+referenced (as a parent or by a ref) but absent from the mapping never cause an error: a
+walk simply ends there. A cycle in the first-parent relation is corrupt input: it never
+loops forever, and raises ``ValueError`` when met on a branch ancestry or by expiration.
+The expiration guarantees stated below assume monotone timestamps (a commit is never older
+than its parents), which Icechunk enforces at write time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
+
+__all__ = [
+    "SECONDS_PER_DAY",
+    "Commit",
+    "ExpirationResult",
+    "FrozenMap",
+    "Ref",
+    "RefKind",
+    "RetentionPolicy",
+    "active_commits",
+    "delete_expired_refs",
+    "expire_ref",
+    "expire_snapshots",
+    "reachable",
+    "retained_commits",
+]
+
+SECONDS_PER_DAY = 86400.0
+
+RefKind = Literal["branch", "tag"]
+Ref = tuple[RefKind, str]
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class FrozenMap(Mapping[K, V]):
+    """An immutable, hashable mapping (hashable when its values are)."""
+
+    __slots__ = ("_data", "_hash")
+
+    def __init__(self, data: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> None:
+        items: dict[K, V] = {}
+        if isinstance(data, Mapping):
+            for key in data:
+                items[key] = data[key]
+        else:
+            for key, value in data:
+                items[key] = value
+        self._data = items
+        self._hash: int | None = None
+
+    def __getitem__(self, key: K) -> V:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash(frozenset(self._data.items()))
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return self._data == dict(other.items())
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """A commit (snapshot). ``parents[0]``, if any, is its main ancestry."""
+
+    id: str
+    parents: tuple[str, ...]
+    time: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.parents, tuple):
+            object.__setattr__(self, "parents", tuple(self.parents))
+        if math.isnan(self.time):
+            raise ValueError(f"commit {self.id!r}: time is NaN")
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicy:
+    """Retention in days: a repository default and optional per-branch overrides.
+
+    ``branch_days`` is stored as a :class:`FrozenMap`, so policies are hashable.
+    Days must be non-negative; ``math.inf`` means "retain forever".
+    """
+
+    default_days: float
+    branch_days: Mapping[str, float] = field(default_factory=lambda: FrozenMap[str, float]())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "branch_days", FrozenMap(self.branch_days))
+        for name, days in (("<default>", self.default_days), *self.branch_days.items()):
+            if math.isnan(days) or days < 0:
+                raise ValueError(f"retention days for {name!r} must be >= 0, got {days!r}")
+
+    def days_for(self, branch: str) -> float:
+        """Retention days of ``branch`` (the repository default when it has no override)."""
+        return self.branch_days.get(branch, self.default_days)
+
+    def threshold(self, branch: str | None, now: float) -> float:
+        """Epoch seconds of the start of the retention window (``None``: default policy)."""
+        days = self.default_days if branch is None else self.days_for(branch)
+        return now - days * SECONDS_PER_DAY
+
+
+@dataclass(frozen=True, slots=True)
+class ExpirationResult:
+    """Outcome of :func:`expire_snapshots`.
+
+    * ``commits`` - the rewritten graph (a new mapping; the input is untouched).
+    * ``edited`` - ids whose ``parents`` were rewritten (the snapshots to update in place).
+    * ``expired`` - ids present in the input that were reachable from some ref before and are
+      unreachable after the rewrite, i.e. what garbage collection may now free. With monotone
+      timestamps every one of them is older than the threshold. Commits that were already
+      unreachable before are not reported.
+    * ``refs_pointing_to_expired`` - ``(kind, name)`` of refs whose commit is older than the
+      threshold. They are never edited and keep their snapshot (and its whole ancestry)
+      alive; deleting them (:func:`delete_expired_refs`) frees more.
+    """
+
+    commits: FrozenMap[str, Commit]
+    edited: frozenset[str]
+    expired: frozenset[str]
+    refs_pointing_to_expired: tuple[Ref, ...]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_graph(commits: Mapping[str, Commit]) -> None:
+    for key, commit in commits.items():
+        if key != commit.id:
+            raise ValueError(f"commit keyed {key!r} has id {commit.id!r}")
+
+
+def _cycle(start: str, at: str) -> ValueError:
+    return ValueError(f"first-parent cycle reached from {start!r} at {at!r}")
+
+
+def _first_parent_chain(commits: Mapping[str, Commit], start: str) -> list[str]:
+    """Present commits on the first-parent chain from ``start`` (inclusive), head first.
+
+    Ends at a commit without parents or whose first parent is absent from ``commits``.
+    """
+    chain: list[str] = []
+    seen: set[str] = set()
+    cid: str | None = start
+    while cid is not None and cid in commits:
+        if cid in seen:
+            raise _cycle(start, cid)
+        seen.add(cid)
+        chain.append(cid)
+        parents = commits[cid].parents
+        cid = parents[0] if parents else None
+    return chain
+
+
+def _walk_retention(
+    commits: Mapping[str, Commit],
+    start: str,
+    threshold: float,
+    active: set[str],
+    walked: dict[str, float],
+) -> None:
+    """Mark ``start`` and its first-parent ancestors the HEAD pointed at since ``threshold``.
+
+    ``start`` is always marked. Walking towards the root, a parent is marked iff its child
+    is not older than ``threshold`` (the HEAD moved from the parent to the child inside the
+    window, so the parent is the commit it pointed at when the window opened, or later);
+    the walk stops after the first commit older than ``threshold``. A parent missing from
+    ``commits`` is marked (by that rule it is active) but not walked.
+
+    ``walked`` memoises the lowest threshold already walked from a commit: a walk with a
+    lower-or-equal threshold from the same commit marks a superset, so it is not repeated
+    (this also ends any first-parent cycle).
+    """
+    cid = start
+    while True:
+        active.add(cid)
+        previous = walked.get(cid)
+        if previous is not None and previous <= threshold:
+            return
+        walked[cid] = threshold
+        commit = commits.get(cid)
+        if commit is None or commit.time < threshold or not commit.parents:
+            return
+        cid = commit.parents[0]
+
+
+def _default_order(branch_heads: Mapping[str, str], tags: Mapping[str, str]) -> list[Ref]:
+    refs: list[Ref] = [("tag", name) for name in sorted(tags)]
+    refs.extend(("branch", name) for name in sorted(branch_heads))
+    return refs
+
+
+def _resolve_order(
+    branch_heads: Mapping[str, str],
+    tags: Mapping[str, str],
+    order: Sequence[tuple[str, str]] | None,
+) -> list[tuple[Ref, str]]:
+    if order is None:
+        refs = _default_order(branch_heads, tags)
+    else:
+        refs = []
+        seen: set[tuple[str, str]] = set()
+        for kind, name in order:
+            if (kind, name) in seen:
+                raise ValueError(f"ref {(kind, name)!r} listed twice in order")
+            seen.add((kind, name))
+            if kind == "branch" and name in branch_heads:
+                refs.append(("branch", name))
+            elif kind == "tag" and name in tags:
+                refs.append(("tag", name))
+            else:
+                raise ValueError(f"unknown ref {(kind, name)!r} in order")
+    return [(ref, branch_heads[ref[1]] if ref[0] == "branch" else tags[ref[1]]) for ref in refs]
+
+
+def _expire_into(graph: dict[str, Commit], target: str, older_than: float) -> str | None:
+    """Apply "update A in place" for one ref to ``graph``; return the edited id, if any."""
+    head = graph.get(target)
+    if head is None or head.time < older_than:
+        # Absent, or the ref itself points at an expired snapshot: never edited.
+        return None
+    chain = _first_parent_chain(graph, target)
+    root = chain[-1]
+    # A: the last (deepest) non-expired commit of the ancestry. With monotone timestamps it
+    # sits right before the first expired one; with skewed clocks choosing the deepest one
+    # never abandons a non-expired commit of the chain.
+    editable = target
+    for cid in chain:
+        if graph[cid].time >= older_than:
+            editable = cid
+    if editable == root:
+        return None
+    commit = graph[editable]
+    if commit.parents[0] == root:
+        return None
+    # Only the main-ancestry link is cut: merge parents of A are not part of {X1..Xn}.
+    parents = (root, *(p for p in commit.parents[1:] if p != root))
+    graph[editable] = Commit(commit.id, parents, commit.time)
+    return editable
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def reachable(commits: Mapping[str, Commit], heads: Iterable[str]) -> frozenset[str]:
+    """Ids reachable from ``heads`` following *all* parents (heads included).
+
+    Referenced ids absent from ``commits`` (a missing head or parent) are included - they
+    are referenced, so nothing named by them may be deleted - but cannot be walked further.
+    """
+    seen: set[str] = set()
+    stack = list(heads)
+    while stack:
+        cid = stack.pop()
+        if cid in seen:
+            continue
+        seen.add(cid)
+        commit = commits.get(cid)
+        if commit is not None:
+            stack.extend(p for p in commit.parents if p not in seen)
+    return frozenset(seen)
+
+
+def active_commits(
+    commits: Mapping[str, Commit],
+    branch_heads: Mapping[str, str],
+    tags: Mapping[str, str],
+    policy: RetentionPolicy,
+    now: float,
+) -> frozenset[str]:
+    """Commits whose data must be retained under ``policy`` at time ``now`` (lakeFS #1932).
+
+    * **Branches.** For each branch, with ``threshold = now - days_for(branch) * 86400``:
+      the HEAD is always active; walking the first-parent ancestry from HEAD, commits with
+      ``time >= threshold`` are active and so is the first commit older than ``threshold``
+      (the commit HEAD pointed at when the window opened); the walk then stops. Merge
+      (second and later) parents are not main ancestry and are never walked here.
+    * **Dangling commits** - present commits on no branch's first-parent ancestry. Each
+      dangling commit that is nobody's first parent (a tip; every dangling commit lies on
+      the first-parent chain of such a tip) gets a hypothetical HEAD: a dummy child with the
+      tip's time, walked with the repository default retention. Hence the tip and its
+      ancestry are active only if ``tip.time >= threshold``; if so the walk proceeds as for
+      a branch. Deleted branches' heads and merged-in (second-parent) commits land here.
+    * **Tags** retain the commit they point at (always active, like lakeFS keeps tagged
+      commits). A tag does not retain that commit's ancestry; a tagged commit off every
+      branch ancestry is also covered by the dangling rule.
+    * Ref targets are active even if absent from ``commits``. A missing first parent that
+      the walk reaches is active (by the rule above) but ends the walk.
+
+    Longer retention never shrinks the result.
+    """
+    _check_graph(commits)
+    active: set[str] = set()
+    walked: dict[str, float] = {}
+
+    ancestry: set[str] = set()
+    for branch in sorted(branch_heads):
+        head = branch_heads[branch]
+        ancestry.update(_first_parent_chain(commits, head))
+        _walk_retention(commits, head, policy.threshold(branch, now), active, walked)
+
+    first_parents = {c.parents[0] for c in commits.values() if c.parents}
+    default_threshold = policy.threshold(None, now)
+    for cid in sorted(commits):
+        if cid in ancestry or cid in first_parents:
+            continue
+        if commits[cid].time >= default_threshold:  # the dummy HEAD is inside the window
+            _walk_retention(commits, cid, default_threshold, active, walked)
+
+    active.update(branch_heads.values())
+    active.update(tags.values())
+    return frozenset(active)
+
+
+def expire_ref(
+    commits: Mapping[str, Commit], target: str, older_than: float
+) -> FrozenMap[str, Commit]:
+    """One step of "update A in place" for the ref pointing at ``target``; returns a new graph.
+
+    If ``target`` is absent or older than ``older_than`` nothing changes. Otherwise, with
+    ``root`` the end of ``target``'s first-parent ancestry and ``A`` the deepest commit of
+    that ancestry with ``time >= older_than``, A's first parent becomes ``root`` (unless A is
+    ``root`` or already points at it); A's merge parents are kept. If the ancestry ends at
+    a parent missing from ``commits``, the last present commit acts as ``root``.
+    """
+    _check_graph(commits)
+    graph = dict(commits)
+    _expire_into(graph, target, older_than)
+    return FrozenMap(graph)
+
+
+def expire_snapshots(
+    commits: Mapping[str, Commit],
+    branch_heads: Mapping[str, str],
+    tags: Mapping[str, str],
+    older_than: float,
+    order: Sequence[tuple[str, str]] | None = None,
+) -> ExpirationResult:
+    """Expire snapshots older than ``older_than`` (Icechunk "update A in place").
+
+    Refs are processed in ``order`` (``("branch" | "tag", name)`` pairs; default: tags then
+    branches, each sorted by name); each step is :func:`expire_ref`. Refs not listed are not
+    processed but still keep their snapshots reachable. Unknown or repeated refs raise
+    ``ValueError``. The resulting graph does not depend on the order.
+
+    Snapshots directly pointed at by a branch or tag are never expired nor edited when they
+    are older than the threshold. With monotone timestamps no commit newer than the
+    threshold that was reachable from a ref becomes unreachable.
+    """
+    _check_graph(commits)
+    refs = _resolve_order(branch_heads, tags, order)
+    heads = [*branch_heads.values(), *tags.values()]
+    graph = dict(commits)
+    edited: set[str] = set()
+    for _ref, target in refs:
+        cid = _expire_into(graph, target, older_than)
+        if cid is not None:
+            edited.add(cid)
+    before = reachable(commits, heads)
+    after = reachable(graph, heads)
+    expired = frozenset(cid for cid in before - after if cid in commits)
+    stale = tuple(
+        (kind, name)
+        for kind, name in _default_order(branch_heads, tags)
+        if (target := (branch_heads[name] if kind == "branch" else tags[name])) in commits
+        and commits[target].time < older_than
+    )
+    return ExpirationResult(FrozenMap(graph), frozenset(edited), expired, stale)
+
+
+def delete_expired_refs(
+    branch_heads: Mapping[str, str],
+    tags: Mapping[str, str],
+    result: ExpirationResult,
+    *,
+    delete_branches: bool = True,
+    delete_tags: bool = True,
+) -> tuple[FrozenMap[str, str], FrozenMap[str, str]]:
+    """New ``(branch_heads, tags)`` without the refs in ``result.refs_pointing_to_expired``.
+
+    The optional last step of expiration: deleting refs that point directly at expired
+    snapshots makes those snapshots (and their exclusive ancestry) collectable.
+    """
+    stale = set(result.refs_pointing_to_expired)
+    branches = FrozenMap(
+        (name, cid)
+        for name, cid in branch_heads.items()
+        if not (delete_branches and ("branch", name) in stale)
+    )
+    kept_tags = FrozenMap(
+        (name, cid) for name, cid in tags.items() if not (delete_tags and ("tag", name) in stale)
+    )
+    return branches, kept_tags
+
+
+def retained_commits(
+    commits: Mapping[str, Commit],
+    branch_heads: Mapping[str, str],
+    tags: Mapping[str, str],
+    policy: RetentionPolicy,
+    now: float,
+    *,
+    expire_older_than: float | None = None,
+    delete_refs_to_expired: bool = False,
+    order: Sequence[tuple[str, str]] | None = None,
+) -> frozenset[str]:
+    """Ids of the commits whose manifests must be kept.
+
+    Without ``expire_older_than`` this is :func:`active_commits`. With it, expiration runs
+    first (:func:`expire_snapshots`, then optionally :func:`delete_expired_refs`) and
+    retention is computed on the rewritten graph: expired commits have dropped out of every
+    branch ancestry, so branch retention no longer reaches them; they are dangling and are
+    kept only by the dangling-commit rule (repository default retention) or by a ref that
+    still points at them. Retention decides which manifests are retained; expiration only
+    decides which history retention gets to see.
+    """
+    if expire_older_than is None:
+        return active_commits(commits, branch_heads, tags, policy, now)
+    result = expire_snapshots(commits, branch_heads, tags, expire_older_than, order)
+    if delete_refs_to_expired:
+        branch_heads, tags = delete_expired_refs(branch_heads, tags, result)
+    return active_commits(result.commits, branch_heads, tags, policy, now)
