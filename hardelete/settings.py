@@ -87,6 +87,7 @@ class Settings:
 
     # --- reaper ---
     grace_seconds: float = field(default=3_600.0, metadata=_opt(_non_negative))
+    repository_grace: str = ""
     min_safe_grace_seconds: float = field(default=300.0, metadata=_opt(_non_negative))
     allow_unsafe_grace: bool = False
     lease_seconds: float = field(default=120.0, metadata=_opt(_positive))
@@ -122,12 +123,35 @@ class Settings:
                 raise ConfigError(f.name, f"{problem} (got {value!r})")
         if self.reaper_batch_keys > 1_000:
             raise ConfigError("reaper_batch_keys", "S3 accepts at most 1000 keys per delete")
-        if self.grace_seconds < self.min_safe_grace_seconds and not self.allow_unsafe_grace:
-            raise ConfigError(
-                "grace_seconds",
-                f"{self.grace_seconds:g}s is under the safe minimum "
-                f"{self.min_safe_grace_seconds:g}s; set allow_unsafe_grace=true to force it",
-            )
+        graces = {"grace_seconds": self.grace_seconds}
+        graces.update({f"repository_grace.{r}": g for r, g in self.repository_graces().items()})
+        for key, grace in graces.items():
+            if grace < self.min_safe_grace_seconds and not self.allow_unsafe_grace:
+                raise ConfigError(
+                    key,
+                    f"{grace:g}s is under the safe minimum {self.min_safe_grace_seconds:g}s; "
+                    "set allow_unsafe_grace=true to force it",
+                )
+
+    def repository_graces(self) -> dict[str, float]:
+        """Per-repository grace windows from ``repository_grace`` ("repo=seconds,...")."""
+        out: dict[str, float] = {}
+        for item in filter(None, (p.strip() for p in self.repository_grace.split(","))):
+            repo, sep, value = item.partition("=")
+            try:
+                if not sep or not repo.strip():
+                    raise ValueError
+                out[repo.strip()] = float(value)
+            except ValueError:
+                raise ConfigError("repository_grace",
+                                  f"expected repo=seconds[,repo=seconds], got {item!r}") from None
+            if out[repo.strip()] < 0:
+                raise ConfigError(f"repository_grace.{repo.strip()}", "must be >= 0")
+        return out
+
+    def grace_for(self, repo: str) -> float:
+        """The grace window of a repository: its own if configured, else the global default."""
+        return self.repository_graces().get(repo, self.grace_seconds)
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -152,6 +176,7 @@ DOCS: dict[str, str] = {
     "tracker_poll_ms": "longest wait of one fetch",
     "grace_seconds": "how long after its last reference ended (tracker clock) an address may go",
     "min_safe_grace_seconds": "grace windows under this are refused unless allow_unsafe_grace",
+    "repository_grace": "per-repository grace windows: repo=seconds[,repo=seconds]",
     "allow_unsafe_grace": "accept a grace window under min_safe_grace_seconds",
     "lease_seconds": "a reaper's claim on an address expires after this",
     "tombstone_days": "reaped addresses are remembered this long to catch late references",
@@ -190,6 +215,8 @@ def _coerce(key: str, raw: Any, kind: Any) -> Any:
                 raise ValueError
             return float(raw)
         if kind_name == "str":
+            if isinstance(raw, dict):  # a TOML table such as [hardelete.repository_grace]
+                return ",".join(f"{k}={v}" for k, v in raw.items())
             if not isinstance(raw, str | int | float):
                 raise ValueError
             return str(raw)

@@ -68,3 +68,20 @@ def test_every_setting_is_documented() -> None:
     from hardelete.settings import DOCS, Settings
 
     assert {f.name for f in fields(Settings)} == set(DOCS)
+
+
+def test_per_repository_grace(tmp_path: Path) -> None:
+    s = load_settings(env={"HARDELETE_REPOSITORY_GRACE": "a=600, b=7200"})
+    assert s.grace_for("a") == 600 and s.grace_for("b") == 7200
+    assert s.grace_for("other") == s.grace_seconds
+    cfg = tmp_path / "g.toml"
+    cfg.write_text("[hardelete.repository_grace]\nbig = 86400\n")
+    assert load_settings(cfg, env={}).grace_for("big") == 86400
+    with pytest.raises(ConfigError) as err:
+        load_settings(env={"HARDELETE_REPOSITORY_GRACE": "a=5"})
+    assert err.value.key == "repository_grace.a"
+    with pytest.raises(ConfigError) as err:
+        load_settings(env={"HARDELETE_REPOSITORY_GRACE": "nonsense"})
+    assert err.value.key == "repository_grace"
+    unsafe = {"HARDELETE_REPOSITORY_GRACE": "a=5", "HARDELETE_ALLOW_UNSAFE_GRACE": "true"}
+    assert load_settings(env=unsafe).grace_for("a") == 5

@@ -1,0 +1,179 @@
+-- Reaper claims, atomic per repository (all keys share the {repo} hash tag).
+-- Every decision is re-checked here, at claim time, on the Redis clock: the queue (unref zset)
+-- only says where to look, never what to delete.
+--
+-- KEYS[1] unref zset, KEYS[2] claims zset, KEYS[3] tokens hash, KEYS[4] reaped zset,
+-- KEYS[5] stats hash
+-- ARGV[1] op: 'claim' | 'complete' | 'prune'
+-- claim:    ARGV[2] address key prefix, ARGV[3] cutoff ms (horizon - grace), ARGV[4] limit,
+--           ARGV[5] lease ms, ARGV[6] claimer id, ARGV[7] '1' = dry run (write nothing)
+-- complete: ARGV[2] prefix, ARGV[3..] addresses whose delete the store confirmed
+-- prune:    ARGV[2] prefix, ARGV[3] tombstone ms, ARGV[4] limit
+-- restore:  ARGV[2] prefix, ARGV[3] address restored from quarantine
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local op = ARGV[1]
+local prefix = ARGV[2]
+
+if op == 'complete' then
+  local done = 0
+  for i = 3, #ARGV do
+    local addr = ARGV[i]
+    local key = prefix .. addr
+    local st = redis.call('HMGET', key, 'state', 'size')
+    if st[1] == 'reaping' then
+      redis.call('HSET', key, 'state', 'reaped', 'reaped_at', now)
+      redis.call('HDEL', key, 'lease_until', 'claimer')
+      redis.call('ZREM', KEYS[2], addr)
+      redis.call('ZADD', KEYS[4], now, addr)
+      redis.call('HINCRBY', KEYS[5], 'reaped', 1)
+      redis.call('HINCRBY', KEYS[5], 'reaped_bytes', tonumber(st[2] or '0') or 0)
+      done = done + 1
+    end
+  end
+  return done
+end
+
+if op == 'restore' then
+  -- ARGV[3] address brought back from quarantine: its state follows from its record again.
+  local addr = ARGV[3]
+  local key = prefix .. addr
+  local h = redis.call('HGETALL', key)
+  if #h == 0 then return 'unknown' end
+  local f, adds, removes = {}, {}, {}
+  for i = 1, #h, 2 do
+    local k, v = h[i], h[i + 1]
+    local c = string.sub(k, 1, 1)
+    if c == '+' then adds[string.sub(k, 2)] = v
+    elseif c == '-' then removes[string.sub(k, 2)] = v
+    else f[k] = v end
+  end
+  if f['state'] ~= 'reaped' then return f['state'] or 'no-state' end
+  local next_state = 'unreferenced'
+  if f['committed'] == '1' then next_state = 'committed' end
+  for ref, tok in pairs(adds) do
+    if next_state == 'unreferenced' and not removes[ref] then
+      local raw = redis.call('HGET', KEYS[3], tok)
+      local ts = raw and string.match(raw, '^([^:]+)') or 'unknown'
+      if ts ~= 'dropped' then next_state = 'staged' end
+    end
+  end
+  redis.call('HSET', key, 'state', next_state, 'since', now)
+  redis.call('HDEL', key, 'reaped_at')
+  redis.call('ZREM', KEYS[4], addr)
+  if next_state == 'unreferenced' then redis.call('ZADD', KEYS[1], now, addr) end
+  redis.call('HINCRBY', KEYS[5], 'restored', 1)
+  return next_state
+end
+
+if op == 'prune' then
+  local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now - tonumber(ARGV[3]),
+                         'LIMIT', 0, tonumber(ARGV[4]))
+  for _, addr in ipairs(old) do
+    redis.call('DEL', prefix .. addr)
+    redis.call('ZREM', KEYS[4], addr)
+  end
+  return #old
+end
+
+-- op == 'claim'
+local cutoff = tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
+local lease = tonumber(ARGV[5])
+local claimer = ARGV[6]
+local dry = ARGV[7] == '1'
+
+local token_cache = {}
+local function token_state(tok)
+  local v = token_cache[tok]
+  if v == nil then
+    local raw = redis.call('HGET', KEYS[3], tok)
+    if raw then v = string.match(raw, '^([^:]+)') else v = 'unknown' end
+    token_cache[tok] = v
+  end
+  return v
+end
+
+-- Returns 'ok', size, since  or a reason to keep.
+local function check(addr)
+  local h = redis.call('HGETALL', prefix .. addr)
+  if #h == 0 then return 'gone' end
+  local f, adds, removes = {}, {}, {}
+  for i = 1, #h, 2 do
+    local k, v = h[i], h[i + 1]
+    local c = string.sub(k, 1, 1)
+    if c == '+' then adds[string.sub(k, 2)] = v
+    elseif c == '-' then removes[string.sub(k, 2)] = v
+    else f[k] = v end
+  end
+  if f['committed'] == '1' then return 'committed' end
+  local st = f['state']
+  if st == 'reaping' then
+    if tonumber(f['lease_until'] or '0') > now then return 'claimed' end
+  elseif st ~= 'unreferenced' and st ~= 'issued' then
+    return st or 'no-state'
+  end
+  for ref, tok in pairs(adds) do
+    -- A reference that was added and never removed keeps the address unless its token was
+    -- dropped; open, sealed, committed and unknown tokens all keep it.
+    if not removes[ref] and token_state(tok) ~= 'dropped' then return 'referenced' end
+  end
+  if f['since'] == nil then return 'no-since' end
+  local since = tonumber(f['since'])
+  if since > cutoff then return 'young' end
+  local iu = tonumber(f['iu'] or '0')
+  if iu > now or iu > cutoff then return 'issued' end
+  return 'ok', tonumber(f['size'] or '0') or 0, since
+end
+
+local claimed, kept = {}, {}
+local function consider(addr)
+  local verdict, size, since = check(addr)
+  if verdict == 'ok' then
+    if not dry then
+      redis.call('HSET', prefix .. addr, 'state', 'reaping', 'lease_until', now + lease,
+                 'claimer', claimer)
+      redis.call('ZREM', KEYS[1], addr)
+      redis.call('ZADD', KEYS[2], now + lease, addr)
+    end
+    table.insert(claimed, {addr, size, since})
+  else
+    table.insert(kept, {addr, verdict})
+    -- Stale queue entries (now live, committed, reaped, gone) leave the queue so they cannot
+    -- clog its head; the tracker queues an address again whenever it becomes unreferenced.
+    if not dry and verdict ~= 'young' and verdict ~= 'issued' and verdict ~= 'claimed' then
+      redis.call('ZREM', KEYS[1], addr)
+    end
+  end
+end
+
+-- Claims whose reaper died (lease expired) are taken again first.
+-- A claim that no longer passes the checks (a late reference arrived, which the tracker recorded
+-- as an incident) is released to the state its record now implies, never deleted.
+for _, addr in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)) do
+  local before = #claimed
+  consider(addr)
+  if not dry and #claimed == before then
+    local key = prefix .. addr
+    if redis.call('HGET', key, 'state') == 'reaping' then
+      local verdict = kept[#kept][2]
+      local next_state = 'unreferenced'
+      if verdict == 'referenced' then next_state = 'staged' end
+      if verdict == 'committed' then next_state = 'committed' end
+      redis.call('HSET', key, 'state', next_state)
+      redis.call('HDEL', key, 'lease_until', 'claimer')
+      if next_state == 'unreferenced' then
+        local f = redis.call('HMGET', key, 'since', 'iu')
+        redis.call('ZADD', KEYS[1], math.max(tonumber(f[1] or now), tonumber(f[2] or 0)), addr)
+      end
+    end
+    redis.call('ZREM', KEYS[2], addr)
+  end
+end
+local room = limit - #claimed
+if room > 0 then
+  for _, addr in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', cutoff, 'LIMIT', 0, room)) do
+    consider(addr)
+  end
+end
+return {now, claimed, kept}

@@ -1,0 +1,145 @@
+"""Restorable quarantine: instead of deleting, move an object under
+``<namespace>_hardelete/quarantine/`` for N days; ``hardelete restore REPO ADDRESS`` brings it
+back. The quarantine copy carries where it came from and when it may be purged."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import time
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from hardelete import UserError
+from hardelete.clients import redis_async, s3_client, split_s3_uri
+from hardelete.logs import get_logger
+from hardelete.settings import Settings
+from reaper.claims import ClaimStore
+from reaper.deleter import DeleteOutcome, S3Deleter
+from schemas.layout import QUARANTINE_PREFIX, RepoKeys, namespace_key
+
+log = get_logger(__name__)
+
+
+def quarantine_address(namespace: str, address: str) -> str:
+    return namespace + QUARANTINE_PREFIX + namespace_key(namespace, address)
+
+
+async def quarantine(client: Any, deleter: S3Deleter, namespace: str, repo: str,
+                     addresses: list[str], keep_days: float) -> DeleteOutcome:
+    """Copy each address into quarantine, then delete the original through the deleter (so the
+    same namespace guard and confirmation rules apply). A failed copy deletes nothing."""
+    copied: list[str] = []
+    failed: dict[str, str] = {}
+    expires = time.time() + keep_days * 86400
+
+    def copy_one(address: str) -> None:
+        bucket, key = split_s3_uri(address)
+        _, qkey = split_s3_uri(quarantine_address(namespace, address))
+        client.copy_object(
+            Bucket=bucket, Key=qkey, CopySource={"Bucket": bucket, "Key": key},
+            MetadataDirective="REPLACE",
+            Metadata={"hardelete-repo": repo, "hardelete-address": address,
+                      "hardelete-expires": str(int(expires))},
+        )
+
+    async def one(address: str) -> None:
+        try:
+            namespace_key(namespace, address)
+            await asyncio.to_thread(copy_one, address)
+            copied.append(address)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in ("NoSuchKey", "404"):
+                copied.append(address)  # nothing to keep: deleting is a no-op
+            else:
+                failed[address] = code or "copy failed"
+        except ValueError as exc:
+            failed[address] = str(exc)
+
+    await asyncio.gather(*(one(a) for a in addresses))
+    outcome = await deleter.delete(namespace, copied)
+    outcome.failed.update(failed)
+    return outcome
+
+
+async def purge_expired(client: Any, namespace: str, now: float | None = None) -> int:
+    """Delete quarantine copies whose keep period is over. Only ever touches the quarantine
+    prefix of this namespace."""
+    now = time.time() if now is None else now
+    bucket, prefix = split_s3_uri(namespace + QUARANTINE_PREFIX)
+    purged = 0
+
+    def run() -> int:
+        n = 0
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                head = client.head_object(Bucket=bucket, Key=obj["Key"])
+                exp = float(head.get("Metadata", {}).get("hardelete-expires", "inf"))
+                if exp <= now and obj["Key"].startswith(prefix):
+                    client.delete_object(Bucket=bucket, Key=obj["Key"])
+                    n += 1
+        return n
+
+    purged = await asyncio.to_thread(run)
+    if purged:
+        log.info("quarantine purged", namespace=namespace, objects=purged)
+    return purged
+
+
+async def quarantine_size(client: Any, namespace: str) -> tuple[int, int]:
+    bucket, prefix = split_s3_uri(namespace + QUARANTINE_PREFIX)
+
+    def run() -> tuple[int, int]:
+        n = b = 0
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                n += 1
+                b += int(obj.get("Size", 0))
+        return n, b
+
+    return await asyncio.to_thread(run)
+
+
+async def restore(settings: Settings, repo: str, address: str) -> str:
+    """Copy a quarantined address back to its place and recompute its state in Redis."""
+    redis = redis_async(settings)
+    client = s3_client(settings)
+    try:
+        namespace = await redis.hget(RepoKeys(repo).meta, "namespace")
+        if not namespace:
+            raise UserError(f"unknown repository {repo!r}")
+        try:
+            qaddr = quarantine_address(namespace, address)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        bucket, key = split_s3_uri(address)
+        _, qkey = split_s3_uri(qaddr)
+        try:
+            await asyncio.to_thread(
+                client.copy_object, Bucket=bucket, Key=key,
+                CopySource={"Bucket": bucket, "Key": qkey}, MetadataDirective="COPY")
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise UserError(f"{address} is not in quarantine (purged or never there)") from None
+            raise
+        await asyncio.to_thread(client.delete_object, Bucket=bucket, Key=qkey)
+        state = await ClaimStore(redis).restore(repo, address)
+        log.info("restored from quarantine", repository=repo, address=address, state=state)
+        return state
+    finally:
+        await redis.aclose()
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("repository")
+    parser.add_argument("address", help="the s3:// address to bring back")
+
+
+def run_cli(settings: Settings, args: argparse.Namespace) -> int:
+    state = asyncio.run(restore(settings, args.repository, args.address))
+    when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    print(f"restored {args.address} at {when}; its state is now {state}")
+    return 0
