@@ -1,0 +1,63 @@
+"""Bulk deletes against the real S3 server, through a fault-injecting HTTP proxy."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from hardelete.clients import s3_client
+from reaper.deleter import S3Deleter
+from tests.faults import FaultProxy
+
+
+def _put_many(s3: Any, bucket: str, keys: list[str]) -> None:
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: s3.put_object(Bucket=bucket, Key=k, Body=b"x"), keys))
+
+
+def _listed(s3: Any, bucket: str) -> set[str]:
+    out: set[str] = set()
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        out.update(o["Key"] for o in page.get("Contents", []))
+    return out
+
+
+def test_batches_are_capped_at_1000() -> None:
+    with pytest.raises(ValueError):
+        S3Deleter(object(), batch_keys=1001)
+
+
+async def test_partial_failures_are_retried_and_reported_truthfully(settings, s3, bucket):
+    ns = f"s3://{bucket}/repo/"
+    keys = [f"repo/data/0001/{i:04d}" for i in range(250)]
+    _put_many(s3, bucket, [*keys, "repo/_hardelete/manifests/m.parquet", "elsewhere/x"])
+    with FaultProxy(settings.s3_endpoint_url) as proxy:
+        proxy.faults.throttle_deletes = 2
+        proxy.faults.fail_keys = {keys[3]: ("InternalError", 2), keys[7]: ("AccessDenied", 99)}
+        client = s3_client(settings.replace(s3_endpoint_url=proxy.url))
+        deleter = S3Deleter(client, concurrency=4, batch_keys=100, base_delay=0.01)
+        addresses = [f"s3://{bucket}/{k}" for k in keys]
+        bad = [f"s3://{bucket}/repo/_hardelete/manifests/m.parquet", f"s3://{bucket}/elsewhere/x"]
+        outcome = await deleter.delete(ns, addresses + bad)
+
+    assert max(proxy.faults.keys_per_request) <= 100
+    assert set(outcome.refused) == set(bad)
+    assert outcome.failed == {f"s3://{bucket}/{keys[7]}": "AccessDenied"}
+    assert sorted(outcome.deleted) == sorted(a for a in addresses if not a.endswith(keys[7]))
+    # The InternalError key was retried twice by us; the two throttled requests were retried
+    # by botocore's own backoff: 3 batches + 2 retries + 2 throttled answers reached the proxy.
+    assert outcome.retries == 2
+    assert proxy.faults.delete_requests == 7
+    # The store agrees with the report: only the failed key and the refused ones remain.
+    assert _listed(s3, bucket) == {keys[7], "repo/_hardelete/manifests/m.parquet", "elsewhere/x"}
+
+
+async def test_deleting_twice_is_harmless(settings, s3, bucket):
+    _put_many(s3, bucket, ["repo/data/1/a"])
+    deleter = S3Deleter(s3)
+    first = await deleter.delete(f"s3://{bucket}/repo/", [f"s3://{bucket}/repo/data/1/a"])
+    second = await deleter.delete(f"s3://{bucket}/repo/", [f"s3://{bucket}/repo/data/1/a"])
+    assert first.deleted == second.deleted == [f"s3://{bucket}/repo/data/1/a"]
+    assert not second.failed
