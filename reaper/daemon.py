@@ -1,0 +1,254 @@
+"""``hardelete reaper run``: the async reaper daemon.
+
+One clear loop (after arq): for each repository, claim what the tracker proves unreferenced
+since before ``horizon - grace`` (the horizon is the tracker's proven progress, never the wall
+clock), delete it in bulk (or quarantine it), mark what the store confirmed as reaped, prune old
+tombstones. ``--once`` runs one pass, ``--dry-run`` claims nothing and deletes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from prometheus_client import Counter as PCounter
+from prometheus_client import Gauge, Histogram, start_http_server
+
+from hardelete.clients import redis_async, s3_client
+from hardelete.logs import get_logger
+from hardelete.settings import Settings
+from reaper.claims import ClaimStore
+from reaper.deleter import DeleteOutcome, S3Deleter
+from reaper.quarantine import purge_expired, quarantine, quarantine_size
+from schemas.layout import REPOS, RepoKeys
+from tracker.state import atracker_horizon_ms
+
+log = get_logger(__name__)
+
+REAPED = PCounter("hardelete_reaper_objects_reaped_total", "objects the store confirmed deleted",
+                  ["repository"])
+REAPED_BYTES = PCounter("hardelete_reaper_bytes_reaped_total", "bytes of reaped objects",
+                        ["repository"])
+FAILURES = PCounter("hardelete_reaper_failures_total", "deletes that failed after retries",
+                    ["repository"])
+LATENCY = Histogram("hardelete_reaper_unreferenced_to_deleted_seconds",
+                    "time from unreferenced (tracker clock) to confirmed delete",
+                    buckets=(1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf")))
+QUARANTINE_OBJECTS = Gauge("hardelete_reaper_quarantine_objects", "objects in quarantine",
+                           ["repository"])
+HORIZON_LAG = Gauge("hardelete_reaper_horizon_lag_seconds",
+                    "how far the tracker's proven progress trails the Redis clock")
+
+
+@dataclass
+class RepoPass:
+    repository: str
+    claimed: int = 0
+    deleted: int = 0
+    bytes: int = 0
+    failed: int = 0
+    refused: int = 0
+    kept: Counter[str] = field(default_factory=Counter)
+    would_delete: list[str] = field(default_factory=list)
+    latencies_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class PassReport:
+    horizon_ms: int | None
+    dry_run: bool
+    repos: list[RepoPass] = field(default_factory=list)
+
+    def total(self, attr: str) -> int:
+        return sum(len(getattr(r, attr)) if attr == "would_delete" else int(getattr(r, attr))
+                   for r in self.repos)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "horizon_ms": self.horizon_ms,
+            "dry_run": self.dry_run,
+            "repositories": [
+                {"repository": r.repository, "claimed": r.claimed, "deleted": r.deleted,
+                 "bytes": r.bytes, "failed": r.failed, "refused": r.refused,
+                 "kept": dict(r.kept), "would_delete": r.would_delete}
+                for r in self.repos
+            ],
+        }
+
+
+class Reaper:
+    def __init__(self, settings: Settings, *, dry_run: bool = False,
+                 redis: Any = None, s3: Any = None, reaper_id: str | None = None) -> None:
+        self.settings = settings
+        self.dry_run = dry_run
+        self.id = reaper_id or f"reaper-{uuid.uuid4().hex[:8]}"
+        self._own_redis = redis is None
+        self.redis = redis if redis is not None else redis_async(settings)
+        self.s3 = s3 if s3 is not None else s3_client(settings,
+                                                      max_pool=settings.reaper_concurrency * 2)
+        self.claims = ClaimStore(self.redis)
+        self.deleter = S3Deleter(self.s3, concurrency=settings.reaper_concurrency,
+                                 batch_keys=settings.reaper_batch_keys)
+        self.log = log.bind(reaper=self.id, dry_run=dry_run)
+        self._last_purge = 0.0
+
+    async def close(self) -> None:
+        if self._own_redis:
+            await self.redis.aclose()
+
+    async def run_once(self) -> PassReport:
+        horizon = await atracker_horizon_ms(self.redis)
+        report = PassReport(horizon_ms=horizon, dry_run=self.dry_run)
+        if horizon is None:
+            # No proof of progress for every partition: a stopped tracker holds reaping back.
+            self.log.info("no tracker progress yet; nothing may be reaped")
+            return report
+        HORIZON_LAG.set(max(0.0, time.time() - horizon / 1000))
+        for repo in sorted(await self.redis.smembers(REPOS)):
+            report.repos.append(await self._reap_repository(repo, horizon))
+        return report
+
+    async def _reap_repository(self, repo: str, horizon: int) -> RepoPass:
+        keys = RepoKeys(repo)
+        result = RepoPass(repo)
+        namespace = await self.redis.hget(keys.meta, "namespace")
+        if not namespace:
+            self.log.warning("repository has no namespace; skipped", repository=repo)
+            return result
+        cutoff = horizon - int(self.settings.grace_for(repo) * 1000)
+        per_claim = self.settings.reaper_batch_keys * self.settings.reaper_concurrency
+        lease_ms = int(self.settings.lease_seconds * 1000)
+        rlog = self.log.bind(repository=repo)
+        while True:
+            batch = await self.claims.claim(
+                repo, cutoff_ms=cutoff, limit=100_000 if self.dry_run else per_claim,
+                lease_ms=lease_ms, claimer=self.id, dry_run=self.dry_run)
+            result.kept.update(reason for _, reason in batch.kept)
+            if self.dry_run:
+                result.would_delete = [c.address for c in batch.claimed]
+                for c in batch.claimed:
+                    rlog.info("would delete", address=c.address, size=c.size)
+                break
+            if not batch.claimed:
+                break
+            result.claimed += len(batch.claimed)
+            addresses = [c.address for c in batch.claimed]
+            outcome = await self._remove(namespace, repo, addresses)
+            await self.claims.complete(repo, outcome.deleted)
+            confirmed = set(outcome.deleted)
+            now_s = time.time()
+            for c in batch.claimed:
+                if c.address in confirmed:
+                    result.bytes += c.size
+                    lat = max(0.0, batch.now_ms / 1000 - c.since_ms / 1000)
+                    lat += max(0.0, now_s - batch.now_ms / 1000)
+                    result.latencies_s.append(lat)
+                    LATENCY.observe(lat)
+            result.deleted += len(outcome.deleted)
+            result.failed += len(outcome.failed)
+            result.refused += len(outcome.refused)
+            REAPED.labels(repo).inc(len(outcome.deleted))
+            REAPED_BYTES.labels(repo).inc(result.bytes)
+            FAILURES.labels(repo).inc(len(outcome.failed) + len(outcome.refused))
+            for address, code in outcome.failed.items():
+                # The claim stays until its lease expires: a natural backoff before the retry.
+                rlog.warning("delete failed; will retry after the lease", address=address,
+                             error=code)
+            rlog.info("reaped", deleted=len(outcome.deleted), failed=len(outcome.failed),
+                      refused=len(outcome.refused), requests=outcome.requests,
+                      retries=outcome.retries)
+            if len(outcome.deleted) == 0:
+                break  # everything failed: do not spin; the leases bring them back later
+        if not self.dry_run:
+            tomb_ms = int(self.settings.tombstone_days * 86400 * 1000)
+            await self.claims.prune(repo, tombstone_ms=tomb_ms)
+            await self._quarantine_housekeeping(repo, namespace)
+        return result
+
+    async def _remove(self, namespace: str, repo: str, addresses: list[str]) -> DeleteOutcome:
+        if self.settings.quarantine_days > 0:
+            return await quarantine(self.s3, self.deleter, namespace, repo, addresses,
+                                    self.settings.quarantine_days)
+        return await self.deleter.delete(namespace, addresses)
+
+    async def _quarantine_housekeeping(self, repo: str, namespace: str) -> None:
+        if self.settings.quarantine_days <= 0 or time.time() - self._last_purge < 300:
+            return
+        self._last_purge = time.time()
+        await purge_expired(self.s3, namespace)
+        n, _ = await quarantine_size(self.s3, namespace)
+        QUARANTINE_OBJECTS.labels(repo).set(n)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.log.info("reaper started", grace_seconds=self.settings.grace_seconds)
+        while not stop.is_set():
+            try:
+                report = await self.run_once()
+                busy = report.total("claimed") > 0
+            except Exception:
+                # Redis or S3 trouble: log, back off, try again. Nothing is deleted without a
+                # claim, and claims expire, so no state gets stuck.
+                self.log.exception("reaper pass failed")
+                busy = False
+            if not busy:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.settings.reaper_poll_seconds)
+        self.log.info("reaper stopped")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--once", action="store_true", help="one pass, then exit (cron, tests)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="log and count what would go; claim and delete nothing")
+    parser.add_argument("--json", action="store_true", help="with --once: print the pass as JSON")
+
+
+def print_report(report: PassReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    title = "reaper pass (dry run)" if report.dry_run else "reaper pass"
+    table = Table(title=title)
+    for col in ("repository", "claimed", "deleted", "bytes", "failed", "refused",
+                "would delete", "kept (why)"):
+        table.add_column(col, justify="left" if col in ("repository", "kept (why)") else "right")
+    for r in report.repos:
+        kept = ", ".join(f"{k}={v}" for k, v in sorted(r.kept.items()))
+        table.add_row(r.repository, str(r.claimed), str(r.deleted), str(r.bytes), str(r.failed),
+                      str(r.refused), str(len(r.would_delete)), kept)
+    Console().print(table)
+    if report.horizon_ms is None:
+        Console().print("[yellow]no tracker progress: nothing may be reaped[/yellow]")
+
+
+def run_cli(settings: Settings, args: argparse.Namespace) -> int:
+    async def main() -> int:
+        reaper = Reaper(settings, dry_run=args.dry_run)
+        try:
+            if settings.metrics_port:
+                start_http_server(settings.metrics_port)
+            if args.once:
+                report = await reaper.run_once()
+                if args.json:
+                    print(orjson.dumps(report.as_dict(), option=orjson.OPT_INDENT_2).decode())
+                else:
+                    print_report(report)
+                return 0
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            await reaper.run(stop)
+            return 0
+        finally:
+            await reaper.close()
+
+    return asyncio.run(main())
