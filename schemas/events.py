@@ -274,7 +274,8 @@ def decode(data: bytes | str) -> Event:
     if cls is None:
         raise EventError(f"unknown event type {etype!r}", "type")
     version = body.get("v")
-    if version != SCHEMA_VERSION:
+    # bool is an int in Python (True == 1): a JSON `true` is not version 1.
+    if isinstance(version, bool) or version != SCHEMA_VERSION:
         raise EventError(f"unsupported schema version {version!r} (this is v{SCHEMA_VERSION})",
                          "v", etype)
     hints = typing.get_type_hints(cls)
