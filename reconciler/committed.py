@@ -1,0 +1,110 @@
+"""The committed live set: retention and expiration, then the retained commits' manifests.
+
+1. :func:`plan_retention` (pure): from the tracker's commit graph, branches, tags and retention
+   policy, the commits to retain (``reconciler.retention.retained_commits``: per-branch
+   retention on first-parent ancestry, dangling commits by the repository default, optional
+   snapshot expiration first) and the distinct manifests they use. A retained commit whose
+   record or manifest is unknown is an error: its data cannot be protected, so the run fails.
+2. :func:`manifest_keys_df`: the manifests are read in parallel inside Spark tasks (boto3 +
+   pyarrow; column ``address``, full ``s3://`` URI or namespace-relative) into a DataFrame of
+   namespace-relative keys. A missing or unreadable manifest fails the Spark job, and so the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from hardelete.clients import split_s3_uri
+from hardelete.settings import Settings
+from reconciler.errors import ReconcileError
+from reconciler.mark import KEYS_SCHEMA
+from reconciler.retention import SECONDS_PER_DAY, expire_snapshots, retained_commits
+from reconciler.s3io import Namespace, cached_s3, read_parquet_rows
+from reconciler.sparkio import distributed
+from reconciler.state import RepoState
+
+MANIFEST_ADDRESS_COLUMN = "address"
+
+
+@dataclass
+class RetentionPlan:
+    retained: frozenset[str]
+    manifests: list[tuple[str, str]]  # (bucket, key), distinct
+    commits: int
+    expired_refs: list[tuple[str, str]] = field(default_factory=list)
+    expired_commits: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"commits": self.commits, "retained": len(self.retained),
+                "manifests": len(self.manifests), "expired_commits": self.expired_commits,
+                "refs_pointing_to_expired": [f"{k}:{n}" for k, n in self.expired_refs]}
+
+
+def manifest_location(ns: Namespace, manifest: str) -> tuple[str, str]:
+    """A manifest reference (``s3://`` URI or namespace-relative key) -> (bucket, key)."""
+    if manifest.startswith("s3://"):
+        return split_s3_uri(manifest)
+    if "://" in manifest or manifest.startswith("/"):
+        raise ReconcileError(f"manifest {manifest!r} is not an s3:// URI or a relative key")
+    return ns.bucket, ns.key(manifest)
+
+
+def plan_retention(state: RepoState, now_s: float, *,
+                   expire_older_than_days: float | None = None) -> RetentionPlan:
+    """Which commits are retained and which manifests to read (pure, no I/O)."""
+    graph = state.graph
+    days = (expire_older_than_days if expire_older_than_days is not None
+            else state.expire_older_than_days)
+    expire_at = None if days is None else now_s - days * SECONDS_PER_DAY
+    try:
+        retained = retained_commits(graph, state.branch_heads, state.tags, state.policy, now_s,
+                                    expire_older_than=expire_at)
+        expired_refs: list[tuple[str, str]] = []
+        expired = 0
+        if expire_at is not None:
+            result = expire_snapshots(graph, state.branch_heads, state.tags, expire_at)
+            expired_refs = [(k, n) for k, n in result.refs_pointing_to_expired]
+            expired = len(result.expired)
+    except ValueError as exc:  # a corrupt graph (first-parent cycle, ...)
+        raise ReconcileError(f"commit graph: {exc}") from None
+    manifests: dict[tuple[str, str], None] = {}
+    for cid in sorted(retained):
+        rec = state.commits.get(cid)
+        if rec is None:
+            raise ReconcileError(
+                f"retained commit {cid!r} is unknown to the tracker: its data cannot be "
+                "protected (missing commit event?)")
+        if not rec.manifest:
+            raise ReconcileError(f"retained commit {cid!r} has no manifest")
+        manifests[manifest_location(state.namespace, rec.manifest)] = None
+    return RetentionPlan(retained, list(manifests), len(state.commits), expired_refs, expired)
+
+
+def manifest_keys_df(spark: Any, settings: Settings, ns: Namespace,
+                     manifests: list[tuple[str, str]]) -> Any:
+    """Namespace-relative keys of every address in the manifests (duplicates possible)."""
+
+    def produce(item: dict[str, Any]) -> Iterator[tuple[str]]:
+        s3 = cached_s3(settings)
+        for (address,) in read_parquet_rows(s3, item["bucket"], item["key"],
+                                            [MANIFEST_ADDRESS_COLUMN]):
+            if address is None:
+                raise ValueError(f"s3://{item['bucket']}/{item['key']}: null address")
+            rel = ns.rel_of_address(str(address))
+            if rel is not None:
+                yield (rel,)
+
+    return distributed(spark, manifests, "bucket string, key string", produce, KEYS_SCHEMA)
+
+
+def export_df(spark: Any, settings: Settings, bucket: str, parts: list[str]) -> Any:
+    """The tracker export (key, live, kind, reason, commit) from its Parquet chunks."""
+    from reconciler.mark import EXPORT_SCHEMA
+    from reconciler.state import EXPORT_COLUMNS
+
+    def produce(item: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
+        yield from read_parquet_rows(cached_s3(settings), bucket, item["key"], EXPORT_COLUMNS)
+
+    return distributed(spark, [(k,) for k in parts], "key string", produce, EXPORT_SCHEMA)

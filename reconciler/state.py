@@ -1,0 +1,354 @@
+"""The reconciler's reads of the tracker's Redis state, its export, and the run lease.
+
+Everything here runs on the driver and stays memory-flat in the number of addresses: the export
+SCANs the address hashes in batches (pipelined HGETALL) and writes Parquet chunks to the
+namespace, never holding more than one chunk. The commit graph, branches, tags, staging-token
+states and claims are metadata (small) and are read whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from reconciler.errors import LeaseBusy, ReconcileError
+from reconciler.records import token_state, verdict
+from reconciler.retention import Commit, RetentionPolicy
+from reconciler.s3io import Namespace, put_parquet
+from schemas.layout import PROGRESS, PROGRESS_META, RECONCILER_LEASE, RepoKeys
+
+
+def redis_now_ms(r: Any) -> int:
+    """The Redis server clock (the one clock no publisher controls), in ms."""
+    sec, usec = r.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def tracker_watermark_ms(r: Any) -> int | None:
+    """Up to when (ms) the tracker has applied everything the broker held, over all partitions.
+
+    None when unknown (no progress recorded, or a partition without progress).
+    """
+    progress = r.hgetall(PROGRESS) or {}
+    meta = r.hgetall(PROGRESS_META) or {}
+    if not progress:
+        return None
+    values: list[int] = []
+    try:
+        count = int(meta.get("partitions", 0) or 0)
+        partitions = [str(p) for p in range(count)] if count else list(progress)
+        for p in partitions:
+            if p not in progress:
+                return None
+            values.append(int(float(progress[p])))
+    except ValueError:
+        return None
+    return min(values) if values else None
+
+
+def _escape_glob(text: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
+def _num(value: Any, what: str) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ReconcileError(f"{what}: not a number: {value!r}") from None
+    if math.isnan(out):
+        raise ReconcileError(f"{what}: NaN")
+    return out
+
+
+def commit_time_seconds(value: Any, what: str) -> float:
+    """Commit times are epoch seconds; a value that can only be milliseconds is converted."""
+    t = _num(value, what)
+    return t / 1000.0 if t > 1e11 else t
+
+
+@dataclass
+class CommitRecord:
+    id: str
+    parents: tuple[str, ...]
+    time: float
+    branch: str | None
+    manifest: str | None
+    tokens: tuple[str, ...] = ()
+
+
+@dataclass
+class RepoState:
+    """A repository's committed metadata as the tracker recorded it."""
+
+    repo: str
+    namespace: Namespace
+    default_branch: str | None
+    policy: RetentionPolicy
+    expire_older_than_days: float | None
+    commits: dict[str, CommitRecord]
+    branch_heads: dict[str, str]
+    tags: dict[str, str]
+    staging_tokens: set[str] = field(default_factory=set)
+
+    @property
+    def graph(self) -> dict[str, Commit]:
+        return {cid: Commit(cid, c.parents, c.time) for cid, c in self.commits.items()}
+
+    @property
+    def token_commits(self) -> dict[str, str]:
+        return {t: c.id for c in self.commits.values() for t in c.tokens}
+
+
+def load_namespace(r: Any, repo: str) -> Namespace:
+    keys = RepoKeys(repo)
+    meta = r.hgetall(keys.meta) or {}
+    ns = meta.get("namespace") or meta.get("storage_namespace")
+    if not ns:
+        raise ReconcileError(f"repository {repo!r} is unknown to the tracker (no {keys.meta})")
+    try:
+        return Namespace(ns)
+    except ValueError as exc:
+        raise ReconcileError(str(exc)) from None
+
+
+def load_repo(r: Any, repo: str) -> RepoState:
+    """Read the repository's metadata, commit graph, branches and tags; raise if garbled."""
+    keys = RepoKeys(repo)
+    meta = r.hgetall(keys.meta) or {}
+    namespace = load_namespace(r, repo)
+    raw_default = meta.get("default_retention_days")
+    # No retention configured: keep everything (doubt keeps).
+    default_days = math.inf if raw_default in (None, "") else _num(raw_default,
+                                                                   "default_retention_days")
+    branch_days: dict[str, float] = {}
+    raw_branch = meta.get("branch_retention") or meta.get("branch_retention_days")
+    if raw_branch:
+        try:
+            parsed = orjson.loads(raw_branch)
+        except orjson.JSONDecodeError:
+            raise ReconcileError(f"{keys.meta} branch_retention is not JSON") from None
+        if not isinstance(parsed, dict):
+            raise ReconcileError(f"{keys.meta} branch_retention is not an object")
+        branch_days = {str(b): _num(d, f"branch_retention.{b}") for b, d in parsed.items()}
+    try:
+        policy = RetentionPolicy(default_days, branch_days)
+    except ValueError as exc:
+        raise ReconcileError(str(exc)) from None
+    raw_expire = meta.get("expire_older_than_days")
+    expire = None if raw_expire in (None, "") else _num(raw_expire, "expire_older_than_days")
+
+    commits: dict[str, CommitRecord] = {}
+    for cid, raw in (r.hgetall(keys.commits) or {}).items():
+        try:
+            rec = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise ReconcileError(f"commit {cid!r}: record is not JSON") from None
+        if not isinstance(rec, dict):
+            raise ReconcileError(f"commit {cid!r}: record is not an object")
+        parents = rec.get("parents") or []
+        if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
+            raise ReconcileError(f"commit {cid!r}: parents must be a list of ids")
+        tokens = rec.get("sealed_tokens") or rec.get("tokens") or []
+        t = rec.get("time", rec.get("committed_at"))
+        commits[cid] = CommitRecord(
+            id=cid, parents=tuple(parents), time=commit_time_seconds(t, f"commit {cid!r} time"),
+            branch=rec.get("branch"), manifest=rec.get("manifest"),
+            tokens=tuple(str(x) for x in tokens) if isinstance(tokens, list) else (),
+        )
+    heads: dict[str, str] = {}
+    staging: set[str] = set()
+    for branch, raw in (r.hgetall(keys.branches) or {}).items():
+        try:
+            rec = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise ReconcileError(f"branch {branch!r}: record is not JSON") from None
+        if not isinstance(rec, dict):
+            raise ReconcileError(f"branch {branch!r}: record is not an object")
+        if rec.get("head"):
+            heads[branch] = str(rec["head"])
+        if rec.get("staging_token"):
+            staging.add(str(rec["staging_token"]))
+        staging.update(str(t) for t in rec.get("sealed_tokens") or [])
+    tags = {str(k): str(v) for k, v in (r.hgetall(keys.tags) or {}).items()}
+    return RepoState(repo, namespace, meta.get("default_branch"), policy, expire, commits,
+                     heads, tags, staging)
+
+
+# ------------------------------------------------------------------------------ export
+
+EXPORT_COLUMNS = ("key", "live", "kind", "reason", "commit")
+
+
+@dataclass
+class ExportResult:
+    parts: list[str]  # bucket keys of the Parquet chunks
+    addresses: int = 0
+    live: int = 0
+    outside: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+    by_kind: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"parts": len(self.parts), "addresses": self.addresses, "live": self.live,
+                "outside_namespace": self.outside, "live_by_reason": self.by_reason,
+                "by_kind": self.by_kind}
+
+
+def scan_addresses(r: Any, repo: str, batch: int = 1000) -> Iterator[list[tuple[str, dict[str,
+                                                                                          str]]]]:
+    """(address, hash) in batches: SCAN the address keys, HGETALL them in one pipeline."""
+    keys = RepoKeys(repo)
+    prefix = keys.address_prefix
+    pattern = _escape_glob(prefix) + "*"
+    pending: list[str] = []
+
+    def flush(names: list[str]) -> list[tuple[str, dict[str, str]]]:
+        pipe = r.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(name)
+        values = pipe.execute()
+        return [(n[len(prefix):], v or {}) for n, v in zip(names, values, strict=True) if v]
+
+    for name in r.scan_iter(match=pattern, count=batch):
+        pending.append(name)
+        if len(pending) >= batch:
+            yield flush(pending)
+            pending = []
+    if pending:
+        yield flush(pending)
+
+
+def load_token_states(r: Any, repo: str) -> dict[str, str | None]:
+    return {t: token_state(v) for t, v in r.hscan_iter(RepoKeys(repo).tokens, count=1000)}
+
+
+def load_claims(r: Any, repo: str) -> set[str]:
+    return {m for m, _ in r.zscan_iter(RepoKeys(repo).claims, count=1000)}
+
+
+def export_addresses(r: Any, s3: Any, repo: str, namespace: Namespace, dest_prefix: str, *,
+                     cutoff_ms: int, now_ms: int, token_commits: dict[str, str],
+                     commit_ids: set[str], chunk_rows: int = 200_000,
+                     progress: Any = None) -> ExportResult:
+    """Write every address record of ``repo`` with its verdict to Parquet chunks.
+
+    ``dest_prefix`` is a bucket key prefix (``.../uncommitted/``). Raises on any Redis or S3
+    error: the caller must then fail the run.
+    """
+    import pyarrow as pa
+
+    schema = pa.schema([("key", pa.string()), ("live", pa.bool_()), ("kind", pa.string()),
+                        ("reason", pa.string()), ("commit", pa.string())])
+    token_states = load_token_states(r, repo)
+    claims = load_claims(r, repo)
+    result = ExportResult(parts=[])
+    cols: dict[str, list[Any]] = {c: [] for c in EXPORT_COLUMNS}
+    frozen_ids = frozenset(commit_ids)
+
+    def write() -> None:
+        key = f"{dest_prefix}part-{len(result.parts):05d}.parquet"
+        put_parquet(s3, namespace.bucket, key, cols, schema)
+        result.parts.append(key)
+        for c in cols.values():
+            c.clear()
+
+    for batch in scan_addresses(r, repo):
+        for address, fields in batch:
+            rel = namespace.rel_of_address(address)
+            if rel is None:
+                result.outside += 1
+                continue
+            v = verdict(fields, token_states=token_states, cutoff_ms=cutoff_ms, now_ms=now_ms,
+                        claimed=address in claims, token_commits=token_commits,
+                        commit_ids=frozen_ids)
+            result.addresses += 1
+            result.by_kind[v.kind] = result.by_kind.get(v.kind, 0) + 1
+            if v.live:
+                result.live += 1
+                result.by_reason[v.reason] = result.by_reason.get(v.reason, 0) + 1
+            cols["key"].append(rel)
+            cols["live"].append(v.live)
+            cols["kind"].append(v.kind)
+            cols["reason"].append(v.reason)
+            cols["commit"].append(v.commit)
+        if len(cols["key"]) >= chunk_rows:
+            write()
+        if progress is not None:
+            progress(result.addresses)
+    if cols["key"] or not result.parts:
+        write()  # always at least one (possibly empty) part: the export is complete
+    return result
+
+
+# ------------------------------------------------------------------------------- lease
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class Lease:
+    """One reconciler per repository: ``SET NX PX`` with the run id, renewed in a thread."""
+
+    def __init__(self, r: Any, repo: str, run_id: str, ttl_ms: int = 60_000) -> None:
+        self.r = r
+        self.key = RECONCILER_LEASE + repo
+        self.run_id = run_id
+        self.ttl_ms = ttl_ms
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self) -> None:
+        if not self.r.set(self.key, self.run_id, nx=True, px=self.ttl_ms):
+            holder = self.r.get(self.key)
+            raise LeaseBusy(f"another reconciler (run {holder}) holds {self.key}; "
+                            "try again when it finishes")
+        self._thread = threading.Thread(target=self._renew_loop, name="reconciler-lease",
+                                        daemon=True)
+        self._thread.start()
+
+    def renew(self) -> bool:
+        ok = bool(self.r.eval(_RENEW, 1, self.key, self.run_id, self.ttl_ms))
+        if not ok:
+            self.lost.set()
+        return ok
+
+    def held(self) -> bool:
+        return not self.lost.is_set() and self.r.get(self.key) == self.run_id
+
+    def _renew_loop(self) -> None:
+        interval = self.ttl_ms / 3000.0
+        while not self._stop.wait(interval):
+            try:
+                if not self.renew():
+                    return
+            except Exception:  # Redis blip: try again; the lease expires if it persists
+                if self._stop.wait(min(interval, 1.0)):
+                    return
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with contextlib.suppress(Exception):  # else it expires on its own
+            self.r.eval(_RELEASE, 1, self.key, self.run_id)
+
+    def check(self) -> None:
+        if not self.held():
+            raise ReconcileError(f"lost the reconciler lease {self.key}")
