@@ -1,0 +1,198 @@
+"""Differential tests: apply.lua (the implementation) against tracker.references (the spec).
+
+The same events go through the pure machine and through the script on a real Redis; the
+Redis state is read back into the same dataclasses and must be equal, timestamps included
+(the script takes the test's clock through its ``now`` override)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schemas import events as ev
+from schemas.layout import RepoKeys
+from tracker import codec
+from tracker.gen import workload
+from tracker.references import World
+from tracker.state import read_repo_state, redis_time_ms
+from tracker.testing import apply_lua, canonical, lua_batches, reap
+
+pytestmark = pytest.mark.integration
+
+NS = "s3://b/r0/"
+REPOS = ["r0", "r1"]  # r1 is never created: its events are rejected
+ADDRS = [NS + "data/a", NS + "data/b", NS + "data/c", "s3://other/x", NS + "_hardelete/m"]
+REFS = [f"ref{i}" for i in range(6)]
+TOKS = [f"tok{i}" for i in range(4)]
+BRANCHES = ["main", "dev"]
+COMMITS = ["c1", "c2"]
+
+
+def chaos_events(rng: random.Random, n: int) -> list[ev.Event | tuple[str, str]]:
+    """Any events over small pools: contract violations, reorderings and duplicates included;
+    ("reap", address) items let the test play the reaper between batches."""
+    out: list[ev.Event | tuple[str, str]] = []
+    c = rng.choice
+
+    def addr() -> str:
+        return c(ADDRS[:3]) if rng.random() < 0.85 else c(ADDRS)
+
+    for _ in range(n):
+        if out and rng.random() < 0.08:  # a duplicate (a retried publish)
+            out.append(c(out))
+            continue
+        kind = rng.randrange(13)
+        tok = c(TOKS)
+        common = {"repository": "r0" if rng.random() < 0.9 else "r1",
+                  "event_id": f"e{rng.randrange(10**6)}"}
+        if kind <= 2:
+            ref = c(REFS)
+            rep = (c(REFS), addr()) if rng.random() < 0.3 else None
+            if rep is not None and rep[0] == ref:
+                rep = None
+            cls = ev.ObjectWritten if kind < 2 else ev.ObjectCopied
+            extra = {"source_read_at": 1.0} if kind == 2 else {}
+            out.append(cls(**common, **extra, branch="main", staging_token=tok, path="p",
+                           address=addr(), size=rng.randrange(4), ref_id=ref,
+                           replaces_ref_id=rep[0] if rep else None,
+                           replaces_address=rep[1] if rep else None))
+        elif kind <= 4:
+            out.append(ev.ObjectDeleted(**common, branch="main", staging_token=tok, path="p",
+                                        address=addr(), ref_id=c(REFS)))
+        elif kind == 5:
+            out.append(ev.AddressIssued(**common, address=addr(),
+                                        ttl_seconds=c([0.001, 1.5, 3600.0])))
+        elif kind == 6:
+            out.append(ev.CommitCreated(**common, branch=c(BRANCHES), commit_id=c(COMMITS),
+                                        parents=[],
+                                        sealed_tokens=rng.sample(TOKS, rng.randrange(3)),
+                                        staging_token=tok, committed_at=1.0, manifest=NS + "m"))
+        elif kind == 7:
+            out.append(ev.BranchReset(**common, branch=c(BRANCHES),
+                                      dropped_tokens=rng.sample(TOKS, rng.randrange(3)),
+                                      staging_token=tok, head=c([None, *COMMITS])))
+        elif kind == 8:
+            out.append(ev.BranchDeleted(**common, branch=c(BRANCHES),
+                                        dropped_tokens=rng.sample(TOKS, rng.randrange(3))))
+        elif kind == 9:
+            out.append(ev.BranchCreated(**common, branch=c(BRANCHES), staging_token=tok,
+                                        source_commit=c([None, *COMMITS])))
+        elif kind == 10:
+            out.append(c([ev.TagCreated(**common, tag="v1", commit_id="c1"),
+                          ev.TagDeleted(**common, tag="v1")]))
+        elif kind == 11:
+            out.append(("reap", c(ADDRS[:3])))
+        else:
+            out.append(ev.RepositoryCreated(**common, storage_namespace=c([NS, NS, "s3://b/z/"]),
+                                            default_branch="main", default_retention_days=1.5,
+                                            branch_retention_days={"main": 2.0}))
+    return out
+
+
+def run_both(r, items, batch_sizes, now0=1_000_000, step=1_000):
+    """Apply to the pure world and (in batches) via Lua; also re-send one batch (redelivery)."""
+    r.flushall()
+    world = World()
+    gate = codec.Gate()
+    base = [ev.RepositoryCreated(repository="r0", storage_namespace=NS, default_branch="main",
+                                 default_retention_days=1.0, event_id="e-root")]
+    items = base + list(items)
+    i, offset, now, sizes = 0, 0, now0, iter(batch_sizes)
+    last_batch = None
+    while i < len(items):
+        n = max(1, next(sizes, 7))
+        chunk = items[i:i + n]
+        i += n
+        events = []
+        for item in chunk:
+            if isinstance(item, tuple):  # the reaper acts between batches
+                _, address = item
+                state = world.repos.get("r0")
+                if state and address in state.addresses and state.addresses[address].state in (
+                        "unreferenced", "issued"):
+                    reap(r, world, "r0", address, now)
+                continue
+            events.append(item)
+        expected_rejections = []
+        for e in events:
+            out = world.apply(e, now)
+            expected_rejections.append(out.rejected)
+        batch, rejected = lua_batches(events, gate, offset)
+        got = {off - offset: reason for off, reason in rejected}
+        assert got == {k: v for k, v in enumerate(expected_rejections) if v}
+        apply_lua(r, batch, now)
+        last_batch = (batch, now)
+        offset += len(events)
+        now += step
+    if last_batch:  # redelivery of the last batch changes nothing
+        results = apply_lua(r, last_batch[0], last_batch[1] + 5)
+        assert all(res[0] == 0 for res in results)
+    for repo in REPOS:
+        if repo in world.repos:
+            assert canonical(read_repo_state(r, repo)) == canonical(world.repos[repo])
+        else:
+            assert not list(r.scan_iter(match=RepoKeys(repo).tag.replace("{", "\\{") + "*"))
+    return world
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32), n=st.integers(0, 250), step=st.sampled_from([0, 700, 2000]))
+def test_lua_agrees_with_pure_machine_on_chaos(redis_client, seed, n, step):
+    rng = random.Random(seed)
+    items = chaos_events(rng, n)
+    run_both(redis_client, items, [rng.randint(1, 12) for _ in range(n)], step=step)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_lua_agrees_with_pure_machine_on_workloads(redis_client, seed):
+    events = workload(seed, 3_000, repos=3, ttl_seconds=2.0)
+    rng = random.Random(seed)
+    r = redis_client
+    world = World()
+    gate = codec.Gate()
+    offset, now = 0, 1_000_000
+    while offset < len(events):
+        n = rng.randint(1, 400)
+        chunk = events[offset:offset + n]
+        for e in chunk:
+            assert world.apply(e, now).rejected is None
+        batch, rejected = lua_batches(chunk, gate, offset)
+        assert not rejected
+        apply_lua(r, batch, now)
+        offset += n
+        now += rng.randint(0, 1_500)  # issued addresses expire along the way (ttl 2 s)
+    for repo, state in world.repos.items():
+        assert canonical(read_repo_state(r, repo)) == canonical(state)
+
+
+def test_script_uses_the_redis_clock(redis_client):
+    r = redis_client
+    gate = codec.Gate()
+    events = [ev.RepositoryCreated(repository="r0", storage_namespace=NS, default_branch="main",
+                                   default_retention_days=1.0),
+              ev.ObjectDeleted(repository="r0", branch="main", staging_token="t", path="p",
+                               address=NS + "data/a", ref_id="x")]
+    batch, _ = lua_batches(events, gate)
+    before = redis_time_ms(r)
+    apply_lua(r, batch, None)
+    after = redis_time_ms(r)
+    since = read_repo_state(r, "r0").addresses[NS + "data/a"].since
+    assert since is not None and before <= since <= after
+
+
+def test_redelivered_offsets_are_skipped_and_noscript_recovers(redis_client):
+    r = redis_client
+    gate = codec.Gate()
+    events = workload(7, 200, repos=1)
+    batch, _ = lua_batches(events, gate)
+    (res,) = apply_lua(r, batch, 5_000)
+    assert res[0] == len(events) and res[1] == 0
+    snapshot = read_repo_state(r, "repo0")
+    r.script_flush()
+    (res,) = apply_lua(r, batch, 9_000)
+    assert res[0] == 0 and res[1] == len(events)
+    assert read_repo_state(r, "repo0") == snapshot

@@ -1,0 +1,326 @@
+"""The reference state machine: the specification of what the tracker does with each event.
+
+Pure data and functions, no I/O. ``tracker/apply.lua`` implements exactly this machine inside
+Redis (a differential test, ``tests/test_tracker_lua.py``, proves they agree); everything that
+reads the tracker's Redis state back (``tracker.state``) produces these dataclasses.
+
+Per physical address the machine keeps an observed-remove set of references (SPEC rule 5,
+``schemas/README.md``): ``adds`` ref -> token and ``removes`` ref -> token. A reference is *live*
+when it was added, was never removed, and its token is open, sealed or unknown. If any added and
+not removed reference belongs to a committed token the address gets the sticky ``committed``
+flag (terminal for the online path). The address state is derived, in this precedence:
+
+    committed  >  staged (a live ref)  >  issued (iu > now)  >  unreferenced (since = now)
+
+Every event that touches an address and leaves it unreferenced restarts its grace window
+(``since = now``): any doubt keeps the object longer. ``reaping`` and ``reaped`` belong to the
+reaper: the tracker records references on such addresses but never changes their state; a new
+reference that would keep such an address alive is an :class:`Incident`.
+
+Token states only move up ``TOKEN_RANK`` (committed outranks dropped); when a token's state
+changes, every address referenced from it is re-evaluated.
+
+Admission: an event of an unknown repository, or naming an address outside the repository's
+namespace or under a reserved prefix (``layout.namespace_key``), is rejected with a reason (the
+tracker sends it to the dead-letter topic) and never applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schemas import events as ev
+from schemas.layout import (
+    LIVE_TOKEN_STATES,
+    TOKEN_RANK,
+    AddressState,
+    OutsideNamespace,
+    TokenState,
+    namespace_key,
+)
+
+HELD_BY_REAPER = frozenset({AddressState.REAPING, AddressState.REAPED})
+
+
+@dataclass
+class AddressRecord:
+    adds: dict[str, str] = field(default_factory=dict)  # ref_id -> token
+    removes: dict[str, str] = field(default_factory=dict)  # ref_id -> token
+    state: AddressState | None = None
+    since: int | None = None  # ms: unreferenced since (issued: when protection ends)
+    committed: bool = False
+    issued_until: int | None = None
+    size: int | None = None
+    # Owned by the reaper (never written by the tracker).
+    lease_until: int | None = None
+    claimer: str | None = None
+    reaped_at: int | None = None
+
+
+@dataclass(frozen=True)
+class RepoMeta:
+    namespace: str
+    default_branch: str
+    default_retention_days: float
+    branch_retention_days: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BranchRecord:
+    head: str | None
+    staging_token: str
+    sealed_tokens: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    parents: tuple[str, ...]
+    time: float
+    branch: str
+    manifest: str
+
+
+@dataclass(frozen=True, order=True)
+class Incident:
+    """A reference that arrived for an address being reaped or already reaped."""
+
+    repository: str
+    address: str
+    event_id: str
+    type: str
+    ref_id: str
+    at_ms: int
+
+
+@dataclass
+class RepoState:
+    repository: str
+    meta: RepoMeta | None = None
+    addresses: dict[str, AddressRecord] = field(default_factory=dict)
+    tokens: dict[str, tuple[TokenState, int]] = field(default_factory=dict)  # -> (state, ms)
+    token_addresses: dict[str, set[str]] = field(default_factory=dict)
+    branches: dict[str, BranchRecord] = field(default_factory=dict)
+    commits: dict[str, CommitRecord] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    incidents: list[Incident] = field(default_factory=list)
+    unreferenced: dict[str, int] = field(default_factory=dict)  # address -> since (or iu)
+
+    def token_state(self, token: str) -> TokenState | None:
+        cur = self.tokens.get(token)
+        return cur[0] if cur else None
+
+    def reapable(self, address: str, horizon_ms: int, grace_ms: int) -> bool:
+        """Whether the online path may delete ``address`` given the tracker horizon."""
+        rec = self.addresses.get(address)
+        if rec is None or rec.state not in (AddressState.UNREFERENCED, AddressState.ISSUED):
+            return False
+        since = self.unreferenced.get(address)
+        return since is not None and since + grace_ms <= horizon_ms
+
+
+@dataclass
+class Outcome:
+    rejected: str | None = None  # reason: the event goes to the dead-letter topic
+    incidents: list[Incident] = field(default_factory=list)
+
+
+# --- admission ---------------------------------------------------------------------------------
+
+def addresses_of(event: ev.Event) -> list[str]:
+    """The physical addresses an event names (all must lie inside the namespace)."""
+    if isinstance(event, ev.ObjectWritten | ev.ObjectCopied):
+        return [event.address] if event.replaces_address is None else [
+            event.address, event.replaces_address]
+    if isinstance(event, ev.ObjectDeleted | ev.AddressIssued):
+        return [event.address]
+    return []
+
+
+def admission_problem(repository: str, event_type: str, addresses: list[str],
+                      known_namespace: str | None, new_namespace: str | None = None) -> str | None:
+    """Why an event must not be applied (it goes to the dead-letter topic), or None.
+
+    ``known_namespace`` is the repository's namespace if the repository exists;
+    ``new_namespace`` is the namespace a ``repository_created`` event declares.
+    """
+    if event_type == ev.RepositoryCreated.TYPE:
+        if known_namespace is not None and new_namespace != known_namespace:
+            return (f"repository {repository!r} already exists with storage namespace "
+                    f"{known_namespace!r}, not {new_namespace!r}")
+        return None
+    if known_namespace is None:
+        return f"unknown repository {repository!r}"
+    for address in addresses:
+        try:
+            namespace_key(known_namespace, address)
+        except OutsideNamespace as exc:
+            return f"rejected address: {exc}"
+    return None
+
+
+def ttl_ms(event: ev.AddressIssued) -> int:
+    return int(event.ttl_seconds * 1000)
+
+
+# --- the machine -------------------------------------------------------------------------------
+
+def _record(state: RepoState, address: str) -> AddressRecord:
+    rec = state.addresses.get(address)
+    if rec is None:
+        rec = state.addresses[address] = AddressRecord()
+    return rec
+
+
+def _derive(state: RepoState, address: str, rec: AddressRecord, now: int) -> None:
+    """Recompute the committed flag and (unless the reaper holds it) the state of an address."""
+    live = False
+    for ref, token in rec.adds.items():
+        if ref in rec.removes:
+            continue
+        ts = state.token_state(token)
+        if ts is TokenState.COMMITTED:
+            rec.committed = True
+        elif ts is None or ts in LIVE_TOKEN_STATES:
+            live = True
+    if rec.state in HELD_BY_REAPER:
+        return
+    if rec.committed or live:
+        rec.state = AddressState.COMMITTED if rec.committed else AddressState.STAGED
+        rec.since = None
+        state.unreferenced.pop(address, None)
+    elif rec.issued_until is not None and rec.issued_until > now:
+        rec.state = AddressState.ISSUED
+        rec.since = rec.issued_until
+        state.unreferenced[address] = rec.issued_until
+    else:
+        rec.state = AddressState.UNREFERENCED
+        rec.since = now
+        state.unreferenced[address] = now
+
+
+def _add(state: RepoState, address: str, ref: str, token: str, size: int, event: ev.Event,
+         now: int, out: Outcome) -> None:
+    rec = _record(state, address)
+    new = ref not in rec.adds
+    if new:
+        rec.adds[ref] = token
+    state.token_addresses.setdefault(token, set()).add(address)
+    if rec.size is None or size > rec.size:
+        rec.size = size
+    if (new and rec.state in HELD_BY_REAPER and ref not in rec.removes
+            and state.token_state(rec.adds[ref]) is not TokenState.DROPPED):
+        out.incidents.append(Incident(state.repository, address, event.event_id, event.TYPE,
+                                      ref, now))
+    _derive(state, address, rec, now)
+
+
+def _remove(state: RepoState, address: str, ref: str, token: str, now: int) -> None:
+    rec = _record(state, address)
+    rec.removes.setdefault(ref, token)
+    _derive(state, address, rec, now)
+
+
+def _set_token(state: RepoState, token: str, new: TokenState, event: ev.Event, now: int,
+               out: Outcome) -> None:
+    cur = state.token_state(token)
+    if cur is not None and TOKEN_RANK[new] <= TOKEN_RANK[cur]:
+        return
+    state.tokens[token] = (new, now)
+    resurrected = cur is TokenState.DROPPED and new is TokenState.COMMITTED
+    for address in sorted(state.token_addresses.get(token, ())):
+        rec = state.addresses[address]
+        if resurrected and rec.state in HELD_BY_REAPER:
+            # A commit took a reference whose token had been dropped and whose address the
+            # reaper already holds: committed data is (being) deleted.
+            for ref, tok in rec.adds.items():
+                if tok == token and ref not in rec.removes:
+                    out.incidents.append(Incident(state.repository, address, event.event_id,
+                                                  event.TYPE, ref, now))
+        _derive(state, address, rec, now)
+
+
+def apply(state: RepoState, event: ev.Event, now_ms: int) -> Outcome:
+    """Apply one event to one repository's state at tracker time ``now_ms``."""
+    out = Outcome()
+    known = state.meta.namespace if state.meta else None
+    new_ns = event.storage_namespace if isinstance(event, ev.RepositoryCreated) else None
+    problem = admission_problem(event.repository, event.TYPE, addresses_of(event), known, new_ns)
+    if problem:
+        out.rejected = problem
+        return out
+    now = now_ms
+    if isinstance(event, ev.RepositoryCreated):
+        if state.meta is None:
+            state.meta = RepoMeta(event.storage_namespace, event.default_branch,
+                                  event.default_retention_days,
+                                  dict(event.branch_retention_days))
+    elif isinstance(event, ev.ObjectWritten | ev.ObjectCopied):
+        _add(state, event.address, event.ref_id, event.staging_token, event.size, event, now,
+             out)
+        if event.replaces_ref_id is not None and event.replaces_address is not None:
+            _remove(state, event.replaces_address, event.replaces_ref_id, event.staging_token,
+                    now)
+    elif isinstance(event, ev.ObjectDeleted):
+        _remove(state, event.address, event.ref_id, event.staging_token, now)
+    elif isinstance(event, ev.AddressIssued):
+        rec = _record(state, event.address)
+        if rec.issued_until is None:
+            rec.issued_until = now + ttl_ms(event)
+        _derive(state, event.address, rec, now)
+    elif isinstance(event, ev.BranchCreated):
+        state.branches[event.branch] = BranchRecord(event.source_commit, event.staging_token)
+        _set_token(state, event.staging_token, TokenState.OPEN, event, now, out)
+    elif isinstance(event, ev.CommitCreated):
+        for token in event.sealed_tokens:
+            _set_token(state, token, TokenState.COMMITTED, event, now, out)
+        _set_token(state, event.staging_token, TokenState.OPEN, event, now, out)
+        state.commits.setdefault(event.commit_id, CommitRecord(
+            tuple(event.parents), event.committed_at, event.branch, event.manifest))
+        state.branches[event.branch] = BranchRecord(event.commit_id, event.staging_token)
+    elif isinstance(event, ev.BranchReset):
+        for token in event.dropped_tokens:
+            _set_token(state, token, TokenState.DROPPED, event, now, out)
+        _set_token(state, event.staging_token, TokenState.OPEN, event, now, out)
+        prev = state.branches.get(event.branch)
+        head = event.head if event.head is not None else (prev.head if prev else None)
+        state.branches[event.branch] = BranchRecord(head, event.staging_token)
+    elif isinstance(event, ev.BranchDeleted):
+        for token in event.dropped_tokens:
+            _set_token(state, token, TokenState.DROPPED, event, now, out)
+        state.branches.pop(event.branch, None)
+    elif isinstance(event, ev.TagCreated):
+        state.tags[event.tag] = event.commit_id
+    elif isinstance(event, ev.TagDeleted):
+        state.tags.pop(event.tag, None)
+    else:  # pragma: no cover - decode() only produces the types above
+        raise TypeError(f"unhandled event type {event.TYPE}")
+    state.incidents.extend(out.incidents)
+    return out
+
+
+@dataclass
+class World:
+    """Every repository's state: what the whole tracker maintains (for tests and the model)."""
+
+    repos: dict[str, RepoState] = field(default_factory=dict)
+
+    def apply(self, event: ev.Event, now_ms: int) -> Outcome:
+        state = self.repos.get(event.repository)
+        if state is None:
+            if not isinstance(event, ev.RepositoryCreated):
+                return Outcome(rejected=f"unknown repository {event.repository!r}")
+            state = self.repos[event.repository] = RepoState(event.repository)
+        return apply(state, event, now_ms)
+
+
+def live_refs(state: RepoState, address: str) -> dict[str, str]:
+    """The live references of an address: ref -> token."""
+    rec = state.addresses.get(address)
+    if rec is None:
+        return {}
+    out = {}
+    for ref, token in rec.adds.items():
+        ts = state.token_state(token)
+        if ref not in rec.removes and (ts is None or ts in LIVE_TOKEN_STATES):
+            out[ref] = token
+    return out

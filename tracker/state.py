@@ -1,0 +1,251 @@
+"""Reading and writing the tracker's Redis state (layout: ``schemas/layout.py``).
+
+For the reaper, the reconciler, ``status`` and the tests:
+
+- :func:`read_repo_state` / :func:`aread_repo_state`: one repository's records as the
+  :mod:`tracker.references` dataclasses (the same shape the pure machine produces).
+- :func:`tracker_horizon_ms` / :func:`atracker_horizon_ms`: the Redis-clock time up to which the
+  tracker has applied everything the broker held, over *all* partitions of the events topic
+  (``None`` while any partition has no progress yet: then nothing may be reaped).
+- :func:`await_horizon`: wait (with a deadline) until the horizon passes a time.
+- :class:`ApplyScript`: loads ``apply.lua`` and applies batches (pipelined, NOSCRIPT-safe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Iterable, Sequence
+from importlib import resources
+from typing import Any
+
+import orjson
+from redis.exceptions import NoScriptError, ResponseError
+
+from schemas.layout import PROGRESS, PROGRESS_META, REPOS, AddressState, RepoKeys, TokenState
+from tracker.references import (
+    AddressRecord,
+    BranchRecord,
+    CommitRecord,
+    Incident,
+    RepoMeta,
+    RepoState,
+)
+
+APPLY_LUA = resources.files("tracker").joinpath("apply.lua").read_text()
+
+# hd:progress[p] = max(current, new): progress never moves back, whoever writes it.
+PROGRESS_LUA = """
+for i = 1, #ARGV, 2 do
+  local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
+  if tonumber(ARGV[i + 1]) > cur then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+end
+return 1
+"""
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _is_noscript(exc: BaseException) -> bool:
+    return isinstance(exc, NoScriptError) or "NOSCRIPT" in str(exc) or (
+        isinstance(exc, ResponseError) and "No matching script" in str(exc))
+
+
+class ApplyScript:
+    """``apply.lua``: one EVALSHA per (repository, partition) chunk of a batch."""
+
+    lua = APPLY_LUA
+    sha = _sha(APPLY_LUA)
+
+    @staticmethod
+    def args(repo: str, partition: int, events_json: bytes | str,
+             now_ms: int | None = None) -> tuple[Any, ...]:
+        keys = RepoKeys(repo)
+        return (ApplyScript.sha, 1, keys.meta, keys.tag + ":", repo, str(partition), events_json,
+                "" if now_ms is None else str(now_ms))
+
+    @classmethod
+    async def apply_many(cls, client: Any,
+                         calls: Sequence[tuple[str, int, bytes | str]]) -> list[Any]:
+        """Apply every chunk in one pipeline round trip; raises if any chunk failed.
+
+        Re-running a chunk is harmless (offsets <= applied[partition] are skipped), so on
+        NOSCRIPT (Redis restarted, cache flushed) the whole pipeline is simply re-sent.
+        """
+        for attempt in range(2):
+            pipe = client.pipeline(transaction=False)
+            for repo, partition, events_json in calls:
+                pipe.evalsha(*cls.args(repo, partition, events_json))
+            try:
+                results: list[Any] = await pipe.execute(raise_on_error=True)
+                return results
+            except Exception as exc:
+                if attempt == 0 and _is_noscript(exc):
+                    await client.script_load(cls.lua)
+                    continue
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @classmethod
+    def apply_sync(cls, client: Any, repo: str, partition: int, events: list[list[Any]],
+                   now_ms: int | None = None) -> Any:
+        """Apply one chunk with a synchronous client (tests, tools)."""
+        args = cls.args(repo, partition, orjson.dumps(events), now_ms)
+        try:
+            return client.evalsha(*args)
+        except Exception as exc:
+            if not _is_noscript(exc):
+                raise
+            client.script_load(cls.lua)
+            return client.evalsha(*args)
+
+
+# --- reading state back ------------------------------------------------------------------------
+
+def _int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def parse_address(h: dict[str, str]) -> AddressRecord:
+    rec = AddressRecord()
+    for f, v in h.items():
+        if f[0] == "+":
+            rec.adds[f[1:]] = v
+        elif f[0] == "-":
+            rec.removes[f[1:]] = v
+    rec.state = AddressState(h["state"]) if "state" in h else None
+    rec.since = _int(h.get("since"))
+    rec.committed = h.get("committed") == "1"
+    rec.issued_until = _int(h.get("iu"))
+    rec.size = _int(h.get("size"))
+    rec.lease_until = _int(h.get("lease_until"))
+    rec.claimer = h.get("claimer")
+    rec.reaped_at = _int(h.get("reaped_at"))
+    return rec
+
+
+def parse_token(v: str) -> tuple[TokenState, int]:
+    state, _, ms = v.partition(":")
+    return TokenState(state), int(ms)
+
+
+def _glob_escape(s: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
+
+
+def _pairs(z: Any) -> dict[str, int]:
+    out = {}
+    for item in z:
+        member, score = item[0], item[1]
+        out[member] = int(float(score))
+    return out
+
+
+def _assemble(repo: str, meta: dict[str, str], addr_hashes: dict[str, dict[str, str]],
+              token_sets: dict[str, Iterable[str]], tokens: dict[str, str],
+              branches: dict[str, str], commits: dict[str, str], tags: dict[str, str],
+              incidents: list[str], unref: Any) -> RepoState:
+    st = RepoState(repo)
+    if meta.get("namespace"):
+        st.meta = RepoMeta(meta["namespace"], meta.get("default_branch", ""),
+                           float(meta.get("default_retention_days", "0")),
+                           orjson.loads(meta.get("branch_retention", "{}")))
+    st.addresses = {a: parse_address(h) for a, h in addr_hashes.items()}
+    st.token_addresses = {t: set(m) for t, m in token_sets.items()}
+    st.tokens = {t: parse_token(v) for t, v in tokens.items()}
+    for b, j in branches.items():
+        d = orjson.loads(j)
+        st.branches[b] = BranchRecord(d["head"], d["staging_token"], tuple(d["sealed_tokens"]))
+    for c, j in commits.items():
+        d = orjson.loads(j)
+        st.commits[c] = CommitRecord(tuple(d["parents"]), float(d["time"]), d["branch"],
+                                     d["manifest"])
+    st.tags = dict(tags)
+    st.incidents = [Incident(**orjson.loads(j)) for j in incidents]
+    st.unreferenced = _pairs(unref)
+    return st
+
+
+def read_repo_state(r: Any, repo: str) -> RepoState:
+    """One repository's tracked state (synchronous client; Redis Cluster too)."""
+    k = RepoKeys(repo)
+    a_pre, t_pre = k.address_prefix, k.tag + ":t:"
+    addr_keys, tok_keys = [], []
+    for key in r.scan_iter(match=_glob_escape(k.tag) + ":*", count=1000):
+        if key.startswith(a_pre):
+            addr_keys.append(key)
+        elif key.startswith(t_pre):
+            tok_keys.append(key)
+    pipe = r.pipeline(transaction=False)
+    for key in addr_keys:
+        pipe.hgetall(key)
+    for key in tok_keys:
+        pipe.smembers(key)
+    for key in (k.meta, k.tokens, k.branches, k.commits, k.tags):
+        pipe.hgetall(key)
+    pipe.lrange(k.incidents, 0, -1)
+    pipe.zrange(k.unreferenced, 0, -1, withscores=True)
+    res = pipe.execute()
+    na, nt = len(addr_keys), len(tok_keys)
+    addr = {key[len(a_pre):]: h for key, h in zip(addr_keys, res[:na], strict=True)}
+    toks = {key[len(t_pre):]: m for key, m in zip(tok_keys, res[na:na + nt], strict=True)}
+    meta, tokens, branches, commits, tags, incidents, unref = res[na + nt:]
+    return _assemble(repo, meta, addr, toks, tokens, branches, commits, tags, incidents, unref)
+
+
+def repositories(r: Any) -> set[str]:
+    """Repository ids the tracker has seen (``hd:repos``)."""
+    return set(r.smembers(REPOS))
+
+
+# --- time and progress -------------------------------------------------------------------------
+
+def redis_time_ms(r: Any) -> int:
+    sec, usec = r.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+async def aredis_time_ms(r: Any) -> int:
+    sec, usec = await r.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def horizon_from(meta: dict[str, str], progress: dict[str, str]) -> int | None:
+    """min over every partition of the topic; None if the partition count is unknown or any
+    partition has no progress yet (a partition nobody tracks holds everything back)."""
+    try:
+        n = int(meta["partitions"])
+    except (KeyError, ValueError):
+        return None
+    values = []
+    for p in range(n):
+        v = progress.get(str(p))
+        if v is None:
+            return None
+        values.append(int(v))
+    return min(values) if values else None
+
+
+def tracker_horizon_ms(r: Any) -> int | None:
+    """Redis-clock ms up to which every partition's broker content has been applied."""
+    return horizon_from(r.hgetall(PROGRESS_META), r.hgetall(PROGRESS))
+
+
+async def atracker_horizon_ms(r: Any) -> int | None:
+    return horizon_from(await r.hgetall(PROGRESS_META), await r.hgetall(PROGRESS))
+
+
+async def await_horizon(r: Any, target_ms: int, timeout: float = 30.0,
+                        interval: float = 0.02) -> int:
+    """Wait until the tracker horizon reaches ``target_ms`` (async client); returns it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        h = await atracker_horizon_ms(r)
+        if h is not None and h >= target_ms:
+            return h
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"tracker horizon {h} did not reach {target_ms} in {timeout}s")
+        await asyncio.sleep(interval)

@@ -1,0 +1,88 @@
+"""Helpers for tests (tracker, reaper, reconciler): drive the pure machine and the Lua script
+with the same events, and compare states with or without arrival-time timestamps."""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+
+from schemas import events as ev
+from schemas.layout import AddressState, RepoKeys
+from tracker import codec
+from tracker.references import RepoState, World
+from tracker.state import ApplyScript
+
+
+def timeless(st: RepoState) -> RepoState:
+    """A copy without arrival-time values (since, iu, token/incident ms, index scores).
+
+    ``issued_until`` becomes 1 if set, so that "was issued" still compares."""
+    out = copy.deepcopy(st)
+    for rec in out.addresses.values():
+        rec.since = None
+        rec.issued_until = None if rec.issued_until is None else 1
+    out.tokens = {t: (s, 0) for t, (s, _) in out.tokens.items()}
+    out.incidents = sorted(i.__class__(**{**i.__dict__, "at_ms": 0}) for i in out.incidents)
+    out.unreferenced = {a: 0 for a in out.unreferenced}
+    return out
+
+
+def canonical(st: RepoState) -> RepoState:
+    """Incidents sorted (the script does not promise an order across addresses)."""
+    out = copy.deepcopy(st)
+    out.incidents = sorted(out.incidents)
+    return out
+
+
+def lua_batches(events: Sequence[ev.Event], gate: codec.Gate, first_offset: int = 0
+                ) -> tuple[dict[str, list[list[Any]]], list[tuple[int, str]]]:
+    """Group a batch by repository as the daemon does: (compact events, rejections)."""
+    per_repo: dict[str, list[list[Any]]] = defaultdict(list)
+    rejected = []
+    for i, e in enumerate(events):
+        body = codec.parse(ev.encode(e))
+        problem = gate.check(body)
+        if problem:
+            rejected.append((first_offset + i, problem))
+        else:
+            per_repo[body["repository"]].append(codec.compact(body, first_offset + i))
+    return per_repo, rejected
+
+
+def apply_lua(r: Any, batch: dict[str, list[list[Any]]], now_ms: int | None,
+              partition: int = 0) -> list[Any]:
+    return [ApplyScript.apply_sync(r, repo, partition, chunk, now_ms)
+            for repo, chunk in batch.items()]
+
+
+def reap(r: Any, world: World, repo: str, address: str, now_ms: int) -> None:
+    """Play the reaper: mark an address reaped in Redis and in the pure world alike."""
+    k = RepoKeys(repo)
+    r.hset(k.address(address), mapping={"state": "reaped", "reaped_at": str(now_ms)})
+    r.hdel(k.address(address), "since")
+    r.zrem(k.unreferenced, address)
+    st = world.repos[repo]
+    rec = st.addresses[address]
+    rec.state = AddressState.REAPED
+    rec.reaped_at = now_ms
+    rec.since = None
+    st.unreferenced.pop(address, None)
+
+
+def pure_world(events: Iterable[ev.Event], now_ms: int = 1_000) -> World:
+    w = World()
+    for e in events:
+        w.apply(e, now_ms)
+    return w
+
+
+def encode_all(events: Iterable[ev.Event]) -> list[bytes]:
+    return [ev.encode(e) for e in events]
+
+
+def dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj)
