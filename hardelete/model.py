@@ -813,7 +813,11 @@ class Model:
         reference, nor an unexpired issued address protects: what one reconciler run with
         these retained commits must delete (before its age cutoff is applied)."""
         truth = self.truth(now, issued_ttl_respected)
-        keep = set(truth.live_referenced) | truth.issued_unexpired
+        # The raw protections, not the categories: a superseded or committed address may also
+        # be live in a token or still covered by its upload token.
+        keep = set(truth.live_referenced)
+        if issued_ttl_respected:
+            keep.update(a for a, i in self.issued.items() if i.expires_at > truth.now)
         for cid in retained_commit_ids:
             keep.update(e.address for e in self.commits[cid].entries.values())
         return frozenset(
@@ -1076,7 +1080,8 @@ class Workload:
             raise ValueError("need 0 <= min_size <= max_size")
         if self.span_days < 0:
             raise ValueError("span_days must be >= 0")
-        unknown = sorted(set(self.mix or {}) - {k.value for k in OpKind})
+        # Repository creation is set-up, not a draw: the workload's repositories are fixed.
+        unknown = sorted(set(self.mix or {}) - {k.value for k in DEFAULT_MIX})
         if unknown:
             raise ValueError(f"unknown op kind(s) in mix: {unknown}; known: "
                              f"{sorted(k.value for k in DEFAULT_MIX)}")
@@ -1110,7 +1115,7 @@ class Workload:
                 if f"b{i}" not in model.repository(repo).branches:
                     yield Op(OpKind.CREATE_BRANCH, repo, branch=f"b{i}")
         weights = self.weights()
-        kinds = [k for k in OpKind if weights.get(k, 0) > 0]
+        kinds = [k for k in DEFAULT_MIX if weights[k] > 0]
         kind_weights = [weights[k] for k in kinds]
         start = model.clock() if self.span_days else 0.0
         for i in range(self.ops):
