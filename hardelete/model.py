@@ -1211,10 +1211,14 @@ class StoreCheck:
     missing: tuple[str, ...]  # the model wrote bytes there; the store does not have them
     unexpected: tuple[str, ...]  # data in the store the model never wrote
     missing_manifests: tuple[str, ...]
+    # Listed data objects per ground-truth category; each listed object is in exactly one.
+    listed_by_category: dict[str, int]
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.unexpected or self.missing_manifests)
+        categorised = sum(n for c, n in self.listed_by_category.items() if c in set(Category))
+        return not (self.missing or self.unexpected or self.missing_manifests) and (
+            categorised == self.listed_data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1230,6 +1234,10 @@ class WorkloadSummary:
     events_by_type: dict[str, int]
     events_published: int
     truth: TruthCounts
+    # The same state once every upload token issued so far has expired: what the online path
+    # will have reclaimed by then if nothing else happens (the live numbers count unexpired
+    # issued addresses as protected, which in a short run is most garbage).
+    truth_at_expiry: TruthCounts
     elapsed_seconds: float
 
 
@@ -1304,6 +1312,7 @@ class ModelService:
                 on_op(op)
         await self.flush()
         events = self.model.events[first_event:]
+        truth = self.model.truth()
         summary = WorkloadSummary(
             seed=workload.seed,
             publish_mode=self.publish_mode,
@@ -1315,7 +1324,9 @@ class ModelService:
             events=len(events),
             events_by_type=dict(sorted(Counter(e.TYPE for e in events).items())),
             events_published=self.events_published - before[3],
-            truth=self.model.truth().counts(),
+            truth=truth.counts(),
+            truth_at_expiry=self.model.truth(
+                truth.now + self.model.upload_ttl_seconds).counts(),
             elapsed_seconds=round(time.monotonic() - started, 3),
         )
         log.info("model.workload_done", seed=workload.seed, ops=summary.ops,
@@ -1347,10 +1358,16 @@ class ModelService:
             expected_manifests.update(self.model.commits[c].manifest
                                       for c in self.model.repository(repo).commit_ids)
         expected = {a for a, o in self.model.objects.items() if o.repository in chosen}
+        truth = self.model.truth()
+        by_category: Counter[str] = Counter()
+        for address in data & expected:
+            category = truth.category(address)
+            by_category[category.value if category else "unknown"] += 1
         return StoreCheck(
             listed_data=len(data), listed_manifests=len(manifests), listed_other=other,
             missing=tuple(sorted(expected - data)), unexpected=tuple(sorted(data - expected)),
             missing_manifests=tuple(sorted(expected_manifests - manifests)),
+            listed_by_category={**{c.value: 0 for c in Category}, **by_category},
         )
 
     # -- internals --

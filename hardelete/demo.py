@@ -1,0 +1,243 @@
+"""``hardelete demo``: run the model service on the embedded stack and show what it did.
+
+Starts Tansu, Redis and moto (or uses the ones the settings point at), creates the topics,
+runs a seeded workload through :class:`hardelete.model.ModelService` (real objects, Parquet
+manifests and events), then prints a summary and checks the model's ground truth against a
+direct listing of the store.
+
+The phases are separate functions over dataclasses so that more can run beside the model
+service later (the tracker and the reaper): :func:`run_model_phase` does the work and returns a
+:class:`ModelPhase`; :func:`print_summary` and :func:`summary_json` only present a
+:class:`DemoResult`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+import orjson
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from hardelete import UserError
+from hardelete.clients import s3_client
+from hardelete.logs import get_logger
+from hardelete.model import (
+    PUBLISH_MODES,
+    Category,
+    ModelService,
+    PublishMode,
+    StoreCheck,
+    Workload,
+    WorkloadSummary,
+)
+from hardelete.settings import Settings
+from hardelete.stack import StackError, embedded_stack
+from schemas.publisher import Publisher, ensure_topics
+
+if TYPE_CHECKING:
+    from hardelete.model import Op
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    seed: int = 42
+    ops: int = 300
+    repos: int = 1
+    branches: int = 3
+    bucket: str = "hardelete-demo"
+    publish_mode: PublishMode = "per-op"
+    payload_cap: int = 1024
+    # Repositories and their namespaces are named after the run, so that runs against
+    # long-lived external servers never share a repository id or a namespace.
+    run_id: str = ""
+
+    def workload(self) -> Workload:
+        try:
+            return Workload(seed=self.seed, ops=self.ops, repos=self.repos,
+                            branches=self.branches, bucket=self.bucket,
+                            name=f"demo-{self.run_id}")
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    kafka: str
+    redis: str
+    s3: str
+    started: tuple[str, ...]  # parts this run started itself (the others were configured)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPhase:
+    summary: WorkloadSummary
+    store: StoreCheck
+
+
+@dataclass(frozen=True, slots=True)
+class DemoResult:
+    options: DemoOptions
+    endpoints: Endpoints
+    model: ModelPhase
+    elapsed_seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.model.store.ok
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    defaults = DemoOptions()
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="workload seed")
+    parser.add_argument("--ops", type=int, default=defaults.ops,
+                        help="random operations after set-up (moto takes ~260 PUT/s)")
+    parser.add_argument("--repos", type=int, default=defaults.repos)
+    parser.add_argument("--branches", type=int, default=defaults.branches,
+                        help="branches per repository at the start")
+    parser.add_argument("--bucket", default=defaults.bucket)
+    parser.add_argument("--publish-mode", choices=PUBLISH_MODES, default=defaults.publish_mode,
+                        help="publish after each operation, or all at the end")
+    parser.add_argument("--payload-cap", type=int, default=defaults.payload_cap,
+                        help="largest object body written, in bytes")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def run_cli(settings: Settings, args: argparse.Namespace) -> int:
+    if args.ops < 0 or args.repos < 1 or args.branches < 1 or args.payload_cap < 0:
+        raise UserError("--ops and --payload-cap must be >= 0, --repos and --branches >= 1")
+    options = DemoOptions(seed=args.seed, ops=args.ops, repos=args.repos,
+                          branches=args.branches, bucket=args.bucket,
+                          publish_mode=cast(PublishMode, args.publish_mode),
+                          payload_cap=args.payload_cap, run_id=uuid.uuid4().hex[:8])
+    result = run_demo(settings, options, Console(stderr=True))
+    if args.json:
+        sys.stdout.write(summary_json(result).decode() + "\n")
+    else:
+        print_summary(result, Console())
+    return 0 if result.ok else 1
+
+
+def run_demo(settings: Settings, options: DemoOptions, progress_console: Console) -> DemoResult:
+    """Start the stack, run every phase, stop the stack."""
+    options.workload()  # a bad option fails before any server starts
+    started = time.monotonic()
+    with _stack(settings, progress_console) as (live, endpoints):
+        model = asyncio.run(run_model_phase(live, options, progress_console))
+    return DemoResult(options, endpoints, model, round(time.monotonic() - started, 3))
+
+
+@contextlib.contextmanager
+def _stack(settings: Settings, console: Console) -> Iterator[tuple[Settings, Endpoints]]:
+    with contextlib.ExitStack() as resources:
+        try:
+            with console.status("starting the embedded stack"):
+                stack = resources.enter_context(embedded_stack(settings))
+        except StackError as exc:
+            raise UserError(f"cannot start the embedded stack: {exc}") from None
+        s = stack.settings
+        yield s, Endpoints(kafka=s.kafka_bootstrap, redis=s.redis_url, s3=s.s3_endpoint_url,
+                           started=tuple(sorted(stack.servers)))
+
+
+async def run_model_phase(settings: Settings, options: DemoOptions,
+                          console: Console) -> ModelPhase:
+    """Run the seeded workload through the model service; check the store against the truth."""
+    workload = options.workload()
+    await ensure_topics(settings)
+    s3 = s3_client(settings)
+    async with Publisher(settings) as publisher:
+        service = ModelService(settings, s3, publisher, publish_mode=options.publish_mode,
+                               payload_cap=options.payload_cap)
+        with _progress(console) as progress:
+            task = progress.add_task("model service", total=workload.ops + workload.setup_ops)
+
+            def advance(_op: Op) -> None:
+                progress.advance(task)
+
+            summary = await service.run_workload(workload, on_op=advance)
+        store = await service.verify_store()
+    log.info("demo.model_phase", ok=store.ok, objects=store.listed_data,
+             manifests=store.listed_manifests)
+    return ModelPhase(summary, store)
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+
+
+# --- presentation -----------------------------------------------------------------------------
+
+
+def summary_json(result: DemoResult) -> bytes:
+    body = dataclasses.asdict(result)
+    body["ok"] = result.ok
+    return orjson.dumps(body, option=orjson.OPT_INDENT_2)
+
+
+def print_summary(result: DemoResult, console: Console) -> None:
+    s, store = result.model.summary, result.model.store
+
+    ops = Table(title=f"Operations (seed {result.options.seed})", title_justify="left")
+    ops.add_column("operation")
+    ops.add_column("count", justify="right")
+    for kind, count in s.ops_by_kind.items():
+        ops.add_row(kind, str(count))
+    ops.add_row("[bold]total", f"[bold]{s.ops}")
+
+    effects = Table(title="Side effects", title_justify="left")
+    effects.add_column("what")
+    effects.add_column("count", justify="right")
+    effects.add_row("objects written", str(s.objects_written))
+    effects.add_row("bytes written", f"{s.bytes_written:,}")
+    effects.add_row("manifests written", str(s.manifests_written))
+    effects.add_row(f"events published ({s.publish_mode})", str(s.events_published))
+    for etype, count in s.events_by_type.items():
+        effects.add_row(f"  {etype}", str(count))
+
+    truth = Table(title="Ground truth vs the store", title_justify="left")
+    truth.add_column("category")
+    truth.add_column("addresses", justify="right")
+    truth.add_column("objects listed", justify="right")
+    truth.add_column("after token expiry", justify="right")
+    counts = dataclasses.asdict(s.truth)
+    later = dataclasses.asdict(s.truth_at_expiry)
+    for category in Category:
+        truth.add_row(category.value.replace("_", " "), str(counts[category.value]),
+                      str(store.listed_by_category.get(category.value, 0)),
+                      str(later[category.value]))
+    truth.add_row("[bold]objects", f"[bold]{s.truth.objects}", f"[bold]{store.listed_data}",
+                  str(s.truth_at_expiry.objects))
+    truth.add_row("manifests", str(s.manifests_written), str(store.listed_manifests), "")
+
+    console.print(ops)
+    console.print(effects)
+    console.print(truth)
+    e = result.endpoints
+    console.print(f"kafka {e.kafka}  s3 {e.s3}  redis {e.redis}  "
+                  f"(started here: {', '.join(e.started) or 'none'})  "
+                  f"{result.elapsed_seconds:.1f}s")
+    if result.ok:
+        console.print("[green]store matches the ground truth[/green]: every listed object is in "
+                      "exactly one category and every object the model wrote is there")
+    else:
+        console.print("[red]store does NOT match the ground truth[/red]")
+        for label, items in (("missing", store.missing), ("unexpected", store.unexpected),
+                             ("missing manifests", store.missing_manifests)):
+            for item in items[:10]:
+                console.print(f"  {label}: {item}")
+            if len(items) > 10:
+                console.print(f"  ... and {len(items) - 10} more {label}")
