@@ -246,7 +246,9 @@ def start_redis_cluster(workdir: Path, nodes: int = 3) -> list[Server]:
         r.execute_command("CLUSTER", "ADDSLOTSRANGE", i * per, hi)  # type: ignore[no-untyped-call]
         for other in servers:
             if other is not s:
-                r.execute_command("CLUSTER", "MEET", "127.0.0.1", other.port)  # type: ignore[no-untyped-call]
+                # The bus port is not port+10000 here (--cluster-port): MEET must name it.
+                bus = other.argv[other.argv.index("--cluster-port") + 1]
+                r.execute_command("CLUSTER", "MEET", "127.0.0.1", other.port, bus)  # type: ignore[no-untyped-call]
         r.close()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -17,10 +17,11 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Iterable, Sequence
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import orjson
+import redis.asyncio as aredis
 from redis.exceptions import NoScriptError, ResponseError
 
 from schemas.layout import PROGRESS, PROGRESS_META, REPOS, AddressState, RepoKeys, TokenState
@@ -33,7 +34,7 @@ from tracker.references import (
     RepoState,
 )
 
-APPLY_LUA = resources.files("tracker").joinpath("apply.lua").read_text()
+APPLY_LUA = (Path(__file__).parent / "apply.lua").read_text()
 
 # hd:progress[p] = max(current, new): progress never moves back, whoever writes it.
 PROGRESS_LUA = """
@@ -75,11 +76,16 @@ class ApplyScript:
         Re-running a chunk is harmless (offsets <= applied[partition] are skipped), so on
         NOSCRIPT (Redis restarted, cache flushed) the whole pipeline is simply re-sent.
         """
+        cluster = isinstance(client, aredis.RedisCluster)
         for attempt in range(2):
-            pipe = client.pipeline(transaction=False)
-            for repo, partition, events_json in calls:
-                pipe.evalsha(*cls.args(repo, partition, events_json))
             try:
+                if cluster:  # cluster pipelines refuse EVALSHA: concurrent calls instead
+                    return list(await asyncio.gather(*(
+                        client.evalsha(*cls.args(repo, partition, events_json))
+                        for repo, partition, events_json in calls)))
+                pipe = client.pipeline(transaction=False)
+                for repo, partition, events_json in calls:
+                    pipe.evalsha(*cls.args(repo, partition, events_json))
                 results: list[Any] = await pipe.execute(raise_on_error=True)
                 return results
             except Exception as exc:

@@ -1,0 +1,341 @@
+"""The tracker daemon against the real broker (Tansu) and Redis: end to end, dead letters,
+progress/horizon, metrics, rebalance between two trackers, kill -9 and restart, Redis Cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from hardelete.clients import redis_async, redis_sync
+from hardelete.settings import Settings
+from hardelete.stack import free_port, start_redis_cluster
+from schemas import events as ev
+from schemas.layout import PROGRESS, PROGRESS_META
+from schemas.publisher import Publisher, ensure_topics
+from tracker.daemon import Tracker, running_tracker
+from tracker.gen import workload
+from tracker.state import (
+    aredis_time_ms,
+    await_horizon,
+    read_repo_state,
+    repositories,
+    tracker_horizon_ms,
+)
+from tracker.testing import pure_world, timeless
+
+pytestmark = pytest.mark.integration
+
+NS = "s3://bucket/repo0/"
+
+
+async def publish(settings: Settings, events: list[ev.Event]) -> int:
+    """Publish and return the Redis time after every ack: the horizon to wait for."""
+    await ensure_topics(settings)
+    async with Publisher(settings) as pub:
+        await pub.publish_many(events)
+    r = redis_async(settings)
+    try:
+        return await aredis_time_ms(r)
+    finally:
+        await r.aclose()
+
+
+async def wait_horizon(settings: Settings, target: int, timeout: float = 60.0) -> None:
+    r = redis_async(settings)
+    try:
+        await await_horizon(r, target, timeout)
+    finally:
+        await r.aclose()
+
+
+def assert_matches_pure(settings: Settings, events: list[ev.Event]) -> None:
+    world = pure_world(events)
+    r = redis_sync(settings)
+    try:
+        assert repositories(r) == set(world.repos)
+        for repo, expected in world.repos.items():
+            assert timeless(read_repo_state(r, repo)) == timeless(expected), repo
+    finally:
+        r.close()
+
+
+async def test_end_to_end_publish_track_read_back(settings: Settings) -> None:
+    events = workload(11, 3_000, repos=5)
+    async with running_tracker(settings) as tracker:
+        target = await publish(settings, events)
+        await wait_horizon(settings, target)
+        assert tracker.applied == len(events)
+        assert tracker.dead_lettered == 0
+    assert_matches_pure(settings, events)
+    r = redis_sync(settings)
+    meta = r.hgetall(PROGRESS_META)
+    assert meta == {"topic": settings.events_topic, "partitions": str(settings.topic_partitions)}
+    r.close()
+
+
+async def test_horizon_advances_on_idle_partitions_and_stops_with_the_tracker(
+        settings: Settings) -> None:
+    await ensure_topics(settings)
+    r = redis_async(settings)
+    try:
+        assert await asyncio.wait_for(_horizon(r), 5) is None  # nothing tracked yet
+        async with running_tracker(settings):
+            t1 = await aredis_time_ms(r)
+            await await_horizon(r, t1, 30)  # every partition progresses, none has events
+            t2 = await aredis_time_ms(r)
+            await await_horizon(r, t2, 30)  # and keeps progressing
+        stopped = await _horizon(r)
+        # A stopped tracker holds the horizon back: it never passes the stop time.
+        t3 = await aredis_time_ms(r)
+        await asyncio.sleep(0.3)  # give a (wrongly) running tracker time to advance it
+        assert await _horizon(r) == stopped
+        assert stopped is not None and stopped <= t3
+    finally:
+        await r.aclose()
+
+
+async def _horizon(r):
+    from tracker.state import atracker_horizon_ms
+
+    return await atracker_horizon_ms(r)
+
+
+def test_horizon_requires_every_partition() -> None:
+    from tracker.state import horizon_from
+
+    assert horizon_from({}, {"0": "5"}) is None
+    assert horizon_from({"partitions": "2"}, {"0": "5"}) is None
+    assert horizon_from({"partitions": "2"}, {"0": "5", "1": "3"}) == 3
+
+
+def _bad_records(settings: Settings) -> list[tuple[bytes, bytes, str]]:
+    """(value, key, expected reason fragment): one for each kind of bad event."""
+    good = orjson.loads(ev.encode(ev.ObjectWritten(
+        repository="repo0", branch="main", staging_token="t", path="p",
+        address=NS + "data/x", size=1, ref_id="r1")))
+
+    def variant(**changes: object) -> bytes:
+        body = {**good, **changes}
+        return orjson.dumps({k: v for k, v in body.items() if v is not ...})
+
+    return [
+        (b"{not json", b"repo0", "not valid JSON"),
+        (variant(ref_id=...), b"repo0", "field 'ref_id': missing"),
+        (variant(size="big"), b"repo0", "field 'size': expected integer"),
+        (variant(v=2), b"repo0", "unsupported schema version"),
+        (variant(type="object_moved"), b"repo0", "unknown event type"),
+        (variant(repository="nope"), b"nope", "unknown repository 'nope'"),
+        (variant(address="s3://elsewhere/data/x"), b"repo0", "outside namespace"),
+        (variant(address=NS + "_hardelete/manifests/m"), b"repo0", "reserved"),
+        (variant(address=NS + "_lakefs/x"), b"repo0", "reserved"),
+    ]
+
+
+async def test_dead_letter_for_each_kind_of_bad_event(settings: Settings) -> None:
+    good = [ev.RepositoryCreated(repository="repo0", storage_namespace=NS,
+                                 default_branch="main", default_retention_days=1.0)]
+    after = [ev.ObjectWritten(repository="repo0", branch="main", staging_token="t", path="p",
+                              address=NS + "data/ok", size=1, ref_id="ok")]
+    bad = _bad_records(settings)
+    await ensure_topics(settings)
+    async with Publisher(settings) as pub:
+        await pub.publish_many(good)
+        for value, key, _ in bad:
+            await pub.publish_raw(value, key)
+        await pub.publish_many(after)
+    r = redis_async(settings)
+    target = await aredis_time_ms(r)
+    await r.aclose()
+    async with running_tracker(settings) as tracker:
+        await wait_horizon(settings, target)
+        assert tracker.dead_lettered == len(bad)
+        assert tracker.applied == 2
+    # The tracker kept going: the event after the bad ones is applied.
+    rs = redis_sync(settings)
+    state = read_repo_state(rs, "repo0")
+    rs.close()
+    assert state.addresses[NS + "data/ok"].adds == {"ok": "t"}
+    assert set(state.addresses) == {NS + "data/ok"}
+
+    consumer = AIOKafkaConsumer(settings.dlq_topic, bootstrap_servers=settings.kafka_bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    got = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(got) < len(bad) and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=200)
+            for recs in batch.values():
+                got.extend(recs)
+    finally:
+        await consumer.stop()
+    assert len(got) == len(bad)
+    by_value = {rec.value: dict(rec.headers) for rec in got}
+    for value, _, fragment in bad:
+        headers = by_value[value]
+        assert fragment in headers["reason"].decode(), (fragment, headers["reason"])
+        assert headers["topic"].decode() == settings.events_topic
+        assert int(headers["partition"]) in range(settings.topic_partitions)
+        assert int(headers["offset"]) >= 0
+
+
+async def test_metrics_endpoint(settings: Settings) -> None:
+    port = free_port()
+    s = settings.replace(metrics_port=port)
+    events = workload(3, 300, repos=2)
+    async with running_tracker(s):
+        target = await publish(s, events)
+        await wait_horizon(s, target)
+        body = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read())
+    text = body.decode()
+    assert f"hardelete_tracker_events_applied_total {float(len(events))}" in text
+    assert "hardelete_tracker_batch_seconds_count" in text
+    assert 'hardelete_tracker_lag{partition="0"} 0.0' in text
+    assert "hardelete_tracker_incidents_total 0.0" in text
+
+
+async def test_two_trackers_with_a_rebalance_in_the_middle(settings: Settings) -> None:
+    events = workload(21, 12_000, repos=8)
+    first = Tracker(settings, name="one")
+    first.start()
+    await publish(settings, events[:2_000])
+    second = Tracker(settings, name="two")
+    second.start()  # joins mid-stream: the group rebalances while events flow
+    await ensure_topics(settings)
+    sent = 2_000
+    async with Publisher(settings) as pub:
+        while not second.assigned_event.is_set():
+            assert sent < len(events) - 2_000, "the second tracker never got partitions"
+            await pub.publish_many(events[sent:sent + 100])
+            sent += 100
+            await asyncio.sleep(0.03)  # pace the publisher: a stream, not a burst
+        await pub.publish_many(events[sent:])
+    r = redis_async(settings)
+    target = await aredis_time_ms(r)
+    await r.aclose()
+    await wait_horizon(settings, target, timeout=90)
+    # Both applied part of the stream; every event was applied exactly once overall.
+    assert first.applied > 0 and second.applied > 0
+    assert first.applied + second.applied == len(events)
+    await first.stop()
+    await second.stop()
+    assert_matches_pure(settings, events)
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARDELETE_")}
+    env.update({
+        "HARDELETE_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "HARDELETE_REDIS_URL": settings.redis_url,
+        "HARDELETE_EVENTS_TOPIC": settings.events_topic,
+        "HARDELETE_DLQ_TOPIC": settings.dlq_topic,
+        "HARDELETE_CONSUMER_GROUP": settings.consumer_group,
+        "HARDELETE_SESSION_TIMEOUT_MS": "3000",
+        "HARDELETE_HEARTBEAT_INTERVAL_MS": "1000",
+        "HARDELETE_TRACKER_BATCH_MAX": "500",
+        "HARDELETE_LOG_FORMAT": "json",
+    })
+    return env
+
+
+def _hardelete() -> list[str]:
+    exe = Path(sys.executable).parent / "hardelete"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "hardelete.cli"]
+
+
+async def test_kill_9_during_a_batch_then_restart(settings: Settings, tmp_path: Path) -> None:
+    events = workload(31, 30_000, repos=6)
+    await publish(settings, events)
+    r = redis_sync(settings)
+    log = (tmp_path / "tracker.log").open("wb")
+    proc = subprocess.Popen([*_hardelete(), "tracker", "run", "--name", "victim"],
+                            env=_env(settings), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # kill once it is mid-way: some events applied, not all
+            applied = sum(int(r.hget(f"hd:{{repo{i}}}:stats", "events") or 0) for i in range(6))
+            if applied > 2_000:
+                break
+            assert proc.poll() is None, (tmp_path / "tracker.log").read_text()
+            assert time.monotonic() < deadline, "tracker made no progress"
+            await asyncio.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert applied < len(events), "too late to kill mid-stream; raise the event count"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # Restart: the uncommitted batch is redelivered; the script skips what was applied.
+    t = redis_async(settings)
+    target = await aredis_time_ms(t)
+    await t.aclose()
+    async with running_tracker(settings, name="restarted") as tracker:
+        await wait_horizon(settings, target, timeout=90)
+        assert tracker.applied + applied >= len(events)
+    total = sum(int(r.hget(f"hd:{{repo{i}}}:stats", "events") or 0) for i in range(6))
+    r.close()
+    assert total == len(events)  # every event applied exactly once
+    assert_matches_pure(settings, events)
+
+
+async def test_sigterm_finishes_commits_and_exits_0(settings: Settings, tmp_path: Path) -> None:
+    events = workload(41, 2_000, repos=3)
+    target = await publish(settings, events)
+    proc = subprocess.Popen([*_hardelete(), "tracker", "run"], env=_env(settings),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        await wait_horizon(settings, target, timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.to_thread(proc.communicate, timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out.decode()
+    assert b"tracker stopped" in out
+    # Offsets were committed: a new tracker in the same group re-applies nothing.
+    async with running_tracker(settings) as tracker:
+        t = redis_async(settings)
+        t2 = await aredis_time_ms(t)
+        await t.aclose()
+        await wait_horizon(settings, t2)
+        assert tracker.applied == 0 and tracker.redelivered == 0
+
+
+async def test_redis_cluster(settings: Settings, tmp_path: Path) -> None:
+    nodes = await asyncio.to_thread(start_redis_cluster, tmp_path, 3)
+    try:
+        s = settings.replace(redis_url=f"redis://127.0.0.1:{nodes[0].port}/0",
+                             redis_cluster=True)
+        events = workload(51, 3_000, repos=9)
+        async with running_tracker(s, name="cluster") as tracker:
+            target = await publish(s, events)
+            await wait_horizon(s, target)
+            assert tracker.applied == len(events)
+        rc = redis_sync(s)
+        try:
+            slots = {rc.keyslot(f"hd:{{{repo}}}:repo") for repo in repositories(rc)}
+            assert len(slots) > 1  # the repositories really are spread over the nodes
+            nodes_used = {rc.get_node_from_key(f"hd:{{{repo}}}:repo").port
+                          for repo in repositories(rc)}
+            assert len(nodes_used) > 1
+            assert tracker_horizon_ms(rc) is not None
+            assert rc.hlen(PROGRESS) == settings.topic_partitions
+        finally:
+            rc.close()
+        assert_matches_pure(s, events)
+    finally:
+        for n in nodes:
+            n.stop()
