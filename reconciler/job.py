@@ -90,6 +90,7 @@ class RunOptions:
     max_mark_age_hours: float = 24.0
     lease_ttl_ms: int = 60_000
     recheck: bool = True
+    tracker_wait_s: float = 120.0
 
 
 def _ms_now() -> int:
@@ -149,73 +150,62 @@ def _write_mark(spark: Any, settings: Settings, ns: Namespace, run_id: str,
     """Write the marked rows as Parquet parts from the tasks; the part keys come back."""
     prefix = ns.report_prefix(run_id) + "mark/"
     token = uuid.uuid4().hex[:6]
+    columns = ("key", "size", "last_modified", "category")
 
-    def write(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
+    def write(index: int, rows: Iterator[Any]) -> Iterator[tuple[str, int]]:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        pid = ctx.partitionId() if ctx else 0
         attempt = ctx.attemptNumber() if ctx else 0
         s3 = cached_s3(settings)
-        pending: list[Any] = []
-        rows = 0
+        cols: dict[str, list[Any]] = {c: [] for c in columns}
         seq = 0
-        written: list[tuple[str, int]] = []
 
-        def flush() -> None:
-            nonlocal pending, rows, seq
-            if not rows:
-                return
-            table = pa.Table.from_batches(pending)
-            key = f"{prefix}part-{pid:05d}-{attempt}-{seq:03d}-{token}.parquet"
-            put_parquet(s3, ns.bucket, key, {n: table.column(n) for n in table.column_names})
-            written.append((key, rows))
+        def flush() -> tuple[str, int] | None:
+            nonlocal seq
+            n = len(cols["key"])
+            if not n:
+                return None
+            key = f"{prefix}part-{index:05d}-{attempt}-{seq:03d}-{token}.parquet"
+            put_parquet(s3, ns.bucket, key, cols)
             seq += 1
-            pending, rows = [], 0
+            for c in cols.values():
+                c.clear()
+            return key, n
 
-        for batch in batches:
-            if batch.num_rows:
-                pending.append(batch)
-                rows += batch.num_rows
-            if rows >= MARK_PART_ROWS:
-                flush()
-        flush()
-        if written:
-            yield pa.RecordBatch.from_arrays(
-                [pa.array([k for k, _ in written]), pa.array([n for _, n in written],
-                                                             type=pa.int64())],
-                names=["part", "rows"])
+        for row in rows:
+            for c in columns:
+                cols[c].append(row[c])
+            if len(cols["key"]) >= MARK_PART_ROWS:
+                done = flush()
+                if done:
+                    yield done
+        done = flush()
+        if done:
+            yield done
 
-    parts = marked.mapInArrow(write, "part string, rows long").collect()
-    return sorted(p["part"] for p in parts)
+    parts = marked.select(*columns).rdd.mapPartitionsWithIndex(write).collect()
+    return sorted(p for p, _ in parts)
 
 
 def _head_rows(spark: Any, settings: Settings, ns: Namespace, keys_df: Any) -> Any:
     """HEAD each key inside tasks: (key, size, last_modified) of those that still exist."""
-    from reconciler.sparkio import arrow_schema, batches_of
 
-    schema = arrow_schema(LISTING_SCHEMA)
-
-    def head(batches: Iterator[Any]) -> Iterator[Any]:
+    def head(rows: Iterator[Any]) -> Iterator[tuple[str, int, int]]:
         s3 = cached_s3(settings)
+        for row in rows:
+            rel = row["key"]
+            try:
+                h = s3.head_object(Bucket=ns.bucket, Key=ns.key(rel))
+            except Exception as exc:
+                code = str(getattr(exc, "response", {}).get("Error", {}).get("Code"))
+                if code in ("404", "NoSuchKey", "NotFound"):
+                    continue
+                raise
+            yield rel, int(h["ContentLength"]), int(h["LastModified"].timestamp() * 1000)
 
-        def rows() -> Iterator[tuple[str, int, int]]:
-            for batch in batches:
-                for rel in batch.column("key").to_pylist():
-                    try:
-                        h = s3.head_object(Bucket=ns.bucket, Key=ns.key(rel))
-                    except Exception as exc:
-                        code = str(getattr(exc, "response", {}).get("Error", {}).get("Code"))
-                        if code in ("404", "NoSuchKey", "NotFound"):
-                            continue
-                        raise
-                    yield rel, int(h["ContentLength"]), int(h["LastModified"].timestamp()
-                                                            * 1000)
-
-        yield from batches_of(rows(), schema.names, schema)
-
-    return keys_df.select("key").mapInArrow(head, LISTING_SCHEMA)
+    return spark.createDataFrame(keys_df.select("key").rdd.mapPartitions(head), LISTING_SCHEMA,
+                                 verifySchema=False)
 
 
 def _sample(df: Any, col: str = "key") -> list[str]:
@@ -267,10 +257,15 @@ class Run:
 
     # -- entry points
     def run(self) -> dict[str, Any]:
+        import redis
+
         try:
             self.ns = load_namespace(self.r, self.opts.repo)
         except ReconcileError as exc:
             raise UserError(str(exc)) from None
+        except redis.exceptions.ConnectionError as exc:
+            raise UserError(f"cannot reach the tracker's Redis ({exc}): nothing was done") \
+                from None
         if self.opts.sweep_only:
             return self.sweep_only(self.opts.sweep_only)
         return self.mark_and_sweep()
@@ -282,7 +277,7 @@ class Run:
         self.summary = {
             "format": REPORT_FORMAT, "run_id": run_id, "repository": o.repo,
             "namespace": self.ns.uri, "mode": "optimized" if o.optimized else "clean",
-            "dry_run": o.dry_run, "started_at": iso(now_ms), "success": False,
+            "dry_run": o.dry_run, "started_at": iso(now_ms), "now_ms": now_ms, "success": False,
             "status": "running", "error": None,
         }
         lease = Lease(self.r, o.repo, run_id, o.lease_ttl_ms)
@@ -398,16 +393,13 @@ class Run:
                                        else state.expire_older_than_days)}
         known = export_df(self.spark, self.settings, ns.bucket, export.parts)
         known = known.persist(StorageLevel.MEMORY_AND_DISK)
-        retained_df = self.spark.createDataFrame([(c,) for c in sorted(plan.retained)],
-                                                 "commit string")
-        # A committed record whose commit is retained is live even if a manifest misses it.
-        flagged = known.filter(F.col("commit").isNotNull()).join(retained_df, "commit") \
-            .select("key")
         with self.ui.phase(f"read {len(plan.manifests)} manifests of "
                            f"{len(plan.retained)} retained commits"):
+            # The manifests are the committed truth: a committed record that no retained
+            # manifest lists (an expired commit's, or an entry superseded before its commit)
+            # is garbage; a retained commit whose manifest is missing fails the run above/here.
             committed = (manifest_keys_df(self.spark, self.settings, ns, plan.manifests)
-                         .unionByName(flagged).distinct()
-                         .persist(StorageLevel.MEMORY_AND_DISK))
+                         .distinct().persist(StorageLevel.MEMORY_AND_DISK))
             s["retention"]["committed_keys"] = committed.count()
         timed("committed_s", t0)
         lease.check()
@@ -486,7 +478,14 @@ class Run:
         s = self.summary
         export_started = (s.get("tracker") or {}).get("export_started_ms") or 0
         if not self.opts.ignore_tracker_progress:
+            # Events published while the mark ran must be visible to the sweep's re-check:
+            # wait (a little) for the tracker to have applied everything up to the export.
+            deadline = time.monotonic() + self.opts.tracker_wait_s
             watermark = tracker_watermark_ms(self.r)
+            while (watermark is None or watermark < export_started) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.25)
+                watermark = tracker_watermark_ms(self.r)
             if watermark is None or watermark < export_started:
                 s["sweep"] = {"status": "deferred",
                               "reason": "the tracker has not yet applied everything up to the "

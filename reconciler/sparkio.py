@@ -50,22 +50,17 @@ def distributed(spark: Any, items: Sequence[tuple[Any, ...]], item_ddl: str,
     """A DataFrame of ``out_ddl`` rows produced, inside tasks, from each work item.
 
     ``produce(item_as_dict)`` runs in a Python worker and yields row tuples; any exception
-    fails the Spark job (and so the run).
+    fails the Spark job (and so the run). (``mapInArrow`` would move rows in columnar batches,
+    but PySpark requires pandas for it, which this project does not install.)
     """
-    out_schema = arrow_schema(out_ddl)
-    names = out_schema.names
+    names = [part.split()[0] for part in item_ddl.split(",")]
     n = partitions or max(1, min(len(items), 256))
     if not items:
         return spark.createDataFrame([], out_ddl)
-    rdd = spark.sparkContext.parallelize(list(items), n)
-    df = spark.createDataFrame(rdd, item_ddl)
 
-    def run(batches: Iterator[Any]) -> Iterator[Any]:
-        def rows() -> Iterator[tuple[Any, ...]]:
-            for batch in batches:
-                for item in batch.to_pylist():
-                    yield from produce(item)
+    def run(it: Iterator[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+        for item in it:
+            yield from produce(dict(zip(names, item, strict=True)))
 
-        yield from batches_of(rows(), names, out_schema)
-
-    return df.mapInArrow(run, out_ddl)
+    rdd = spark.sparkContext.parallelize(list(items), n).mapPartitions(run)
+    return spark.createDataFrame(rdd, out_ddl, verifySchema=False)

@@ -21,7 +21,7 @@ from reconciler.errors import LeaseBusy, ReconcileError
 from reconciler.records import token_state, verdict
 from reconciler.retention import Commit, RetentionPolicy
 from reconciler.s3io import Namespace, put_parquet
-from schemas.layout import PROGRESS, PROGRESS_META, RECONCILER_LEASE, RepoKeys
+from schemas.layout import RECONCILER_LEASE, RepoKeys
 
 
 def redis_now_ms(r: Any) -> int:
@@ -31,25 +31,12 @@ def redis_now_ms(r: Any) -> int:
 
 
 def tracker_watermark_ms(r: Any) -> int | None:
-    """Up to when (ms) the tracker has applied everything the broker held, over all partitions.
+    """Up to when (ms) the tracker has applied everything the broker held, over all partitions
+    (the tracker's own definition); None when unknown."""
+    from tracker.state import tracker_horizon_ms
 
-    None when unknown (no progress recorded, or a partition without progress).
-    """
-    progress = r.hgetall(PROGRESS) or {}
-    meta = r.hgetall(PROGRESS_META) or {}
-    if not progress:
-        return None
-    values: list[int] = []
-    try:
-        count = int(meta.get("partitions", 0) or 0)
-        partitions = [str(p) for p in range(count)] if count else list(progress)
-        for p in partitions:
-            if p not in progress:
-                return None
-            values.append(int(float(progress[p])))
-    except ValueError:
-        return None
-    return min(values) if values else None
+    value: int | None = tracker_horizon_ms(r)
+    return value
 
 
 def _escape_glob(text: str) -> str:

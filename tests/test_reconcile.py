@@ -1,0 +1,327 @@
+"""End to end: the model service writes real objects and manifests to the S3 server, its events
+go through the tracker's own apply script into the real Redis, and the reconciler runs on the
+session's local Spark. Checked against the model's ground truth."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from hardelete import UserError
+from hardelete.clients import split_s3_uri
+from hardelete.model import Model, ModelService, Workload, seeded_ids
+from reconciler.errors import LeaseBusy, SweepRefused
+from reconciler.job import RunOptions, reconcile
+from reconciler.report import read_summary
+from reconciler.retention import Commit, RetentionPolicy, retained_commits
+from reconciler.s3io import Namespace
+from schemas.layout import PROGRESS, PROGRESS_META, RECONCILER_LEASE, RepoKeys
+from tracker import codec
+from tracker.testing import apply_lua, lua_batches
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+BUCKET = "recon"
+
+
+class Clock:
+    """The model's clock: settable, moves on a little at every call."""
+
+    def __init__(self, start: float) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+@dataclass
+class World:
+    settings: Any
+    s3: Any
+    r: Any
+    clock: Clock
+    model: Model
+    svc: ModelService
+    gate: codec.Gate = field(default_factory=codec.Gate)
+    applied: int = 0
+
+    def track(self, now_ms: int | None) -> None:
+        """Apply the model's new events with the tracker's script (tracker clock now_ms)."""
+        events = self.model.events[self.applied:]
+        batch, rejected = lua_batches(events, self.gate, first_offset=self.applied)
+        assert not rejected
+        apply_lua(self.r, batch, now_ms)
+        self.applied += len(events)
+        # a tracker that is caught up and keeps up (its progress moves on as time passes)
+        self.r.hset(PROGRESS_META, mapping={"topic": "t", "partitions": "1"})
+        sec, _ = self.r.time()
+        self.r.hset(PROGRESS, "0", str((int(sec) + 86_400) * 1000))
+
+    def run(self, ops: Any) -> None:
+        asyncio.run(_run(self.svc, ops))
+
+    def keys(self, repo: str) -> set[str]:
+        ns = Namespace(self.model.repository(repo).storage_namespace)
+        out = set()
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=ns.bucket,
+                                                                        Prefix=ns.prefix):
+            out.update(f"s3://{ns.bucket}/{o['Key']}" for o in page.get("Contents", ()))
+        return out
+
+    def data(self, repo: str) -> set[str]:
+        ns = self.model.repository(repo).storage_namespace
+        return {k for k in self.keys(repo) if k.startswith(ns + "data/")}
+
+
+async def _run(svc: ModelService, ops: Any) -> None:
+    if isinstance(ops, Workload):
+        await svc.run_workload(ops)
+        return
+    for fn, args in ops:
+        await svc.call(fn, *args)
+
+
+def boundary() -> int:
+    """A cutoff after everything written so far (the store keeps whole seconds), and wait
+    until the wall clock passes it so that later writes are not older than it."""
+    cutoff = (int(time.time()) + 1) * 1000
+    while time.time() * 1000 < cutoff + 5:
+        time.sleep(0.02)
+    return cutoff
+
+
+def make_world(settings: Any, s3: Any, r: Any, seed: int = 7) -> World:
+    clock = Clock(time.time() - 2 * 3600)
+    model = Model(clock=clock, upload_ttl_seconds=60, new_id=seeded_ids(seed),
+                  upload_secret=settings.upload_token_secret)
+    return World(settings, s3, r, clock, model, ModelService(settings, s3, None, model=model))
+
+
+def expected_garbage(w: World, repo: str, now_ms: int, objects: set[str]) -> set[str]:
+    """The model's reconciler garbage, with retention computed at the run's clock."""
+    m = w.model
+    rep = m.repository(repo)
+    graph = {c.id: Commit(c.id, c.parents, c.time) for c in m.commits.values()
+             if c.repository == repo}
+    heads = {b: br.head for b, br in rep.branches.items() if br.head}
+    policy = RetentionPolicy(rep.default_retention_days, rep.branch_retention_days)
+    retained = retained_commits(graph, heads, dict(rep.tags), policy, now_ms / 1000)
+    garbage = m.reconciler_garbage(retained, repository=repo, now=w.clock.now)
+    return set(garbage) & objects
+
+
+@pytest.fixture
+def rsettings(settings):
+    return settings.replace(reconcile_min_age_seconds=0.0)
+
+
+def workload_world(rsettings, s3, redis_client, ops1=160, ops2=40):
+    w = make_world(rsettings, s3, redis_client)
+    wl = Workload(seed=11, ops=ops1, span_days=30, retention_days=7, bucket=BUCKET, name="e2e",
+                  branches=3, paths=25)
+    repo = wl.repo_ids()[0]
+    w.run(wl)
+    w.track(int(w.clock.now * 1000))  # the tracker applied these two hours ago
+    old = w.data(repo)
+    cutoff = boundary()
+    # newer than the cutoff: more of everything, on the real clock
+    w.clock.now = time.time()
+    w.run(Workload(seed=12, ops=ops2, bucket=BUCKET, name="e2e", branches=3, paths=25))
+    w.track(None)
+    return w, repo, old, cutoff
+
+
+def test_one_run_deletes_exactly_the_model_garbage_older_than_the_cutoff(
+        spark, rsettings, s3, redis_client):
+    w, repo, old, cutoff = workload_world(rsettings, s3, redis_client)
+    truth = w.model.truth(now=w.clock.now)
+    before = w.keys(repo)
+    data_before = w.data(repo)
+    assert truth.leaked and truth.online_garbage and truth.superseded | truth.committed
+
+    dry = reconcile(spark, rsettings, RunOptions(repo, dry_run=True, cutoff_ms=cutoff))
+    assert dry["success"], dry["error"]
+    assert dry["sweep"]["status"] == "not_run"
+    after_dry = w.keys(repo)
+    assert before <= after_dry  # a dry run deletes nothing (it only adds its report)
+    expected = expected_garbage(w, repo, dry["now_ms"], old)
+    assert dry["mark"]["marked"] == len(expected)
+    cats = dry["mark"]["categories"]
+    assert cats["leaked"]["count"] >= 1 and cats["expired_upload"]["count"] >= 1
+    assert cats["committed_expired"]["count"] >= 1 and cats["recent"]["count"] >= 1
+    assert dry["crosscheck"]["marked_but_referenced_online"]["count"] == 0
+    assert dry["crosscheck"]["committed_missing_from_store"]["count"] == 0
+
+    run = reconcile(spark, rsettings, RunOptions(repo, cutoff_ms=cutoff))
+    assert run["success"], run["error"]
+    assert run["sweep"]["status"] == "done"
+    deleted = data_before - w.data(repo)
+    assert deleted == expected_garbage(w, repo, run["now_ms"], old)
+    assert run["sweep"]["confirmed"] == len(deleted) == run["mark"]["marked"]
+    assert run["sweep"]["failed"] == run["sweep"]["refused"] == 0
+    # the same counts as the dry run, category by category
+    assert run["mark"]["categories"] == dry["mark"]["categories"]
+    # nothing newer than the cutoff, nothing live, no metadata went
+    assert not deleted & (data_before - old)
+    live = truth.live_referenced | truth.issued_unexpired
+    assert not deleted & live
+    ns = w.model.repository(repo).storage_namespace
+    assert {k for k in before if k.startswith(ns + "_hardelete/")} <= w.keys(repo)
+    # the report is in the namespace
+    stored = read_summary(s3, Namespace(ns), run["run_id"])
+    assert stored is not None and stored["sweep"]["confirmed"] == len(deleted)
+    # a second run finds nothing more to delete
+    again = reconcile(spark, rsettings, RunOptions(repo, cutoff_ms=cutoff))
+    assert again["success"] and again["mark"]["marked"] == 0
+
+
+def _fail_and_check(spark, rsettings, w, repo, cutoff, match):
+    data_before = w.data(repo)
+    res = reconcile(spark, rsettings, RunOptions(repo, cutoff_ms=cutoff))
+    assert not res["success"]
+    assert match in res["error"]
+    assert res["sweep"]["status"] == "not_run"
+    assert w.data(repo) == data_before  # nothing deleted
+    with pytest.raises(SweepRefused):
+        reconcile(spark, rsettings, RunOptions(repo, sweep_only=res["run_id"]))
+    ns = Namespace(w.model.repository(repo).storage_namespace)
+    stored = read_summary(w.s3, ns, res["run_id"])
+    assert stored is not None and stored["success"] is False
+    return res
+
+
+def test_a_failure_while_building_a_live_set_deletes_nothing(spark, rsettings, s3,
+                                                              redis_client):
+    w, repo, _old, cutoff = workload_world(rsettings, s3, redis_client, ops1=80, ops2=10)
+    rep = w.model.repository(repo)
+    head = w.model.commits[rep.branches[rep.default_branch].head]
+    bucket, key = split_s3_uri(head.manifest)
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    s3.delete_object(Bucket=bucket, Key=key)  # a retained commit's manifest is missing
+    _fail_and_check(spark, rsettings, w, repo, cutoff, "NoSuchKey")
+    s3.put_object(Bucket=bucket, Key=key, Body=b"not parquet")  # ... or unreadable
+    _fail_and_check(spark, rsettings, w, repo, cutoff, "Parquet")
+    s3.put_object(Bucket=bucket, Key=key, Body=body)
+
+    # a Redis error in the middle of the export (a key of the wrong type)
+    bad = RepoKeys(repo).address(rep.storage_namespace + "data/zz/broken")
+    redis_client.set(bad, "x")
+    _fail_and_check(spark, rsettings, w, repo, cutoff, "WRONGTYPE")
+    redis_client.delete(bad)
+
+    # Redis unreachable: a user-facing error before anything is listed
+    with pytest.raises(UserError, match="cannot reach the tracker's Redis"):
+        reconcile(spark, rsettings.replace(redis_url="redis://127.0.0.1:1/0"),
+                  RunOptions(repo, cutoff_ms=cutoff))
+
+    # a lagging tracker with unknown progress: refused, nothing deleted
+    redis_client.delete(PROGRESS)
+    _fail_and_check(spark, rsettings, w, repo, cutoff, "tracker progress")
+
+
+def test_sweep_only_from_a_dry_run_mark_and_the_lease(spark, rsettings, s3, redis_client):
+    w, repo, old, cutoff = workload_world(rsettings, s3, redis_client, ops1=80, ops2=10)
+    data_before = w.data(repo)
+    dry = reconcile(spark, rsettings, RunOptions(repo, dry_run=True, cutoff_ms=cutoff))
+    assert dry["success"] and w.data(repo) == data_before
+
+    # another reconciler holds the repository
+    redis_client.set(RECONCILER_LEASE + repo, "someone-else", px=60_000)
+    with pytest.raises(LeaseBusy):
+        reconcile(spark, rsettings, RunOptions(repo, sweep_only=dry["run_id"]))
+    with pytest.raises(LeaseBusy):
+        reconcile(spark, rsettings, RunOptions(repo, dry_run=True, cutoff_ms=cutoff))
+    redis_client.delete(RECONCILER_LEASE + repo)
+
+    # after the mark, one marked object gets a live reference again (a copy): kept
+    victim = None
+    for addr in sorted(expected_garbage(w, repo, dry["now_ms"], old)):
+        victim = addr
+        break
+    assert victim is not None
+    keys = RepoKeys(repo)
+    redis_client.hset(keys.address(victim), mapping={"+late-ref": "late-token",
+                                                     "state": "staged"})
+    redis_client.hset(keys.tokens, "late-token", "open:1")
+
+    res = reconcile(spark, rsettings, RunOptions(repo, sweep_only=dry["run_id"]))
+    assert res["sweep"]["status"] == "done"
+    deleted = data_before - w.data(repo)
+    expected = expected_garbage(w, repo, dry["now_ms"], old) - {victim}
+    assert deleted == expected
+    assert res["sweep"]["skipped_live"] == 1
+    assert res["crosscheck"]["marked_but_referenced_online"]["sample"] == [
+        victim[len(w.model.repository(repo).storage_namespace):]]
+
+    with pytest.raises(SweepRefused):
+        reconcile(spark, rsettings, RunOptions(repo, sweep_only="20000101T000000Z-000000"))
+    with pytest.raises(UserError):
+        reconcile(spark, rsettings, RunOptions("no-such-repo", dry_run=True))
+
+
+def test_optimized_run_lists_only_new_slices_plus_the_previous_uncommitted_set(
+        spark, rsettings, s3, redis_client):
+    from hardelete.model import Model as M
+
+    w = make_world(rsettings, s3, redis_client)
+    now = time.time()
+    ns = f"s3://{BUCKET}/opt/r/"
+
+    seen: set[str] = set()
+
+    def newest_leak() -> str:
+        (leak,) = {a for a, o in w.model.objects.items() if o.kind == "leaked"} - seen
+        seen.add(leak)
+        return leak
+
+    w.clock.now = now - 3 * 3600  # slice S3 (oldest)
+    w.run([(M.create_repository, ("r", ns)), (M.write, ("r", "main", "later-deleted", 10))])
+    w.clock.now = now - 2 * 3600  # slice S2: the newest the baseline reads
+    w.run([(M.write, ("r", "main", "keep", 10)), (M.leak, ("r", 10))])
+    old_leak = newest_leak()
+    w.track(int(w.clock.now * 1000))
+    keep = w.model.lookup("r", "main", "keep").address
+    later_deleted = w.model.lookup("r", "main", "later-deleted").address
+    cutoff1 = boundary()
+    base = reconcile(spark, rsettings, RunOptions("r", cutoff_ms=cutoff1))
+    assert base["success"] and base["sweep"]["status"] == "done"
+    assert old_leak not in w.data("r") and w.data("r") == {keep, later_deleted}
+
+    # after the baseline, on the real clock (slice S0, newer) ...
+    w.clock.now = time.time()
+    w.run([(M.delete, ("r", "main", "later-deleted")),  # in S3, uncommitted-live at baseline
+           (M.write, ("r", "main", "c", 10)),
+           (M.overwrite, ("r", "main", "c", 10)),  # first c: its upload token is still valid
+           (M.leak, ("r", 10))])
+    new_leak = newest_leak()
+    first_c = next(a for a in w.model.issued if a not in (keep, later_deleted)
+                   and a != w.model.lookup("r", "main", "c").address)
+    # ... and a leak written now into the OLD slice S3: flow 2 does not list S3
+    w.clock.now = now - 3 * 3600 + 60
+    w.run([(M.leak, ("r", 10))])
+    hidden_leak = newest_leak()
+    w.clock.now = time.time()
+    w.track(None)
+    cutoff2 = boundary()
+
+    opt = reconcile(spark, rsettings, RunOptions("r", optimized=True, cutoff_ms=cutoff2))
+    assert opt["success"], opt["error"]
+    assert opt["mode"] == "optimized"
+    assert opt["listing"]["baseline_run"] == base["run_id"]
+    assert opt["listing"]["units"] == 2 < opt["listing"]["units_total"]  # S0 and S2
+    remaining = w.data("r")
+    assert later_deleted not in remaining  # found through the baseline's uncommitted set
+    assert new_leak not in remaining
+    c = w.model.lookup("r", "main", "c").address
+    assert remaining == {keep, hidden_leak, first_c, c}
+    assert opt["sweep"]["confirmed"] == 2
+
+    clean = reconcile(spark, rsettings, RunOptions("r", cutoff_ms=cutoff2))
+    assert clean["mode"] == "clean" and clean["sweep"]["confirmed"] == 1
+    assert w.data("r") == {keep, first_c, c}
