@@ -136,30 +136,69 @@ def workload_world(rsettings, s3, redis_client, ops1=160, ops2=40):
     return w, repo, old, cutoff
 
 
+async def _stack_phase(settings: Any, svc: ModelService, wl: Workload) -> None:
+    """Publish a workload through the real broker and let the real tracker apply it."""
+    from schemas.publisher import Publisher, ensure_topics
+    from tracker.daemon import Tracker
+
+    await ensure_topics(settings)
+    async with Publisher(settings) as pub:
+        svc.publisher = pub
+        await svc.run_workload(wl)
+    svc.publisher = None
+    await Tracker(settings).run_until_caught_up(timeout=60)
+
+
+async def _reconcile_with_tracker(spark: Any, settings: Any, opts: RunOptions) -> Any:
+    """A reconcile while the tracker daemon keeps running (its progress moves on)."""
+    from tracker.daemon import running_tracker
+
+    async with running_tracker(settings):
+        return await asyncio.to_thread(reconcile, spark, settings, opts)
+
+
 def test_one_run_deletes_exactly_the_model_garbage_older_than_the_cutoff(
         spark, rsettings, s3, redis_client):
-    w, repo, old, cutoff = workload_world(rsettings, s3, redis_client)
-    truth = w.model.truth(now=w.clock.now)
+    """On the real stack: the model service publishes through Tansu, the tracker daemon fills
+    Redis, the reconciler runs on local Spark against the moto server."""
+    clock = Clock(time.time() - 2 * 3600)
+    # upload tokens expire in 50 ms: unlinked uploads are long expired at the cutoff
+    model = Model(clock=clock, upload_ttl_seconds=0.05, new_id=seeded_ids(5),
+                  upload_secret=rsettings.upload_token_secret)
+    svc = ModelService(rsettings, s3, None, model=model)
+    w = World(rsettings, s3, redis_client, clock, model, svc)
+    wl = Workload(seed=11, ops=160, span_days=30, retention_days=7, bucket=BUCKET, name="e2e",
+                  branches=3, paths=25)
+    repo = wl.repo_ids()[0]
+    asyncio.run(_stack_phase(rsettings, svc, wl))
+    old = w.data(repo)
+    cutoff = boundary()
+    clock.now = time.time()  # newer than the cutoff: more of everything
+    asyncio.run(_stack_phase(rsettings, svc, Workload(seed=12, ops=40, bucket=BUCKET,
+                                                      name="e2e", branches=3, paths=25)))
+    truth = model.truth(now=clock.now)
     before = w.keys(repo)
     data_before = w.data(repo)
     assert truth.leaked and truth.online_garbage and truth.superseded | truth.committed
 
-    dry = reconcile(spark, rsettings, RunOptions(repo, dry_run=True, cutoff_ms=cutoff))
+    dry = asyncio.run(_reconcile_with_tracker(spark, rsettings,
+                                              RunOptions(repo, dry_run=True, cutoff_ms=cutoff)))
     assert dry["success"], dry["error"]
     assert dry["sweep"]["status"] == "not_run"
-    after_dry = w.keys(repo)
-    assert before <= after_dry  # a dry run deletes nothing (it only adds its report)
+    assert before <= w.keys(repo)  # a dry run deletes nothing (it only adds its report)
     expected = expected_garbage(w, repo, dry["now_ms"], old)
     assert dry["mark"]["marked"] == len(expected)
     cats = dry["mark"]["categories"]
     assert cats["leaked"]["count"] >= 1 and cats["expired_upload"]["count"] >= 1
     assert cats["committed_expired"]["count"] >= 1 and cats["recent"]["count"] >= 1
+    assert cats["unreferenced"]["count"] >= 1
     assert dry["crosscheck"]["marked_but_referenced_online"]["count"] == 0
     assert dry["crosscheck"]["committed_missing_from_store"]["count"] == 0
 
-    run = reconcile(spark, rsettings, RunOptions(repo, cutoff_ms=cutoff))
+    run = asyncio.run(_reconcile_with_tracker(spark, rsettings,
+                                              RunOptions(repo, cutoff_ms=cutoff)))
     assert run["success"], run["error"]
-    assert run["sweep"]["status"] == "done"
+    assert run["sweep"]["status"] == "done", run["sweep"]
     deleted = data_before - w.data(repo)
     assert deleted == expected_garbage(w, repo, run["now_ms"], old)
     assert run["sweep"]["confirmed"] == len(deleted) == run["mark"]["marked"]
@@ -168,15 +207,14 @@ def test_one_run_deletes_exactly_the_model_garbage_older_than_the_cutoff(
     assert run["mark"]["categories"] == dry["mark"]["categories"]
     # nothing newer than the cutoff, nothing live, no metadata went
     assert not deleted & (data_before - old)
-    live = truth.live_referenced | truth.issued_unexpired
-    assert not deleted & live
-    ns = w.model.repository(repo).storage_namespace
+    assert not deleted & (truth.live_referenced | truth.issued_unexpired)
+    ns = model.repository(repo).storage_namespace
     assert {k for k in before if k.startswith(ns + "_hardelete/")} <= w.keys(repo)
-    # the report is in the namespace
     stored = read_summary(s3, Namespace(ns), run["run_id"])
     assert stored is not None and stored["sweep"]["confirmed"] == len(deleted)
     # a second run finds nothing more to delete
-    again = reconcile(spark, rsettings, RunOptions(repo, cutoff_ms=cutoff))
+    again = asyncio.run(_reconcile_with_tracker(spark, rsettings,
+                                                RunOptions(repo, cutoff_ms=cutoff)))
     assert again["success"] and again["mark"]["marked"] == 0
 
 
