@@ -56,35 +56,41 @@ local function tok_state(t)
   return s
 end
 
---[[ Recompute the committed flag and (unless the reaper holds it) the state of an address.
-inc_ref/inc_token: a newly added ref to check for an incident; commit_tok: a token that just
-moved dropped -> committed (incident for each of its refs if the reaper holds the address). ]]
-local function derive(address, size, inc_ref, ev_id, ev_type, commit_tok)
-  local akey = AP .. address
-  local h = redis.call('HGETALL', akey)
-  local adds, rems = {}, {}
-  local state, since, committed, iu, cursize = nil, nil, false, nil, nil
+--[[ Write-back cache of address records: each touched address is read once (HGETALL) and
+written once at the end (HSET of the changed fields, HDEL since, ZADD/ZREM of the index). The
+script's clock is constant, so this is the same as writing after every event. ]]
+local recs, order = {}, {}
+local function load(address)
+  local r = recs[address]
+  if r then return r end
+  local h = redis.call('HGETALL', AP .. address)
+  r = { adds = {}, rems = {}, committed = false, newf = {}, dsize = false, dcomm = false }
   for i = 1, #h, 2 do
     local f, v = h[i], h[i + 1]
     local c = string.byte(f, 1)
-    if c == 43 then adds[string.sub(f, 2)] = v          -- '+'
-    elseif c == 45 then rems[string.sub(f, 2)] = true   -- '-'
-    elseif f == 'state' then state = v
-    elseif f == 'since' then since = v
-    elseif f == 'committed' then committed = true
-    elseif f == 'iu' then iu = tonumber(v)
-    elseif f == 'size' then cursize = tonumber(v)
+    if c == 43 then r.adds[string.sub(f, 2)] = v          -- '+'
+    elseif c == 45 then r.rems[string.sub(f, 2)] = v      -- '-'
+    elseif f == 'state' then r.state = v
+    elseif f == 'since' then r.since = v
+    elseif f == 'committed' then r.committed = true
+    elseif f == 'iu' then r.iu = tonumber(v)
+    elseif f == 'size' then r.size = tonumber(v)
     end
   end
-  if size ~= nil and (cursize == nil or size > cursize) then
-    redis.call('HSET', akey, 'size', fmt(size))
-  end
-  local held = (state == 'reaping' or state == 'reaped')
-  if held and inc_ref ~= nil and not rems[inc_ref] and tok_state(adds[inc_ref]) ~= 'dropped' then
-    incident(address, ev_id, ev_type, inc_ref)
-  end
-  local live, comm = false, committed
-  for ref, tok in pairs(adds) do
+  r.state0, r.since0 = r.state, r.since
+  recs[address] = r
+  order[#order + 1] = address
+  return r
+end
+
+--[[ Recompute the committed flag and (unless the reaper holds it) the state of an address.
+commit_tok: a token that just moved dropped -> committed (incident for each of its live refs if
+the reaper holds the address). ]]
+local function derive(address, r, ev_id, ev_type, commit_tok)
+  local held = (r.state == 'reaping' or r.state == 'reaped')
+  local live, comm = false, r.committed
+  local rems = r.rems
+  for ref, tok in pairs(r.adds) do
     if not rems[ref] then
       local ts = tok_state(tok)
       if ts == 'committed' then
@@ -97,25 +103,49 @@ local function derive(address, size, inc_ref, ev_id, ev_type, commit_tok)
       end
     end
   end
-  if comm and not committed then redis.call('HSET', akey, 'committed', '1') end
+  if comm and not r.committed then r.committed = true; r.dcomm = true end
   if held then return end
-  if comm or live then
-    local new = comm and 'committed' or 'staged'
-    if state ~= new then redis.call('HSET', akey, 'state', new) end
-    if since then
-      redis.call('HDEL', akey, 'since')
-      redis.call('ZREM', K_UNREF, address)
-    end
-  elseif iu ~= nil and iu > now then
-    local s = fmt(iu)
-    if state ~= 'issued' or since ~= s then
-      redis.call('HSET', akey, 'state', 'issued', 'since', s)
-      redis.call('ZADD', K_UNREF, iu, address)
-    end
+  if comm then
+    r.state, r.since = 'committed', nil
+  elseif live then
+    r.state, r.since = 'staged', nil
+  elseif r.iu ~= nil and r.iu > now then
+    r.state, r.since = 'issued', fmt(r.iu)
   else
-    redis.call('HSET', akey, 'state', 'unreferenced', 'since', NOW)
-    redis.call('ZADD', K_UNREF, now, address)
+    r.state, r.since = 'unreferenced', NOW
   end
+end
+
+local tokadds = {}  -- token -> {address = true} added in this call (SADD at the end)
+local function add_ref(address, ref, tok, size, ev_id, ev_type)
+  local r = load(address)
+  local new = r.adds[ref] == nil
+  if new then
+    r.adds[ref] = tok
+    local nf = r.newf
+    nf[#nf + 1] = '+' .. ref
+    nf[#nf + 1] = tok
+    local ta = tokadds[tok]
+    if ta == nil then ta = {}; tokadds[tok] = ta end
+    ta[address] = true
+  end
+  if r.size == nil or size > r.size then r.size = size; r.dsize = true end
+  if new and (r.state == 'reaping' or r.state == 'reaped') and not r.rems[ref]
+      and tok_state(tok) ~= 'dropped' then
+    incident(address, ev_id, ev_type, ref)
+  end
+  derive(address, r)
+end
+
+local function remove_ref(address, ref, tok)
+  local r = load(address)
+  if r.rems[ref] == nil then
+    r.rems[ref] = tok
+    local nf = r.newf
+    nf[#nf + 1] = '-' .. ref
+    nf[#nf + 1] = tok
+  end
+  derive(address, r)
 end
 
 local function set_token(t, new, ev_id, ev_type)
@@ -125,9 +155,55 @@ local function set_token(t, new, ev_id, ev_type)
   tokcache[t] = new
   local commit_tok = nil
   if cur == 'dropped' and new == 'committed' then commit_tok = t end
+  local seen = {}
   local members = redis.call('SMEMBERS', TP .. t)
   for i = 1, #members do
-    derive(members[i], nil, nil, ev_id, ev_type, commit_tok)
+    local a = members[i]
+    seen[a] = true
+    derive(a, load(a), ev_id, ev_type, commit_tok)
+  end
+  local ta = tokadds[t]
+  if ta then
+    for a in pairs(ta) do
+      if not seen[a] then derive(a, load(a), ev_id, ev_type, commit_tok) end
+    end
+  end
+end
+
+local function flush()
+  for i = 1, #order do
+    local address = order[i]
+    local r = recs[address]
+    local akey = AP .. address
+    local f = r.newf
+    if r.dsize then f[#f + 1] = 'size'; f[#f + 1] = fmt(r.size) end
+    if r.dcomm then f[#f + 1] = 'committed'; f[#f + 1] = '1' end
+    if r.state ~= r.state0 then f[#f + 1] = 'state'; f[#f + 1] = r.state end
+    if r.since ~= nil and r.since ~= r.since0 then f[#f + 1] = 'since'; f[#f + 1] = r.since end
+    if r.diu then f[#f + 1] = 'iu'; f[#f + 1] = fmt(r.iu) end
+    local n = #f
+    local j = 1
+    while j <= n do  -- unpack() has a stack limit: at most 2000 values per HSET
+      local k = math.min(j + 1999, n)
+      redis.call('HSET', akey, unpack(f, j, k))
+      j = k + 1
+    end
+    if r.since == nil and r.since0 ~= nil then
+      redis.call('HDEL', akey, 'since')
+      redis.call('ZREM', K_UNREF, address)
+    elseif r.since ~= nil and r.since ~= r.since0 then
+      redis.call('ZADD', K_UNREF, tonumber(r.since), address)
+    end
+  end
+  for t, ta in pairs(tokadds) do
+    local m = {}
+    for a in pairs(ta) do m[#m + 1] = a end
+    local j = 1
+    while j <= #m do
+      local k = math.min(j + 1999, #m)
+      redis.call('SADD', TP .. t, unpack(m, j, k))
+      j = k + 1
+    end
   end
 end
 
@@ -135,6 +211,13 @@ local function branch_json(head, token)
   local h = 'null'
   if head ~= nil and head ~= '' then h = cjson.encode(head) end
   return '{"head":' .. h .. ',"staging_token":' .. cjson.encode(token) .. ',"sealed_tokens":[]}'
+end
+
+for i = 1, #events do  -- refuse a malformed batch before writing anything
+  local op = events[i][2]
+  if type(op) ~= 'number' or op < 1 or op > 10 then
+    return redis.error_reply('hardelete: unknown op ' .. tostring(op))
+  end
 end
 
 local last = tonumber(redis.call('HGET', K_APPLIED, part) or '-1')
@@ -149,24 +232,14 @@ for i = 1, #events do
     applied = applied + 1
     if off > maxoff then maxoff = off end
     if op == 4 then -- add: token, address, size, ref, rep_ref, rep_addr, event_id, type
-      local tok, address, ref = e[3], e[4], e[6]
-      local new = redis.call('HSETNX', AP .. address, '+' .. ref, tok)
-      redis.call('SADD', TP .. tok, address)
-      if new == 1 then
-        derive(address, e[5], ref, e[9], e[10], nil)
-      else
-        derive(address, e[5], nil, nil, nil, nil)
-      end
-      if e[7] ~= '' then
-        redis.call('HSETNX', AP .. e[8], '-' .. e[7], tok)
-        derive(e[8], nil, nil, nil, nil, nil)
-      end
+      add_ref(e[4], e[6], e[3], e[5], e[9], e[10])
+      if e[7] ~= '' then remove_ref(e[8], e[7], e[3]) end
     elseif op == 5 then -- delete: token, address, ref
-      redis.call('HSETNX', AP .. e[4], '-' .. e[5], e[3])
-      derive(e[4], nil, nil, nil, nil, nil)
+      remove_ref(e[4], e[5], e[3])
     elseif op == 3 then -- issue: address, ttl_ms
-      redis.call('HSETNX', AP .. e[3], 'iu', fmt(now + e[4]))
-      derive(e[3], nil, nil, nil, nil, nil)
+      local r = load(e[3])
+      if r.iu == nil then r.iu = now + e[4]; r.diu = true end
+      derive(e[3], r)
     elseif op == 6 then -- commit: branch, commit, sealed, staging, record, event_id
       for _, t in ipairs(e[5]) do set_token(t, 'committed', e[8], 'commit_created') end
       set_token(e[6], 'open', e[8], 'commit_created')
@@ -194,17 +267,16 @@ for i = 1, #events do
       redis.call('HSET', K_TAGS, e[3], e[4])
     elseif op == 10 then
       redis.call('HDEL', K_TAGS, e[3])
-    elseif op == 1 then -- repository: namespace, default_branch, retention, branch_retention
+    else -- op == 1, repository: namespace, default_branch, retention, branch_retention
       if redis.call('HSETNX', K_META, 'namespace', e[3]) == 1 then
         redis.call('HSET', K_META, 'default_branch', e[4], 'default_retention_days', e[5],
                    'branch_retention', e[6])
       end
-    else
-      return redis.error_reply('unknown op ' .. tostring(op))
     end
   end
 end
 
+flush()
 if maxoff > last then redis.call('HSET', K_APPLIED, part, fmt(maxoff)) end
 if applied > 0 then redis.call('HINCRBY', K_STATS, 'events', applied) end
 if #incidents > 0 then redis.call('HINCRBY', K_STATS, 'incidents', #incidents) end

@@ -23,6 +23,7 @@ import orjson
 
 from schemas import events as ev
 from schemas.events import ADDRESS_FIELDS, EVENT_TYPES, SCHEMA_VERSION, EventError
+from schemas.layout import RESERVED_PREFIXES
 from tracker.references import admission_problem
 
 OP_REPO, OP_BRANCH, OP_ISSUE, OP_ADD, OP_DEL, OP_COMMIT = 1, 2, 3, 4, 5, 6
@@ -88,7 +89,9 @@ def _checker(name: str, tp: Any) -> Check:
 
 @dataclasses.dataclass(frozen=True)
 class _Spec:
-    required: tuple[tuple[str, Check], ...]
+    req_str: tuple[str, ...]  # required non-empty strings (checked inline: the common case)
+    req_addr: tuple[str, ...]  # required s3:// strings
+    required: tuple[tuple[str, Check], ...]  # the other required fields
     optional: tuple[tuple[str, Check, Any], ...]  # name, check, default (None: factory)
     allowed: frozenset[str]
     floats: tuple[str, ...]  # fields decode converts to float
@@ -96,18 +99,24 @@ class _Spec:
 
 def _spec(cls: type[ev.Event]) -> _Spec:
     hints = typing.get_type_hints(cls)
-    req, opt, floats = [], [], []
+    req_str, req_addr, req, opt, floats = [], [], [], [], []
     for f in dataclasses.fields(cls):
         check = _checker(f.name, hints[f.name])
         if hints[f.name] is float:
             floats.append(f.name)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            req.append((f.name, check))
+            if check is _str:
+                req_str.append(f.name)
+            elif check is _addr:
+                req_addr.append(f.name)
+            else:
+                req.append((f.name, check))
         else:
             default = f.default if f.default is not dataclasses.MISSING else None
             opt.append((f.name, check, default))
     allowed = frozenset([f.name for f in dataclasses.fields(cls)] + ["type", "v"])
-    return _Spec(tuple(req), tuple(opt), allowed, tuple(floats))
+    return _Spec(tuple(req_str), tuple(req_addr), tuple(req), tuple(opt), allowed,
+                 tuple(floats))
 
 
 _SPECS = {name: _spec(cls) for name, cls in EVENT_TYPES.items()}
@@ -132,6 +141,15 @@ def fast_body(body: Any) -> dict[str, Any] | None:
     spec = _SPECS.get(body.get("type"))  # type: ignore[arg-type]
     if spec is None or body.get("v") != SCHEMA_VERSION:
         return None
+    get = body.get
+    for name in spec.req_str:
+        v = get(name)
+        if type(v) is not str or not v:
+            return None
+    for name in spec.req_addr:
+        v = get(name)
+        if type(v) is not str or not v.startswith("s3://"):
+            return None
     for name, check in spec.required:
         if name not in body or not check(body[name]):
             return None
@@ -223,12 +241,27 @@ def compact(body: dict[str, Any], offset: int) -> list[Any]:
     raise EventError(f"unknown event type {t!r}", "type")  # pragma: no cover
 
 
+def _plain_key_fast(namespace: str, address: str) -> bool:
+    """True only if ``layout.namespace_key(namespace, address)`` accepts (namespace already
+    checked): the same conditions, without splitting the key into parts."""
+    if not address.startswith(namespace):
+        return False
+    rel = address[len(namespace):]
+    if not rel or rel[0] == "/" or "//" in rel:
+        return False
+    padded = "/" + rel + "/"
+    if "/./" in padded or "/../" in padded:
+        return False
+    return not rel.startswith(RESERVED_PREFIXES)
+
+
 class Gate:
     """Admission for the hot path: the same rule as ``references.admission_problem``, with a
     cache of repository namespaces (set once per repository, so caching is safe)."""
 
     def __init__(self) -> None:
         self.namespaces: dict[str, str] = {}
+        self._valid: dict[str, bool] = {}  # namespace -> namespace_key accepts the namespace
 
     def missing(self, repos: Iterable[str]) -> set[str]:
         return {r for r in repos if r not in self.namespaces}
@@ -243,4 +276,11 @@ class Gate:
             if problem is None and known is None:
                 self.namespaces[repo] = body["storage_namespace"]
             return problem
-        return admission_problem(repo, t, addresses(body), known)
+        addrs = addresses(body)
+        if known is not None:
+            ok = self._valid.get(known)
+            if ok is None:
+                ok = self._valid[known] = known.startswith("s3://") and known.endswith("/")
+            if ok and all(_plain_key_fast(known, a) for a in addrs):
+                return None
+        return admission_problem(repo, t, addrs, known)

@@ -46,6 +46,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hardelete import UserError
 from hardelete.clients import redis_async
@@ -108,6 +109,17 @@ class PartitionClock:
         return best
 
 
+@dataclass
+class _Batch:
+    calls: list[tuple[str, int, bytes]] = field(default_factory=list)
+    dlq: list[tuple[Any, str]] = field(default_factory=list)
+    new_repos: set[str] = field(default_factory=set)
+    offsets: dict[Any, OffsetAndMetadata] = field(default_factory=dict)
+    positions: dict[int, int] = field(default_factory=dict)
+    records: int = 0
+    t0: float = 0.0
+
+
 class TrackerMetrics:
     """Prometheus metrics of one tracker (own registry: several trackers may share a process)."""
 
@@ -139,6 +151,8 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: Any) -> None:
         t = self.tracker
         async with t._lock:  # the in-flight batch is applied and committed first
+            with contextlib.suppress(Exception):  # (its error surfaces in the main loop)
+                await t._drain()
             for tp in revoked:
                 t._clocks.pop(tp.partition, None)
                 t.metrics.lag.remove(str(tp.partition)) if str(tp.partition) in t._lag_labels \
@@ -187,6 +201,9 @@ class Tracker:
         self._clocks: dict[int, PartitionClock] = {}
         self._lag_labels: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        self._pending: asyncio.Future[None] | None = None
+        self._failure: Exception | None = None
+        self._last_time_read = 0.0
         self._redis: Any = None
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
@@ -256,6 +273,7 @@ class Tracker:
             self.log.info("tracker started", metrics_port=s.metrics_port or None)
             while not self._stop.is_set():
                 await self._cycle(consumer)
+            await self._drain()
         finally:
             with contextlib.suppress(Exception):
                 await consumer.stop()  # leaves the group
@@ -296,13 +314,23 @@ class Tracker:
                 continue
 
     async def _cycle(self, consumer: AIOKafkaConsumer) -> None:
+        """Fetch and prepare batch n+1 while batch n is applied and committed (two stages)."""
+        if self._failure is not None:
+            raise self._failure
         s = self.settings
         topic = s.events_topic
-        redis_now = await aredis_time_ms(self._redis)
-        self._sample(consumer)
-        for p, clock in list(self._clocks.items()):
-            with contextlib.suppress(Exception):
-                clock.begin(redis_now, consumer.last_poll_timestamp(TopicPartition(topic, p)))
+        # A new progress candidate needs the Redis clock; while a batch is in flight TIME would
+        # queue behind its script and serialise the two stages, so then only every 100 ms.
+        if self._pending is None or time.monotonic() - self._last_time_read > 0.1:
+            redis_now = await aredis_time_ms(self._redis)
+            self._last_time_read = time.monotonic()
+            self._sample(consumer)
+            for p, clock in list(self._clocks.items()):
+                with contextlib.suppress(Exception):
+                    clock.begin(redis_now,
+                                consumer.last_poll_timestamp(TopicPartition(topic, p)))
+        else:
+            self._sample(consumer)
         stop_wait = asyncio.ensure_future(self._stop.wait())
         fetch = asyncio.ensure_future(
             consumer.getmany(timeout_ms=s.tracker_poll_ms, max_records=s.tracker_batch_max))
@@ -312,22 +340,33 @@ class Tracker:
             await asyncio.wait({fetch})
         data = fetch.result()
         self._sample(consumer)
-        if data:
-            async with self._lock:
-                assigned = consumer.assignment()
-                data = {tp: recs for tp, recs in data.items() if tp in assigned and recs}
-                if data:
-                    t0 = time.perf_counter()
-                    await self._process(consumer, data)
-                    self.metrics.batch.observe(time.perf_counter() - t0)
-                    self.batches += 1
-            self._sample(consumer)
-        await self._progress(consumer)
+        async with self._lock:
+            assigned = consumer.assignment()
+            data = {tp: recs for tp, recs in data.items() if tp in assigned and recs}
+            t0 = time.perf_counter()
+            batch = await self._prepare(data)
+            batch.t0 = t0
+            for tp in assigned:  # every record before these positions is in this batch or
+                with contextlib.suppress(Exception):  # an earlier one
+                    batch.positions[tp.partition] = await consumer.position(tp)
+            await self._drain()
+            self._pending = asyncio.ensure_future(self._apply(consumer, batch))
 
-    async def _process(self, consumer: AIOKafkaConsumer, data: dict[Any, list[Any]]) -> None:
+    async def _drain(self) -> None:
+        """Wait until the in-flight batch is applied and committed (raises its error)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                await pending
+            except Exception as exc:
+                self._failure = exc  # surfaces in the main loop even if a revoke drained it
+                raise
+
+    async def _prepare(self, data: dict[Any, list[Any]]) -> _Batch:
         gate = self.gate
+        batch = _Batch()
         parsed: list[tuple[int, Any, dict[str, Any]]] = []
-        dlq: list[tuple[Any, str]] = []
+        dlq = batch.dlq
         parse = codec.parse
         for tp, records in data.items():
             p = tp.partition
@@ -336,11 +375,12 @@ class Tracker:
                     parsed.append((p, rec, parse(rec.value)))
                 except EventError as exc:
                     dlq.append((rec, str(exc)))
+            batch.offsets[tp] = OffsetAndMetadata(records[-1].offset + 1, "")
+            batch.records += len(records)
         missing = gate.missing({body["repository"] for _, _, body in parsed})
         if missing:
             await self._load_namespaces(missing)
         chunks: dict[tuple[str, int], list[list[Any]]] = defaultdict(list)
-        new_repos = set()
         compact = codec.compact
         check = gate.check
         for p, rec, body in parsed:
@@ -349,15 +389,19 @@ class Tracker:
                 dlq.append((rec, problem))
                 continue
             if body["type"] == "repository_created":
-                new_repos.add(body["repository"])
+                batch.new_repos.add(body["repository"])
             chunks[(body["repository"], p)].append(compact(body, rec.offset))
-        if dlq:
-            await self._dead_letter(dlq)
-        if new_repos:
-            await self._redis.sadd(REPOS, *new_repos)
-        if chunks:
-            calls = [(repo, p, orjson.dumps(evts)) for (repo, p), evts in chunks.items()]
-            results = await ApplyScript.apply_many(self._redis, calls)
+        batch.calls = [(repo, p, orjson.dumps(evts)) for (repo, p), evts in chunks.items()]
+        return batch
+
+    async def _apply(self, consumer: AIOKafkaConsumer, batch: _Batch) -> None:
+        if batch.dlq:
+            await self._dead_letter(batch.dlq)  # acknowledged before the offsets are committed
+        if batch.new_repos:
+            await self._retrying(lambda: self._redis.sadd(REPOS, *batch.new_repos))
+        if batch.calls:
+            results = await self._retrying(
+                lambda: ApplyScript.apply_many(self._redis, batch.calls))
             for res in results:
                 applied, skipped = int(res[0]), int(res[1])
                 self.applied += applied
@@ -371,12 +415,28 @@ class Tracker:
                     self.metrics.incidents.inc()
                     self.log.error("incident: reference for an address being reaped or reaped",
                                    **inc)
-        offsets = {tp: OffsetAndMetadata(recs[-1].offset + 1, "") for tp, recs in data.items()}
-        try:
-            await consumer.commit(offsets)
-        except (KafkaError, Exception) as exc:  # redelivery is harmless
-            self.log.warning("offset commit failed; the batch may be redelivered",
-                             error=str(exc))
+        if batch.offsets:
+            try:
+                await consumer.commit(batch.offsets)
+            except Exception as exc:  # redelivery is harmless
+                self.log.warning("offset commit failed; the batch may be redelivered",
+                                 error=str(exc))
+            self.batches += 1
+            self.metrics.batch.observe(time.perf_counter() - batch.t0)
+        await self._progress(consumer, batch.positions)
+
+    async def _retrying(self, call: Any, budget_s: float = 60.0) -> Any:
+        """Retry a Redis call on connection trouble (every call here is idempotent)."""
+        delay, deadline = 0.05, time.monotonic() + budget_s
+        while True:
+            try:
+                return await call()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                self.log.warning("redis unavailable; retrying", error=str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def _load_namespaces(self, repos: set[str]) -> None:
         ordered = sorted(repos)
@@ -404,25 +464,25 @@ class Tracker:
         await asyncio.gather(*futures)  # acknowledged before the offsets are committed
         self.dead_lettered += len(items)
 
-    async def _progress(self, consumer: AIOKafkaConsumer) -> None:
+    async def _progress(self, consumer: AIOKafkaConsumer, positions: dict[int, int]) -> None:
         topic = self.settings.events_topic
         claims: list[str] = []
-        for p, clock in list(self._clocks.items()):
-            tp = TopicPartition(topic, p)
-            try:
-                pos = await consumer.position(tp)
-            except Exception:
+        for p, pos in positions.items():
+            clock = self._clocks.get(p)
+            if clock is None:
                 continue
-            hw = consumer.highwater(tp)
-            if hw is not None:
-                self.metrics.lag.labels(str(p)).set(max(0, hw - pos))
-                self._lag_labels.add(str(p))
+            with contextlib.suppress(Exception):
+                hw = consumer.highwater(TopicPartition(topic, p))
+                if hw is not None:
+                    self.metrics.lag.labels(str(p)).set(max(0, hw - pos))
+                    self._lag_labels.add(str(p))
             claimed = clock.claim(pos)
             if claimed is not None:
                 claims += [str(p), str(claimed)]
                 self.metrics.progress.labels(str(p)).set(claimed)
         if claims:
-            await self._redis.evalsha(self._progress_sha, 1, PROGRESS, *claims)
+            await self._retrying(
+                lambda: self._redis.evalsha(self._progress_sha, 1, PROGRESS, *claims))
 
 
 @contextlib.asynccontextmanager

@@ -202,9 +202,9 @@ def _add(state: RepoState, address: str, ref: str, token: str, size: int, event:
          now: int, out: Outcome) -> None:
     rec = _record(state, address)
     new = ref not in rec.adds
-    if new:
+    if new:  # (a duplicate keeps the first token; the index follows the recorded token)
         rec.adds[ref] = token
-    state.token_addresses.setdefault(token, set()).add(address)
+        state.token_addresses.setdefault(token, set()).add(address)
     if rec.size is None or size > rec.size:
         rec.size = size
     if (new and rec.state in HELD_BY_REAPER and ref not in rec.removes

@@ -1,0 +1,125 @@
+"""Tracker throughput against the raw consume limit of the same broker, in one run.
+
+    .venv/bin/python -m tracker.bench --events 200000
+
+Starts the embedded stack (Tansu + Redis), publishes N events of a realistic mix
+(``tracker.gen.workload``), then measures (1) a raw aiokafka loop that only iterates the
+records and (2) the tracker applying them end to end into Redis (decode, admission, Lua apply,
+offset commits, progress). The tracker's clock starts once its partitions are assigned (the
+group join is a fixed cost, reported separately). Prints events/s for both and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from hardelete.clients import redis_sync
+from hardelete.settings import Settings, load_settings
+from hardelete.stack import embedded_stack
+from schemas.publisher import Publisher, ensure_topics
+from tracker.daemon import Tracker
+from tracker.gen import workload
+
+
+async def _publish(settings: Settings, events: list[Any]) -> float:
+    await ensure_topics(settings)
+    t0 = time.perf_counter()
+    async with Publisher(settings, linger_ms=20) as pub:
+        for i in range(0, len(events), 20_000):
+            await pub.publish_many(events[i:i + 20_000])
+    return time.perf_counter() - t0
+
+
+async def _raw_consume(settings: Settings, n: int) -> float:
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap,
+                                enable_auto_commit=False, auto_offset_reset="earliest",
+                                max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+    await consumer.start()
+    try:
+        parts = consumer.partitions_for_topic(settings.events_topic) or set()
+        consumer.assign([TopicPartition(settings.events_topic, p) for p in parts])
+        count = 0
+        t0 = time.perf_counter()
+        while count < n:
+            batch = await consumer.getmany(timeout_ms=500, max_records=settings.tracker_batch_max)
+            for records in batch.values():
+                for _ in records:
+                    count += 1
+        return time.perf_counter() - t0
+    finally:
+        await consumer.stop()
+
+
+async def _track(settings: Settings, n: int) -> tuple[float, float, Tracker]:
+    tracker = Tracker(settings, name="bench")
+    t_start = time.perf_counter()
+    task = tracker.start()
+    await asyncio.wait_for(tracker.assigned_event.wait(), 60)
+    t0 = time.perf_counter()
+    while tracker.applied + tracker.dead_lettered < n:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.005)
+    elapsed = time.perf_counter() - t0
+    await tracker.stop()
+    return elapsed, t0 - t_start, tracker
+
+
+async def bench(settings: Settings, n: int, repos: int, seed: int) -> dict[str, float]:
+    t0 = time.perf_counter()
+    events = workload(seed, n, repos=repos)
+    n = len(events)
+    gen_s = time.perf_counter() - t0
+    mix = Counter(e.TYPE for e in events)
+    pub_s = await _publish(settings, events)
+    raw_s = await _raw_consume(settings, n)
+    trk_s, join_s, tracker = await _track(settings, n)
+    r = redis_sync(settings)
+    info = r.info("memory")
+    r.close()
+    out = {
+        "events": n, "repos": repos, "partitions": settings.topic_partitions,
+        "generate_s": gen_s, "publish_eps": n / pub_s,
+        "raw_consume_eps": n / raw_s, "tracker_eps": n / trk_s,
+        "ratio": (n / trk_s) / (n / raw_s), "tracker_join_s": join_s,
+        "batches": tracker.batches, "redis_used_mb": info["used_memory"] / 2**20,
+    }
+    print(f"mix: {dict(mix.most_common())}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tracker.bench", description=__doc__)
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--repos", type=int, default=32)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=10_000, help="tracker_batch_max")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    base = load_settings(env={}, topic_partitions=args.partitions,
+                         tracker_batch_max=args.batch, session_timeout_ms=3000,
+                         heartbeat_interval_ms=1000, tracker_poll_ms=50, log_level="warning")
+    from hardelete.logs import configure_logging
+
+    configure_logging("console", "warning")
+    with embedded_stack(base, s3=False) as stack:
+        res = asyncio.run(bench(stack.settings, args.events, args.repos, args.seed))
+    print(f"events              {res['events']:>10,}  ({res['repos']} repositories, "
+          f"{res['partitions']} partitions)")
+    print(f"publish             {res['publish_eps']:>10,.0f} events/s")
+    print(f"raw aiokafka loop   {res['raw_consume_eps']:>10,.0f} events/s")
+    print(f"tracker end to end  {res['tracker_eps']:>10,.0f} events/s   "
+          f"({res['batches']} batches; group join {res['tracker_join_s']:.1f} s not counted)")
+    print(f"ratio tracker/raw   {res['ratio']:>10.2f}")
+    print(f"redis memory        {res['redis_used_mb']:>10.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
