@@ -168,6 +168,17 @@ KEYS_SCHEMA = "key string"
 EXPORT_SCHEMA = "key string, live boolean, kind string, reason string, commit string"
 
 
+def _bad_key() -> Any:
+    """The Column twin of ``not is_plain_key(key)``."""
+    from pyspark.sql import functions as F
+
+    cond = (F.col("key") == "") | F.col("key").startswith("/") | F.col("key").contains("//") \
+        | F.col("key").rlike(r"(^|/)\.\.?(/|$)")
+    for p in RESERVED_PREFIXES:
+        cond = cond | F.col("key").startswith(p)
+    return cond
+
+
 def classify_df(listing: Any, committed: Any, known: Any, cutoff_ms: int) -> Any:
     """The same decision as :func:`classify`, on DataFrames.
 
@@ -177,16 +188,7 @@ def classify_df(listing: Any, committed: Any, known: Any, cutoff_ms: int) -> Any
     """
     from pyspark.sql import functions as F
 
-    reserved_cond = F.lit(False)
-    for p in RESERVED_PREFIXES:
-        reserved_cond = reserved_cond | F.col("key").startswith(p)
-    bad_key = (
-        reserved_cond
-        | (F.col("key") == "")
-        | F.col("key").startswith("/")
-        | F.col("key").contains("//")
-        | F.col("key").rlike(r"(^|/)\.\.?(/|$)")
-    )
+    bad_key = _bad_key()
     c = committed.select("key").distinct().withColumn("_committed", F.lit(True))
     k = known.select("key", F.col("live").alias("_live"), F.col("kind").alias("_kind"))
     joined = listing.join(c, "key", "left").join(k, "key", "left")
@@ -205,9 +207,7 @@ def mark_df(listing: Any, committed: Any, uncommitted_live: Any, cutoff_ms: int)
     """Only the marked keys, as left anti joins (used to double-check :func:`classify_df`)."""
     from pyspark.sql import functions as F
 
-    candidates = listing.filter(F.col("last_modified") < F.lit(cutoff_ms))
-    for p in RESERVED_PREFIXES:
-        candidates = candidates.filter(~F.col("key").startswith(p))
+    candidates = listing.filter((F.col("last_modified") < F.lit(cutoff_ms)) & ~_bad_key())
     return (candidates.join(committed.select("key"), "key", "left_anti")
             .join(uncommitted_live.select("key"), "key", "left_anti"))
 

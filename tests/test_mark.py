@@ -302,3 +302,39 @@ def test_delete_batch_guard_and_limits():
     s3 = FakeS3(["boom"] * 10)
     res = delete_batch(s3, NS, keys_of(2), attempts=2, sleep=lambda _: None)
     assert not res.deleted and set(res.errors) == set(keys_of(2))
+
+
+# ------------------------------------------------------------- the same decision on Spark
+
+@pytest.mark.spark
+@pytest.mark.parametrize("seed", [1, 2])
+def test_spark_classification_agrees_with_the_pure_one(spark, seed):
+    from reconciler.mark import classify_df, mark_df, tally_df
+
+    rng = random.Random(seed)
+    pool = [f"data/s{rng.randrange(3)}/{i}" for i in range(300)] + [
+        "_hardelete/reports/x", "_lakefs/y", "top", "other/z", "data/./q", "data//w"]
+    listing = [Listed(k, rng.randrange(100), CUTOFF + rng.randrange(-50, 50)) for k in pool]
+    committed = set(rng.sample(pool, 60)) | {"_hardelete/reports/x"}
+    uncommitted = set(rng.sample(pool, 60))
+    kinds = ["unreferenced", "issued", "committed", "reaped", "staged"]
+    known = {k: rng.choice(kinds) for k in rng.sample(pool, 120)}
+    for k in uncommitted:
+        known[k] = "staged"
+    pure = compute_mark(listing, cutoff_ms=CUTOFF, committed=committed, uncommitted=uncommitted,
+                        known=known)
+
+    ldf = spark.createDataFrame([(o.key, o.size, o.last_modified_ms) for o in listing],
+                                "key string, size long, last_modified long")
+    cdf = spark.createDataFrame([(k,) for k in committed] * 2, "key string")  # duplicates
+    kdf = spark.createDataFrame([(k, k in uncommitted, v, "", None) for k, v in known.items()],
+                                "key string, live boolean, kind string, reason string, "
+                                "commit string")
+    classified = classify_df(ldf, cdf, kdf, CUTOFF)
+    got = {r["key"]: r["category"] for r in classified.collect()}
+    want = {o.key: classify(o, cutoff_ms=CUTOFF, committed=committed, uncommitted=uncommitted,
+                            known=known) for o in listing}
+    assert got == want
+    assert tally_df(classified).as_dict() == pure.tally.as_dict()
+    anti = {r["key"] for r in mark_df(ldf, cdf, kdf.filter("live"), CUTOFF).collect()}
+    assert anti == pure.marked_keys

@@ -1,0 +1,390 @@
+"""Reconciler benchmark: wall time and peak memory of a mark (and optionally the sweep) as the
+namespace grows, next to the raw limit measured in the same run.
+
+    python -m reconciler.bench --objects 100000             # live S3 listing (moto) + raw listing
+    python -m reconciler.bench --objects 100000 --sweep     # ... and delete the garbage
+    python -m reconciler.bench --objects 1000000 --inventory
+    python -m reconciler.bench --objects 10000000 --inventory
+
+The namespace holds ``data/<slice>/<id>`` objects in slices of ``--per-slice``; by id: 50% are
+in commit manifests (retained), 10% staged in a live token (Redis), 10% unreferenced (Redis
+record, references ended), 30% leaked (no record). The mark must find exactly 40%.
+
+* live mode: a child process runs a moto server whose bucket is filled in-process (moto's
+  HTTP PUT does ~260/s; filling its backend directly is ~100x faster), and the reconciler lists
+  it through HTTP from Spark tasks. The raw bar: one paginated boto3 ``list_objects_v2`` loop
+  over the same namespace, in one process.
+* inventory mode: S3-Inventory-style Parquet files (key, size, last_modified) are generated
+  locally by a child process; manifests live on a moto server. The raw bar: one pyarrow scan
+  of the same inventory files in one process. (moto's listing rescans and sorts the whole
+  bucket for every page, so a live 10^6 listing is not measurable on it.)
+
+The raw bar runs in a child process before the reconcile, over the same namespace.
+Memory: peak RSS (``VmHWM``) of this driver Python process and of the Spark JVM (its child
+process); Spark's Python workers are children of the JVM and are sampled separately (peak of
+their summed RSS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+BUCKET = "bench"
+PREFIX = "ns/"
+REPO = "bench"
+COMMITTED, STAGED, UNREFERENCED = range(5), (5,), (6,)
+
+
+def key_of(i: int, per_slice: int) -> str:
+    return f"{PREFIX}data/{9_000_000_000 - i // per_slice:010d}/{i:010d}"
+
+
+def role(i: int) -> str:
+    r = i % 10
+    if r in COMMITTED:
+        return "committed"
+    if r in STAGED:
+        return "staged"
+    if r in UNREFERENCED:
+        return "unreferenced"
+    return "leaked"
+
+
+# ------------------------------------------------------------------------- /proc helpers
+
+def _status(pid: int) -> dict[str, str]:
+    out = {}
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            out[k] = v.strip()
+    return out
+
+
+def _kb(value: str | None) -> int:
+    return int(value.split()[0]) if value else 0
+
+
+def peak_rss_mib(pid: int) -> float:
+    return _kb(_status(pid).get("VmHWM")) / 1024
+
+
+def rss_mib(pid: int) -> float:
+    return _kb(_status(pid).get("VmRSS")) / 1024
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        with contextlib.suppress(OSError), open(f"/proc/{d}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                out.append(int(d))
+    return out
+
+
+def jvm_pid() -> int | None:
+    for c in children(os.getpid()):
+        if _status(c).get("Name", "").startswith("java"):
+            return c
+    return None
+
+
+class WorkerSampler(threading.Thread):
+    """Peak of the summed RSS of the JVM's Python worker processes."""
+
+    def __init__(self, jvm: int | None) -> None:
+        super().__init__(daemon=True)
+        self.jvm = jvm
+        self.peak = 0.0
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.wait(0.5) and self.jvm:
+            total = 0.0
+            stack = children(self.jvm)
+            while stack:
+                p = stack.pop()
+                total += rss_mib(p)
+                stack.extend(children(p))
+            self.peak = max(self.peak, total)
+
+
+# --------------------------------------------------------------------------- preparation
+
+def _manifests(n: int, per_manifest: int, per_slice: int) -> Iterator[tuple[str, list[str]]]:
+    committed = [i for i in range(n) if role(i) == "committed"]
+    for m in range(0, len(committed), per_manifest):
+        chunk = committed[m:m + per_manifest]
+        yield f"{PREFIX}_hardelete/manifests/m{m // per_manifest:05d}.parquet", [
+            f"s3://{BUCKET}/{key_of(i, per_slice)}" for i in chunk]
+
+
+def _manifest_body(addresses: list[str]) -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"path": [f"p/{i}" for i in range(len(addresses))],
+                             "address": addresses,
+                             "size": pa.array([100] * len(addresses), pa.int64())}), buf)
+    return buf.getvalue()
+
+
+def fill_redis(redis_url: str, n: int, per_manifest: int, per_slice: int) -> None:
+    """Tracker state: repo, a commit per manifest (one chain on main), live/ended records."""
+    import redis as redis_lib
+
+    from schemas.layout import PROGRESS, PROGRESS_META, RepoKeys
+
+    r = redis_lib.Redis.from_url(redis_url, decode_responses=True)
+    k = RepoKeys(REPO)
+    r.hset(k.meta, mapping={"namespace": f"s3://{BUCKET}/{PREFIX}", "default_branch": "main",
+                            "default_retention_days": "100000", "branch_retention": "{}"})
+    now = time.time()
+    prev: str | None = None
+    for j, (mkey, _) in enumerate(_manifests(n, per_manifest, per_slice)):
+        cid = f"c{j:05d}"
+        r.hset(k.commits, cid, orjson.dumps({
+            "parents": [prev] if prev else [], "time": now - 3600 + j, "branch": "main",
+            "manifest": f"s3://{BUCKET}/{mkey}"}))
+        prev = cid
+    r.hset(k.branches, "main", orjson.dumps({"head": prev, "staging_token": "t-open",
+                                             "sealed_tokens": []}))
+    r.hset(k.tokens, mapping={"t-open": "open:1", "t-old": "dropped:1"})
+    pipe = r.pipeline(transaction=False)
+    for i in range(n):
+        ro = role(i)
+        if ro not in ("staged", "unreferenced"):
+            continue
+        addr = f"s3://{BUCKET}/{key_of(i, per_slice)}"
+        if ro == "staged":
+            pipe.hset(k.address(addr), mapping={f"+r{i}": "t-open", "state": "staged",
+                                                 "size": "100"})
+        else:
+            pipe.hset(k.address(addr), mapping={f"+r{i}": "t-old", "state": "unreferenced",
+                                                 "since": "1", "size": "100"})
+        if len(pipe) >= 5000:
+            pipe.execute()
+    pipe.execute()
+    r.hset(PROGRESS_META, mapping={"topic": "bench", "partitions": "1"})
+    r.hset(PROGRESS, "0", str(int((now + 86_400) * 1000)))
+    r.close()
+
+
+def serve_moto(port: int, n: int, per_manifest: int, per_slice: int, objects: bool) -> None:
+    """Child process: a moto server, its bucket filled in-process; prints READY."""
+    import logging
+
+    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+    from moto.s3.models import s3_backends
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    backend = s3_backends["123456789012"]["global"]
+    backend.create_bucket(BUCKET, "us-east-1")
+    if objects:
+        body = b"x" * 100
+        for i in range(n):
+            backend.put_object(BUCKET, key_of(i, per_slice), body)
+    for mkey, addresses in _manifests(n, per_manifest, per_slice):
+        backend.put_object(BUCKET, mkey, _manifest_body(addresses))
+    print("READY", flush=True)
+    sys.stdin.read()  # until the parent closes our stdin
+    server.stop()
+
+
+def write_inventory(path: str, n: int, per_slice: int, files: int) -> None:
+    """Child process: S3-Inventory-style Parquet files for n objects."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    old = int((time.time() - 30 * 86_400) * 1000)
+    per_file = -(-n // files)
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        lo, hi = f * per_file, min(n, (f + 1) * per_file)
+        if lo >= hi:
+            break
+        keys = [key_of(i, per_slice) for i in range(lo, hi)]
+        pq.write_table(pa.table({"bucket": pa.array([BUCKET] * len(keys)),
+                                 "key": keys,
+                                 "size": pa.array([100] * len(keys), pa.int64()),
+                                 "last_modified": pa.array([old] * len(keys), pa.int64())}),
+                       out / f"inventory-{f:04d}.parquet", compression="zstd")
+
+
+def raw_bar(endpoint: str, inventory_dir: str) -> dict[str, Any]:
+    """Child process: the raw limit, one thread: a paginated listing or an inventory scan."""
+    t0 = time.monotonic()
+    if inventory_dir:
+        import pyarrow.parquet as pq
+
+        n = sum(pq.read_table(f, columns=["key", "size", "last_modified"]).num_rows
+                for f in sorted(Path(inventory_dir).glob("*.parquet")))
+        what = "pyarrow read of the inventory files (1 process)"
+    else:
+        from hardelete.clients import s3_client
+        from hardelete.settings import load_settings
+        from reconciler.listing import raw_listing_count
+        from reconciler.s3io import Namespace
+
+        s3 = s3_client(load_settings(env={}, s3_endpoint_url=endpoint))
+        n, _ = raw_listing_count(s3, Namespace(f"s3://{BUCKET}/{PREFIX}"))
+        what = "paginated boto3 list_objects_v2 of the namespace (1 thread)"
+    secs = time.monotonic() - t0
+    return {"what": what, "objects": n, "seconds": round(secs, 2),
+            "objects_per_s": round(n / secs)}
+
+
+def _child(args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "reconciler.bench", *args],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+# ----------------------------------------------------------------------------------- main
+
+def bench(n: int, *, inventory: bool, sweep: bool, per_slice: int, per_manifest: int,
+          files: int) -> dict[str, Any]:
+    from hardelete.settings import load_settings
+    from hardelete.stack import free_port, redis_server
+    from reconciler.job import RunOptions, reconcile
+    from reconciler.spark import get_spark
+
+    work = Path(tempfile.mkdtemp(prefix="hardelete-bench-"))
+    redis = redis_server(work)
+    redis.start()
+    port = free_port()
+    moto = _child(["_moto", str(port), str(n), str(per_manifest), str(per_slice),
+                   "0" if inventory else "1"])
+    try:
+        t0 = time.monotonic()
+        inv_dir = str(work / "inventory")
+        if inventory:
+            subprocess.run([sys.executable, "-m", "reconciler.bench", "_inventory", inv_dir,
+                            str(n), str(per_slice), str(files)], check=True)
+        subprocess.run([sys.executable, "-m", "reconciler.bench", "_redis",
+                        f"redis://127.0.0.1:{redis.port}/0", str(n), str(per_manifest),
+                        str(per_slice)], check=True)
+        assert moto.stdout is not None
+        line = moto.stdout.readline()
+        if not line.startswith("READY"):
+            raise RuntimeError("the moto child did not start")
+        prepare_s = time.monotonic() - t0
+        # the raw bar: the same namespace (or inventory), one process, before the run
+        raw = orjson.loads(subprocess.run(
+            [sys.executable, "-m", "reconciler.bench", "_raw", f"http://127.0.0.1:{port}",
+             inv_dir if inventory else ""], check=True, capture_output=True, text=True).stdout)
+        settings = load_settings(env={}, redis_url=f"redis://127.0.0.1:{redis.port}/0",
+                                 s3_endpoint_url=f"http://127.0.0.1:{port}",
+                                 reconcile_min_age_seconds=0.0, log_level="warning")
+        t0 = time.monotonic()
+        spark = get_spark(settings, shuffle_partitions=8)
+        spark_start_s = time.monotonic() - t0
+        jvm = jvm_pid()
+        sampler = WorkerSampler(jvm)
+        sampler.start()
+        cutoff = int(time.time() * 1000)
+        opts = RunOptions(REPO, dry_run=not sweep, cutoff_ms=cutoff,
+                          inventory=inv_dir if inventory else None)
+        t0 = time.monotonic()
+        summary = reconcile(spark, settings, opts)
+        wall = time.monotonic() - t0
+        sampler.stop_event.set()
+        sampler.join()
+        driver_peak = peak_rss_mib(os.getpid())
+        jvm_peak = peak_rss_mib(jvm) if jvm else 0.0
+        if not summary.get("success"):
+            raise RuntimeError(f"the run failed: {summary.get('error')}")
+        marked = summary["mark"]["marked"]
+        expected = sum(1 for i in range(n) if role(i) in ("unreferenced", "leaked"))
+        listed = summary["mark"]["listed"]
+        return {
+            "objects": n, "input": "inventory" if inventory else "s3 listing (moto)",
+            "mode": "mark+sweep" if sweep else "mark (dry run)",
+            "listed": listed, "marked": marked, "marked_expected": expected,
+            "exact": marked == expected,
+            "swept_confirmed": (summary.get("sweep") or {}).get("confirmed"),
+            "wall_s": round(wall, 2), "objects_per_s": round(listed / wall),
+            "timings": summary.get("timings"),
+            "sweep_s": (summary.get("sweep") or {}).get("seconds"),
+            "driver_peak_rss_mib": round(driver_peak, 1), "jvm_peak_rss_mib": round(jvm_peak, 1),
+            "python_workers_peak_rss_mib": round(sampler.peak, 1),
+            "raw": raw,
+            "ratio_vs_raw": round((listed / wall) / raw["objects_per_s"], 3),
+            "prepare_s": round(prepare_s, 1), "spark_start_s": round(spark_start_s, 1),
+            "cores": os.cpu_count(),
+        }
+    finally:
+        if moto.stdin:
+            with contextlib.suppress(OSError):
+                moto.stdin.close()
+        try:
+            moto.wait(10)
+        except subprocess.TimeoutExpired:
+            moto.kill()
+        redis.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "_moto":
+        p, n, pm, ps, objs = argv[1:6]
+        serve_moto(int(p), int(n), int(pm), int(ps), objs == "1")
+        return 0
+    if argv and argv[0] == "_inventory":
+        write_inventory(argv[1], int(argv[2]), int(argv[3]), int(argv[4]))
+        return 0
+    if argv and argv[0] == "_raw":
+        print(orjson.dumps(raw_bar(argv[1], argv[2] if len(argv) > 2 else "")).decode())
+        return 0
+    if argv and argv[0] == "_redis":
+        fill_redis(argv[1], int(argv[2]), int(argv[3]), int(argv[4]))
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m reconciler.bench", description=__doc__)
+    parser.add_argument("--objects", type=int, default=100_000)
+    parser.add_argument("--inventory", action="store_true",
+                        help="list from generated inventory files instead of S3")
+    parser.add_argument("--sweep", action="store_true", help="also delete (live mode)")
+    parser.add_argument("--per-slice", type=int, default=10_000)
+    parser.add_argument("--per-manifest", type=int, default=250_000)
+    parser.add_argument("--files", type=int, default=0,
+                        help="inventory files (default: one per 10^6 objects, at least 4)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.sweep and args.inventory:
+        parser.error("--sweep needs the live objects (not --inventory)")
+    files = args.files or max(4, args.objects // 1_000_000)
+    result = bench(args.objects, inventory=args.inventory, sweep=args.sweep,
+                   per_slice=args.per_slice, per_manifest=args.per_manifest, files=files)
+    if args.json:
+        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    else:
+        for k, v in result.items():
+            print(f"{k:28} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
