@@ -207,6 +207,12 @@ local function flush()
   end
 end
 
+-- a branch update naming a token that already ended is a stale duplicate (see references.py)
+local function ended(t)
+  local s = tok_state(t)
+  return s == 'committed' or s == 'dropped'
+end
+
 local function branch_json(head, token)
   local h = 'null'
   if head ~= nil and head ~= '' then h = cjson.encode(head) end
@@ -241,28 +247,39 @@ for i = 1, #events do
       if r.iu == nil then r.iu = now + e[4]; r.diu = true end
       derive(e[3], r)
     elseif op == 6 then -- commit: branch, commit, sealed, staging, record, event_id
+      local fresh = not ended(e[6])
       for _, t in ipairs(e[5]) do set_token(t, 'committed', e[8], 'commit_created') end
       set_token(e[6], 'open', e[8], 'commit_created')
       redis.call('HSETNX', K_COMMITS, e[4], e[7])
-      redis.call('HSET', K_BRANCHES, e[3], branch_json(e[4], e[6]))
+      if fresh then redis.call('HSET', K_BRANCHES, e[3], branch_json(e[4], e[6])) end
     elseif op == 2 then -- branch created: branch, token, source_commit
-      redis.call('HSET', K_BRANCHES, e[3], branch_json(e[5], e[4]))
+      local fresh = not ended(e[4])
       set_token(e[4], 'open', '', 'branch_created')
+      if fresh then redis.call('HSET', K_BRANCHES, e[3], branch_json(e[5], e[4])) end
     elseif op == 7 then -- reset: branch, dropped, staging, head, event_id
+      local fresh = not ended(e[5])
       for _, t in ipairs(e[4]) do set_token(t, 'dropped', e[7], 'branch_reset') end
       set_token(e[5], 'open', e[7], 'branch_reset')
-      local head = e[6]
-      if head == '' then
-        local prev = redis.call('HGET', K_BRANCHES, e[3])
-        if prev then
-          local h = cjson.decode(prev).head
-          if type(h) == 'string' then head = h end
+      if fresh then
+        local head = e[6]
+        if head == '' then
+          local prev = redis.call('HGET', K_BRANCHES, e[3])
+          if prev then
+            local h = cjson.decode(prev).head
+            if type(h) == 'string' then head = h end
+          end
         end
+        redis.call('HSET', K_BRANCHES, e[3], branch_json(head, e[5]))
       end
-      redis.call('HSET', K_BRANCHES, e[3], branch_json(head, e[5]))
     elseif op == 8 then -- branch deleted: branch, dropped, event_id
       for _, t in ipairs(e[4]) do set_token(t, 'dropped', e[5], 'branch_deleted') end
-      redis.call('HDEL', K_BRANCHES, e[3])
+      local prev = redis.call('HGET', K_BRANCHES, e[3])
+      if prev then
+        local cur = cjson.decode(prev).staging_token
+        for _, t in ipairs(e[4]) do
+          if t == cur then redis.call('HDEL', K_BRANCHES, e[3]); break end
+        end
+      end
     elseif op == 9 then
       redis.call('HSET', K_TAGS, e[3], e[4])
     elseif op == 10 then

@@ -20,6 +20,12 @@ reference that would keep such an address alive is an :class:`Incident`.
 Token states only move up ``TOKEN_RANK`` (committed outranks dropped); when a token's state
 changes, every address referenced from it is re-evaluated.
 
+Branch records (head, staging token) are last-writer-wins by arrival, except that an event whose
+new staging token has already ended (committed or dropped) is a stale duplicate and leaves the
+record alone, and a ``branch_deleted`` only removes the record if it drops the branch's current
+staging token: a retried publish delivered late never moves a branch back or deletes a branch
+created again since. Commits are immutable (first record wins).
+
 Admission: an event of an unknown repository, or naming an address outside the repository's
 namespace or under a reserved prefix (``layout.namespace_key``), is rejected with a reason (the
 tracker sends it to the dead-letter topic) and never applied.
@@ -239,6 +245,13 @@ def _set_token(state: RepoState, token: str, new: TokenState, event: ev.Event, n
         _derive(state, address, rec, now)
 
 
+def _ended(state: RepoState, token: str) -> bool:
+    """A branch update naming a token that already ended is a stale (duplicate, late) event:
+    it must not move the branch record back."""
+    ts = state.token_state(token)
+    return ts is TokenState.COMMITTED or ts is TokenState.DROPPED
+
+
 def apply(state: RepoState, event: ev.Event, now_ms: int) -> Outcome:
     """Apply one event to one repository's state at tracker time ``now_ms``."""
     out = Outcome()
@@ -268,26 +281,34 @@ def apply(state: RepoState, event: ev.Event, now_ms: int) -> Outcome:
             rec.issued_until = now + ttl_ms(event)
         _derive(state, event.address, rec, now)
     elif isinstance(event, ev.BranchCreated):
-        state.branches[event.branch] = BranchRecord(event.source_commit, event.staging_token)
+        fresh = not _ended(state, event.staging_token)
         _set_token(state, event.staging_token, TokenState.OPEN, event, now, out)
+        if fresh:
+            state.branches[event.branch] = BranchRecord(event.source_commit, event.staging_token)
     elif isinstance(event, ev.CommitCreated):
+        fresh = not _ended(state, event.staging_token)
         for token in event.sealed_tokens:
             _set_token(state, token, TokenState.COMMITTED, event, now, out)
         _set_token(state, event.staging_token, TokenState.OPEN, event, now, out)
         state.commits.setdefault(event.commit_id, CommitRecord(
             tuple(event.parents), event.committed_at, event.branch, event.manifest))
-        state.branches[event.branch] = BranchRecord(event.commit_id, event.staging_token)
+        if fresh:
+            state.branches[event.branch] = BranchRecord(event.commit_id, event.staging_token)
     elif isinstance(event, ev.BranchReset):
+        fresh = not _ended(state, event.staging_token)
         for token in event.dropped_tokens:
             _set_token(state, token, TokenState.DROPPED, event, now, out)
         _set_token(state, event.staging_token, TokenState.OPEN, event, now, out)
-        prev = state.branches.get(event.branch)
-        head = event.head if event.head is not None else (prev.head if prev else None)
-        state.branches[event.branch] = BranchRecord(head, event.staging_token)
+        if fresh:
+            prev = state.branches.get(event.branch)
+            head = event.head if event.head is not None else (prev.head if prev else None)
+            state.branches[event.branch] = BranchRecord(head, event.staging_token)
     elif isinstance(event, ev.BranchDeleted):
         for token in event.dropped_tokens:
             _set_token(state, token, TokenState.DROPPED, event, now, out)
-        state.branches.pop(event.branch, None)
+        prev = state.branches.get(event.branch)
+        if prev is not None and prev.staging_token in event.dropped_tokens:
+            del state.branches[event.branch]
     elif isinstance(event, ev.TagCreated):
         state.tags[event.tag] = event.commit_id
     elif isinstance(event, ev.TagDeleted):

@@ -1,0 +1,286 @@
+"""Property tests of the pure reference state machine (tracker.references): order and duplicate
+independence, safety (nothing live is reapable), and agreement with the model service's ground
+truth for random model workloads."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hardelete.model import ManualClock, Model, Workload, run_workload, seeded_ids
+from schemas import events as ev
+from schemas.layout import AddressState, TokenState
+from tracker.gen import workload
+from tracker.references import RepoState, World, live_refs
+from tracker.testing import canonical
+
+NOW = 1_000_000
+
+ADDRESS_EVENTS = (ev.ObjectWritten, ev.ObjectCopied, ev.ObjectDeleted, ev.AddressIssued)
+
+
+def apply_all(events: list[ev.Event], now: int = NOW) -> World:
+    w = World()
+    for e in events:
+        w.apply(e, now)
+    return w
+
+
+def shuffle_segments(events: list[ev.Event], rng: random.Random) -> list[ev.Event]:
+    """Any permutation of the add/remove/issue events between two lifecycle events (which stay
+    in place): this interleaves different addresses and reorders the events of one address."""
+    out: list[ev.Event] = []
+    segment: list[ev.Event] = []
+    for e in events:
+        if isinstance(e, ADDRESS_EVENTS):
+            segment.append(e)
+        else:
+            rng.shuffle(segment)
+            out += segment
+            segment = []
+            out.append(e)
+    rng.shuffle(segment)
+    return out + segment
+
+
+def sticky_only_difference(a: RepoState, b: RepoState) -> None:
+    """a and b are equal except for addresses that one of them holds committed because a
+    reference of an already-committed token was added before its removal was seen (the sticky
+    flag: conservative, the reconciler reclaims it). Anything else is a bug."""
+    a, b = copy.deepcopy(a), copy.deepcopy(b)
+    for address in set(a.addresses) | set(b.addresses):
+        ra, rb = a.addresses[address], b.addresses[address]
+        if ra.committed != rb.committed:
+            held = ra if ra.committed else rb
+            assert any(ref in held.removes and a.token_state(tok) is TokenState.COMMITTED
+                       for ref, tok in held.adds.items()), address
+            for st_ in (a, b):
+                st_.addresses.pop(address)
+                st_.unreferenced.pop(address, None)
+    assert canonical(a) == canonical(b)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), order_seed=st.integers(0, 10_000))
+def test_order_of_address_events_between_lifecycle_events_does_not_matter(seed, order_seed):
+    events = workload(seed, 600, repos=2)
+    base = apply_all(events)
+    shuffled = apply_all(shuffle_segments(events, random.Random(order_seed)))
+    for repo in base.repos:
+        assert canonical(base.repos[repo]) == canonical(shuffled.repos[repo])
+
+
+def chaos(rng: random.Random, n: int) -> list[ev.Event]:
+    """Small pools, contract violations included (removes naming a ref of another address,
+    adds arriving after their token was committed or dropped, tokens committed after being
+    dropped...). Each ref belongs to one token: reusing a ref id in two tokens makes the first
+    add win, so order would matter (the contract forbids it)."""
+    ns = "s3://b/r/"
+    addrs = [ns + f"data/{i}" for i in range(4)]
+    refs, toks = [f"r{i}" for i in range(6)], [f"t{i}" for i in range(3)]
+    out: list[ev.Event] = [ev.RepositoryCreated(repository="r", storage_namespace=ns,
+                                                default_branch="main",
+                                                default_retention_days=1.0)]
+    for _ in range(n):
+        c = rng.choice
+        k = rng.randrange(8)
+        ref = c(refs)
+        tok = toks[refs.index(ref) % len(toks)]
+        if k < 3:
+            out.append(ev.ObjectWritten(repository="r", branch="main", staging_token=tok,
+                                        path="p", address=c(addrs), size=1, ref_id=ref))
+        elif k < 5:
+            out.append(ev.ObjectDeleted(repository="r", branch="main", staging_token=tok,
+                                        path="p", address=c(addrs), ref_id=ref))
+        elif k == 5:
+            out.append(ev.AddressIssued(repository="r", address=c(addrs), ttl_seconds=60.0))
+        elif k == 6:
+            out.append(ev.CommitCreated(repository="r", branch="main", commit_id=c(["c1", "c2"]),
+                                        parents=[], sealed_tokens=[c(toks)],
+                                        staging_token=c(toks), committed_at=1.0,
+                                        manifest=ns + "m"))
+        else:
+            out.append(ev.BranchReset(repository="r", branch="main", dropped_tokens=[c(toks)],
+                                      staging_token=c(toks)))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10_000), order_seed=st.integers(0, 10_000), n=st.integers(0, 80))
+def test_reordering_within_segments_is_harmless_even_for_contract_violations(seed, order_seed,
+                                                                             n):
+    events = chaos(random.Random(seed), n)
+    a = apply_all(events).repos["r"]
+    b = apply_all(events[:1] + shuffle_segments(events[1:], random.Random(order_seed))).repos["r"]
+    sticky_only_difference(a, b)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), dup_seed=st.integers(0, 10_000))
+def test_duplicates_change_nothing(seed, dup_seed):
+    """A retried publish may deliver an event again, any time later (tags excluded: a late
+    duplicate tag_deleted after the tag was re-created is a documented limitation)."""
+    events = workload(seed, 600, repos=2)
+    rng = random.Random(dup_seed)
+    with_dups = list(events)
+    for _ in range(60):
+        i = rng.randrange(len(events))
+        if isinstance(events[i], ev.TagCreated | ev.TagDeleted):
+            continue
+        j = rng.randrange(i, len(with_dups) + 1)
+        # insert after the original's position in with_dups
+        pos = with_dups.index(events[i])
+        with_dups.insert(max(j, pos + 1), events[i])
+    base, dup = apply_all(events), apply_all(with_dups)
+    for repo in base.repos:
+        assert canonical(base.repos[repo]) == canonical(dup.repos[repo])
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(0, 120), step=st.integers(0, 5_000))
+def test_nothing_live_is_ever_reapable(seed, n, step):
+    rng = random.Random(seed)
+    w = World()
+    now = NOW
+    for e in chaos(rng, n):
+        w.apply(e, now)
+        now += rng.randint(0, step)
+        state = w.repos["r"]
+        for address, rec in state.addresses.items():
+            alive = (live_refs(state, address) or rec.committed
+                     or (rec.issued_until is not None and rec.issued_until > now))
+            if alive:
+                assert not state.reapable(address, now, 0), (address, rec)
+            if rec.state is AddressState.UNREFERENCED:
+                assert state.unreferenced[address] == rec.since
+                assert not live_refs(state, address) and not rec.committed
+
+
+def test_admission_rejects_without_applying():
+    w = World()
+    ns = "s3://b/r/"
+    created = ev.RepositoryCreated(repository="r", storage_namespace=ns, default_branch="main",
+                                   default_retention_days=1.0)
+    assert w.apply(ev.ObjectDeleted(repository="r", branch="m", staging_token="t", path="p",
+                                    address=ns + "data/x", ref_id="x"), NOW).rejected \
+        == "unknown repository 'r'"
+    assert w.apply(created, NOW).rejected is None
+    for address, fragment in [("s3://other/data/x", "outside namespace"),
+                              (ns + "_hardelete/reports/r", "reserved"),
+                              (ns + "_lakefs/x", "reserved"), (ns, "not a plain object key"),
+                              (ns + "data/../x", "not a plain object key")]:
+        out = w.apply(ev.ObjectWritten(repository="r", branch="m", staging_token="t", path="p",
+                                       address=address, size=1, ref_id="r1"), NOW)
+        assert out.rejected and fragment in out.rejected, (address, out.rejected)
+    conflicting = ev.RepositoryCreated(repository="r", storage_namespace="s3://b/other/",
+                                       default_branch="main", default_retention_days=1.0)
+    assert "already exists" in (w.apply(conflicting, NOW).rejected or "")
+    assert w.apply(created, NOW).rejected is None  # an exact duplicate is fine
+    assert w.repos["r"].addresses == {}
+
+
+def test_incident_for_a_live_reference_to_a_reaped_address():
+    ns = "s3://b/r/"
+    w = apply_all([ev.RepositoryCreated(repository="r", storage_namespace=ns,
+                                        default_branch="main", default_retention_days=1.0)])
+    st_ = w.repos["r"]
+    a = ns + "data/x"
+    w.apply(ev.ObjectDeleted(repository="r", branch="m", staging_token="t", path="p",
+                             address=a, ref_id="r1"), NOW)
+    st_.addresses[a].state = AddressState.REAPED
+    late = ev.ObjectCopied(repository="r", branch="m", staging_token="t2", path="q", address=a,
+                           size=1, ref_id="r2", source_read_at=1.0, event_id="late")
+    out = w.apply(late, NOW + 5)
+    assert [(i.address, i.event_id, i.type, i.ref_id, i.at_ms) for i in out.incidents] == [
+        (a, "late", "object_copied", "r2", NOW + 5)]
+    assert st_.addresses[a].state is AddressState.REAPED  # the tracker never leaves reaped
+    assert w.apply(late, NOW + 6).incidents == []  # a duplicate is not a second incident
+    # The removed reference arriving late is no incident: it was never alive.
+    assert w.apply(ev.ObjectWritten(repository="r", branch="m", staging_token="t", path="p",
+                                    address=a, size=1, ref_id="r1"), NOW).incidents == []
+
+
+def test_late_duplicate_lifecycle_events_do_not_move_a_branch_back():
+    ns = "s3://b/r/"
+    created = ev.BranchCreated(repository="r", branch="dev", staging_token="t1")
+    commit = ev.CommitCreated(repository="r", branch="dev", commit_id="c1", parents=[],
+                              sealed_tokens=["t1"], staging_token="t2", committed_at=1.0,
+                              manifest=ns + "m")
+    deleted = ev.BranchDeleted(repository="r", branch="dev", dropped_tokens=["t2"])
+    again = ev.BranchCreated(repository="r", branch="dev", staging_token="t3")
+    w = apply_all([ev.RepositoryCreated(repository="r", storage_namespace=ns,
+                                        default_branch="main", default_retention_days=1.0),
+                   created, commit, created, commit])
+    assert w.repos["r"].branches["dev"].head == "c1"
+    assert w.repos["r"].branches["dev"].staging_token == "t2"
+    for e in (deleted, again, deleted, commit, created):
+        w.apply(e, NOW)
+    assert w.repos["r"].branches["dev"].staging_token == "t3"
+
+
+# --- against the model service's ground truth --------------------------------------------------
+
+def tracked_categories(state: RepoState, now_ms: int) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {"committed": set(), "staged": set(), "issued": set(),
+                                "garbage": set()}
+    for address, rec in state.addresses.items():
+        if rec.state is AddressState.COMMITTED:
+            out["committed"].add(address)
+        elif rec.state is AddressState.STAGED:
+            out["staged"].add(address)
+        elif rec.state is AddressState.ISSUED and rec.issued_until and rec.issued_until > now_ms:
+            out["issued"].add(address)
+        else:
+            out["garbage"].add(address)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_tracked_state_matches_the_models_ground_truth(seed):
+    clock = ManualClock(step=0.25)
+    model = Model(clock=clock, upload_ttl_seconds=20.0, new_id=seeded_ids(seed))
+    wl = Workload(seed=seed, ops=400, repos=2, branches=3, paths=12)
+    events = run_workload(model, wl)
+    world = World()
+    for e in events:  # the tracker applies each event when (or after) it is emitted
+        assert world.apply(e, round(e.emitted_at * 1000)).rejected is None
+    now = clock.advance(5.0)
+    truth = model.truth(now=now)
+    now_ms = round(now * 1000)
+    got: dict[str, set[str]] = {"committed": set(), "staged": set(), "issued": set(),
+                                "garbage": set()}
+    for state in world.repos.values():
+        for k, v in tracked_categories(state, now_ms).items():
+            got[k] |= v
+    # The tracker cannot see manifests: superseded entries are committed for it (terminal
+    # online; the reconciler reclaims them).
+    assert got["committed"] == truth.committed | truth.superseded
+    assert got["staged"] == truth.staged_live
+    assert got["issued"] == truth.issued_unexpired
+    assert got["garbage"] == truth.online_garbage
+    # Safety of time: the tracker never starts a grace window before the truth does.
+    for state in world.repos.values():
+        for address in got["garbage"] & set(state.addresses):
+            since = state.unreferenced[address]
+            assert since >= round(truth.garbage_since[address] * 1000) - 1, address
+            assert not state.reapable(address, round(truth.garbage_since[address] * 1000) - 2,
+                                      0)
+    assert truth.online_garbage and truth.committed  # the workload exercised both
+
+
+def test_a_duplicate_address_issued_does_not_extend_the_protection():
+    ns = "s3://b/r/"
+    w = apply_all([ev.RepositoryCreated(repository="r", storage_namespace=ns,
+                                        default_branch="main", default_retention_days=1.0)])
+    issued = ev.AddressIssued(repository="r", address=ns + "data/u", ttl_seconds=10.0)
+    w.apply(issued, NOW)
+    w.apply(issued, NOW + 9_000)
+    rec = w.repos["r"].addresses[ns + "data/u"]
+    assert rec.issued_until == NOW + 10_000 and rec.state is AddressState.ISSUED
+    w.apply(issued, NOW + 10_000)  # expired: a touch makes it unreferenced from now
+    assert rec.state is AddressState.UNREFERENCED and rec.since == NOW + 10_000
+    assert w.repos["r"].unreferenced[ns + "data/u"] == NOW + 10_000
