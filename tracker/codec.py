@@ -138,8 +138,12 @@ def fast_body(body: Any) -> dict[str, Any] | None:
     """The validated, normalised body of a well-formed event, or None (then call ``decode``)."""
     if type(body) is not dict:
         return None
-    spec = _SPECS.get(body.get("type"))  # type: ignore[arg-type]
-    if spec is None or body.get("v") != SCHEMA_VERSION:
+    t = body.get("type")
+    if type(t) is not str:
+        return None
+    spec = _SPECS.get(t)
+    v = body.get("v")
+    if spec is None or type(v) is bool or v != SCHEMA_VERSION:
         return None
     get = body.get
     for name in spec.req_str:

@@ -375,6 +375,8 @@ class Tracker:
                     parsed.append((p, rec, parse(rec.value)))
                 except EventError as exc:
                     dlq.append((rec, str(exc)))
+                except Exception as exc:  # a poison record must not stop the tracker
+                    dlq.append((rec, f"undecodable event ({type(exc).__name__}: {exc})"))
             batch.offsets[tp] = OffsetAndMetadata(records[-1].offset + 1, "")
             batch.records += len(records)
         missing = gate.missing({body["repository"] for _, _, body in parsed})
