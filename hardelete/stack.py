@@ -233,8 +233,18 @@ def embedded_stack(settings: Settings, *, kafka: bool = True, redis: bool = True
 def start_redis_cluster(workdir: Path, nodes: int = 3) -> list[Server]:
     """A small local Redis Cluster (masters only): for the scale-out path."""
     servers = [redis_server(workdir, cluster=True) for _ in range(nodes)]
-    for s in servers:
-        s.start()
+    try:
+        for s in servers:
+            s.start()
+        return _form_cluster(servers)
+    except BaseException:
+        for s in servers:  # never leak nodes when forming the cluster fails
+            s.stop()
+        raise
+
+
+def _form_cluster(servers: list[Server]) -> list[Server]:
+    nodes = len(servers)
     cli_create = [f"127.0.0.1:{s.port}" for s in servers]
     import redis as redis_lib
 
@@ -262,6 +272,4 @@ def start_redis_cluster(workdir: Path, nodes: int = 3) -> list[Server]:
         if all(states):
             return servers
         time.sleep(0.1)
-    for s in servers:
-        s.stop()
     raise StackError(f"redis cluster on {cli_create} did not become ok")
