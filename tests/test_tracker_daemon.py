@@ -341,3 +341,53 @@ async def test_redis_cluster(settings: Settings, tmp_path: Path) -> None:
     finally:
         for n in nodes:
             n.stop()
+
+
+async def test_incident_end_to_end(settings: Settings) -> None:
+    """A copy published for an address the reaper already deleted: recorded, logged, counted."""
+    from schemas.layout import RepoKeys
+
+    first = [ev.RepositoryCreated(repository="repo0", storage_namespace=NS,
+                                  default_branch="main", default_retention_days=1.0),
+             ev.ObjectDeleted(repository="repo0", branch="main", staging_token="t", path="p",
+                              address=NS + "data/gone", ref_id="r1")]
+    async with running_tracker(settings) as tracker:
+        await wait_horizon(settings, await publish(settings, first))
+        r = redis_sync(settings)
+        k = RepoKeys("repo0")
+        r.hset(k.address(NS + "data/gone"), mapping={"state": "reaped", "reaped_at": "1"})
+        r.zrem(k.unreferenced, NS + "data/gone")
+        late = ev.ObjectCopied(repository="repo0", branch="main", staging_token="t2", path="q",
+                               address=NS + "data/gone", size=1, ref_id="r2",
+                               source_read_at=1.0, event_id="late-copy")
+        await wait_horizon(settings, await publish(settings, [late]))
+        assert tracker.incidents == 1
+        assert tracker.metrics.incidents._value.get() == 1
+    (raw,) = r.lrange(k.incidents, 0, -1)
+    inc = orjson.loads(raw)
+    assert {k_: inc[k_] for k_ in ("repository", "address", "event_id", "type", "ref_id")} == {
+        "repository": "repo0", "address": NS + "data/gone", "event_id": "late-copy",
+        "type": "object_copied", "ref_id": "r2"}
+    assert r.hget(k.stats, "incidents") == "1"
+    assert r.hget(k.address(NS + "data/gone"), "state") == "reaped"
+    r.close()
+
+
+def test_partition_clock_needs_two_fresh_fetches_and_the_position() -> None:
+    from tracker.daemon import PartitionClock
+
+    c = PartitionClock()
+    c.begin(1_000, ts=50)  # Redis time 1000 read; last fetch seen at local ts 50
+    c.sample(50, 10)
+    assert c.claim(10**9) is None  # no fetch since: nothing is known about time 1000
+    c.sample(60, 12)  # one fetch processed after the read: its request may predate it
+    assert c.claim(10**9) is None
+    c.sample(70, 15)  # a second one: requested after the first was processed
+    assert c.claim(14) is None  # not everything below the highwater is applied yet
+    assert c.claim(15) == 1_000
+    assert c.claim(10**9) is None  # claimed once
+    c.begin(2_000, ts=70)
+    c.begin(3_000, ts=70)  # replaces the candidate that saw no fetch yet
+    c.sample(80, 20)
+    c.sample(90, 21)
+    assert c.claim(21) == 3_000
