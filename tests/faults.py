@@ -27,6 +27,9 @@ _DROP_HEADERS = {"host", "content-length", "content-md5", "x-amz-sdk-checksum-al
 class Faults:
     throttle_deletes: int = 0  # next N DeleteObjects requests answer 503 SlowDown
     fail_keys: dict[str, tuple[str, int]] = field(default_factory=dict)  # key -> (code, times)
+    hold_deletes: threading.Event | None = None  # DeleteObjects wait until this is set
+    deletes_waiting: threading.Event = field(default_factory=threading.Event)
+    drop_held: bool = False  # once released, held deletes are dropped, never forwarded
     delete_requests: int = 0
     keys_per_request: list[int] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -49,6 +52,13 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else b""
                 injected: list[tuple[str, str]] = []
                 is_delete = self.command == "POST" and "delete" in self.path.split("?", 1)[-1]
+                hold = proxy.faults.hold_deletes
+                if is_delete and hold is not None:
+                    proxy.faults.deletes_waiting.set()
+                    hold.wait(30)
+                    if proxy.faults.drop_held:
+                        self.close_connection = True
+                        return
                 if is_delete:
                     with proxy.faults.lock:
                         proxy.faults.delete_requests += 1
