@@ -65,8 +65,8 @@ class FaultProxy:
                         proxy.faults.keys_per_request.append(len(_KEY_RE.findall(body)))
                         if proxy.faults.throttle_deletes > 0:
                             proxy.faults.throttle_deletes -= 1
-                            self._reply(503, b"<Error><Code>SlowDown</Code>"
-                                             b"<Message>Reduce your request rate.</Message></Error>")
+                            self._reply(503, b"<Error><Code>SlowDown</Code><Message>"
+                                             b"Reduce your request rate.</Message></Error>")
                             return
                         body, injected = proxy._strip_failing(body)
                         if injected and not _KEY_RE.search(body):

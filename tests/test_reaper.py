@@ -113,7 +113,7 @@ async def test_stopped_tracker_holds_the_reaper_back(settings, s3):
     s = _settings(settings, upload_ttl_seconds=0.5)
     await ensure_topics(s)
     async with Publisher(s) as pub:
-        svc, keep, gone = await _one_garbage(s, s3, pub, "held")
+        _svc, keep, gone = await _one_garbage(s, s3, pub, "held")
         async with running_tracker(s) as tracker:
             await wait_for(lambda: _state_is(s, "repo", gone, *ENDED), 20,
                            "the delete to be applied")
@@ -163,7 +163,7 @@ async def test_kill_9_between_claim_and_delete_then_restart_finishes(settings, s
     s = _settings(settings, lease_seconds=3.0)
     await ensure_topics(s)
     async with Publisher(s) as pub:
-        svc, keep, gone = await _one_garbage(s, s3, pub, "crash")
+        _svc, keep, gone = await _one_garbage(s, s3, pub, "crash")
         async with running_tracker(s):
             await wait_for(lambda: _state_is(s, "repo", gone, *ENDED), 20,
                            "the delete to be applied")
@@ -288,7 +288,7 @@ async def test_dry_run_deletes_nothing(settings, s3):
     s = _settings(settings)
     await ensure_topics(s)
     async with Publisher(s) as pub:
-        svc, keep, gone = await _one_garbage(s, s3, pub, "dry")
+        _svc, keep, gone = await _one_garbage(s, s3, pub, "dry")
     async with running_tracker(s):
         reaper = Reaper(s, dry_run=True)
         try:
@@ -346,7 +346,7 @@ async def test_two_reapers_never_delete_twice(settings, s3):
 async def test_quarantine_then_restore(settings, s3, redis_client):
     s = _settings(settings, quarantine_days=1.0)
     await ensure_topics(s)
-    garbage, keep = await _many_garbage(s, s3, "quar", 3)
+    garbage, _keep = await _many_garbage(s, s3, "quar", 3)
     async with running_tracker(s):
         reaper = Reaper(s)
         try:
