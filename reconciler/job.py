@@ -42,14 +42,7 @@ from reconciler.listing import (
     newest_slice,
     select_optimized,
 )
-from reconciler.mark import (
-    CATEGORIES,
-    EXPORT_SCHEMA,
-    LISTING_SCHEMA,
-    MARKED_CATEGORIES,
-    classify_df,
-    tally_df,
-)
+from reconciler.mark import LISTING_SCHEMA, MARKED_CATEGORIES, classify_df, tally_df
 from reconciler.report import (
     REPORT_FORMAT,
     is_swept_baseline,
@@ -578,13 +571,12 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         from rich.console import Console
 
         Console().print(summary_table(summary))
-    ok = summary.get("success") and (summary.get("sweep") or {}).get("status") in ("done",
-                                                                                   "not_run")
-    if summary.get("dry_run") or opts.sweep_only:
-        ok = bool(summary.get("success")) and (opts.sweep_only is None or
-                                               summary["sweep"]["status"] == "done")
+    sweep_status = (summary.get("sweep") or {}).get("status")
+    # 0: the mark succeeded and, unless it was a dry run, the sweep completed
+    wanted = ("not_run",) if summary.get("dry_run") and not opts.sweep_only else ("done",)
+    ok = bool(summary.get("success")) and sweep_status in wanted
     return 0 if ok else 1
 
 
-__all__ = ["CATEGORIES", "EXPORT_SCHEMA", "RunOptions", "configure", "decide_cutoff",
-           "reconcile", "run_cli"]
+__all__ = ["Run", "RunOptions", "configure", "decide_cutoff", "parse_cutoff", "reconcile",
+           "run_cli"]
