@@ -5,10 +5,15 @@ runs a seeded workload through :class:`hardelete.model.ModelService` (real objec
 manifests and events), then prints a summary and checks the model's ground truth against a
 direct listing of the store.
 
-The phases are separate functions over dataclasses so that more can run beside the model
-service later (the tracker and the reaper): :func:`run_model_phase` does the work and returns a
-:class:`ModelPhase`; :func:`print_summary` and :func:`summary_json` only present a
-:class:`DemoResult`.
+A tracker runs beside the model service from the start (so it tracks the workload as it
+happens); once the model phase is checked, a reaper runs too, and the online phase waits until
+every address the model calls online garbage is gone, then reports what was reaped, that no live
+object was deleted, and what is left for the nightly reconciler. The demo uses a short grace
+window and upload-token lifetime (``--grace``, ``--upload-ttl``) so that it finishes in
+seconds; those values are unsafe for production and are allowed here explicitly.
+
+Each phase is a function returning a dataclass; :func:`print_summary` and :func:`summary_json`
+only present a :class:`DemoResult`.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from hardelete.logs import get_logger
 from hardelete.model import (
     PUBLISH_MODES,
     Category,
+    Model,
     ModelService,
     PublishMode,
     StoreCheck,
@@ -43,7 +49,9 @@ from hardelete.model import (
 )
 from hardelete.settings import Settings
 from hardelete.stack import StackError, embedded_stack
+from reaper.daemon import Reaper
 from schemas.publisher import Publisher, ensure_topics
+from tracker.daemon import Tracker
 
 if TYPE_CHECKING:
     from hardelete.model import Op
@@ -60,6 +68,9 @@ class DemoOptions:
     bucket: str = "hardelete-demo"
     publish_mode: PublishMode = "per-op"
     payload_cap: int = 1024
+    grace_seconds: float = 2.0
+    upload_ttl_seconds: float = 2.0
+    online_timeout: float = 90.0
     # Repositories and their namespaces are named after the run, so that runs against
     # long-lived external servers never share a repository id or a namespace.
     run_id: str = ""
@@ -88,15 +99,38 @@ class ModelPhase:
 
 
 @dataclass(frozen=True, slots=True)
+class OnlinePhase:
+    """What the tracker and the reaper did with the workload, checked against the truth."""
+
+    objects_written: int
+    garbage_online: int  # objects the model says the online path may delete
+    reaped: int  # of those, gone from the store
+    live_deleted: int  # objects deleted that were NOT online garbage: must be 0
+    garbage_left: int  # objects still in the store that are garbage only the reconciler sees
+    left_by_kind: dict[str, int]
+    events_applied: int
+    dead_lettered: int
+    incidents: int
+    latency_p50_s: float | None
+    latency_p95_s: float | None
+    timed_out: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.live_deleted == 0 and self.reaped == self.garbage_online and not self.incidents
+
+
+@dataclass(frozen=True, slots=True)
 class DemoResult:
     options: DemoOptions
     endpoints: Endpoints
     model: ModelPhase
+    online: OnlinePhase
     elapsed_seconds: float
 
     @property
     def ok(self) -> bool:
-        return self.model.store.ok
+        return self.model.store.ok and self.online.ok
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -112,16 +146,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="publish after each operation, or all at the end")
     parser.add_argument("--payload-cap", type=int, default=defaults.payload_cap,
                         help="largest object body written, in bytes")
+    parser.add_argument("--grace", type=float, default=defaults.grace_seconds,
+                        help="grace window in seconds (demo only: unsafe in production)")
+    parser.add_argument("--upload-ttl", type=float, default=defaults.upload_ttl_seconds,
+                        help="upload token lifetime in seconds")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
 def run_cli(settings: Settings, args: argparse.Namespace) -> int:
     if args.ops < 0 or args.repos < 1 or args.branches < 1 or args.payload_cap < 0:
         raise UserError("--ops and --payload-cap must be >= 0, --repos and --branches >= 1")
+    if args.grace < 0 or args.upload_ttl <= 0:
+        raise UserError("--grace must be >= 0 and --upload-ttl > 0")
     options = DemoOptions(seed=args.seed, ops=args.ops, repos=args.repos,
                           branches=args.branches, bucket=args.bucket,
                           publish_mode=cast(PublishMode, args.publish_mode),
-                          payload_cap=args.payload_cap, run_id=uuid.uuid4().hex[:8])
+                          payload_cap=args.payload_cap, run_id=uuid.uuid4().hex[:8],
+                          grace_seconds=args.grace, upload_ttl_seconds=args.upload_ttl)
     result = run_demo(settings, options, Console(stderr=True))
     if args.json:
         sys.stdout.write(summary_json(result).decode() + "\n")
@@ -134,9 +175,79 @@ def run_demo(settings: Settings, options: DemoOptions, progress_console: Console
     """Start the stack, run every phase, stop the stack."""
     options.workload()  # a bad option fails before any server starts
     started = time.monotonic()
-    with _stack(settings, progress_console) as (live, endpoints):
-        model = asyncio.run(run_model_phase(live, options, progress_console))
-    return DemoResult(options, endpoints, model, round(time.monotonic() - started, 3))
+    demo_settings = settings.replace(grace_seconds=options.grace_seconds, allow_unsafe_grace=True,
+                                     upload_ttl_seconds=options.upload_ttl_seconds)
+    with _stack(demo_settings, progress_console) as (live, endpoints):
+        model, online = asyncio.run(_run_phases(live, options, progress_console))
+    return DemoResult(options, endpoints, model, online, round(time.monotonic() - started, 3))
+
+
+async def _run_phases(settings: Settings, options: DemoOptions,
+                      console: Console) -> tuple[ModelPhase, OnlinePhase]:
+    await ensure_topics(settings)
+    tracker = Tracker(settings, name="demo-tracker")
+    tracker.start()
+    try:
+        model, service = await run_model_phase(settings, options, console)
+        online = await run_online_phase(settings, options, service, tracker, console)
+    finally:
+        await tracker.stop()
+    return model, online
+
+
+async def run_online_phase(settings: Settings, options: DemoOptions, service: ModelService,
+                           tracker: Tracker, console: Console) -> OnlinePhase:
+    """Run a reaper until the model's online garbage is gone (or the timeout); check safety."""
+    model = service.model
+    written = model.truth().objects
+    reaper = Reaper(settings, reaper_id="demo-reaper")
+    latencies: list[float] = []
+    deadline = time.monotonic() + options.online_timeout
+    timed_out = False
+    try:
+        with console.status("tracker and reaper at work") as status:
+            while True:
+                report = await reaper.run_once()
+                for repo in report.repos:
+                    latencies += repo.latencies_s
+                listed = set(await _listing(service))
+                truth = model.truth()
+                garbage = truth.online_garbage & written
+                gone = written - listed
+                pending = len(garbage - gone) + len(truth.issued_unexpired & written)
+                status.update(f"tracker and reaper at work: {len(gone)} reaped, "
+                              f"{pending} garbage still inside its window")
+                if not pending:
+                    break
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                await asyncio.sleep(0.2)
+    finally:
+        await reaper.close()
+    truth = model.truth()
+    garbage = truth.online_garbage & written
+    gone = written - listed
+    left = {"leaked": len(truth.leaked & listed), "superseded": len(truth.superseded & listed),
+            "online garbage not yet reaped": len(garbage - gone)}
+    latencies.sort()
+
+    def pct(q: float) -> float | None:
+        return round(latencies[int(q * (len(latencies) - 1))], 3) if latencies else None
+
+    return OnlinePhase(
+        objects_written=len(written), garbage_online=len(garbage), reaped=len(garbage & gone),
+        live_deleted=len(gone - garbage), garbage_left=sum(left.values()), left_by_kind=left,
+        events_applied=tracker.applied, dead_lettered=tracker.dead_lettered,
+        incidents=tracker.incidents, latency_p50_s=pct(0.5), latency_p95_s=pct(0.95),
+        timed_out=timed_out)
+
+
+async def _listing(service: ModelService) -> list[str]:
+    out: list[str] = []
+    for repo in service.model.repositories:
+        out += await service.list_namespace(repo)
+    return out
 
 
 @contextlib.contextmanager
@@ -153,14 +264,15 @@ def _stack(settings: Settings, console: Console) -> Iterator[tuple[Settings, End
 
 
 async def run_model_phase(settings: Settings, options: DemoOptions,
-                          console: Console) -> ModelPhase:
+                          console: Console) -> tuple[ModelPhase, ModelService]:
     """Run the seeded workload through the model service; check the store against the truth."""
     workload = options.workload()
     await ensure_topics(settings)
     s3 = s3_client(settings)
     async with Publisher(settings) as publisher:
         service = ModelService(settings, s3, publisher, publish_mode=options.publish_mode,
-                               payload_cap=options.payload_cap)
+                               payload_cap=options.payload_cap,
+                               model=Model.from_settings(settings))
         with _progress(console) as progress:
             task = progress.add_task("model service", total=workload.ops + workload.setup_ops)
 
@@ -171,7 +283,7 @@ async def run_model_phase(settings: Settings, options: DemoOptions,
         store = await service.verify_store()
     log.info("demo.model_phase", ok=store.ok, objects=store.listed_data,
              manifests=store.listed_manifests)
-    return ModelPhase(summary, store)
+    return ModelPhase(summary, store), service
 
 
 def _progress(console: Console) -> Progress:
@@ -223,16 +335,41 @@ def print_summary(result: DemoResult, console: Console) -> None:
                   str(s.truth_at_expiry.objects))
     truth.add_row("manifests", str(s.manifests_written), str(store.listed_manifests), "")
 
+    o = result.online
+    online = Table(title=f"Online path: tracker + reaper (grace {result.options.grace_seconds:g}s,"
+                         f" upload tokens {result.options.upload_ttl_seconds:g}s)",
+                   title_justify="left")
+    online.add_column("what")
+    online.add_column("count", justify="right")
+    online.add_row("objects written", str(o.objects_written))
+    online.add_row("garbage per the model (online-reclaimable)", str(o.garbage_online))
+    online.add_row("reaped by the reaper", str(o.reaped))
+    style = "bold green" if o.live_deleted == 0 else "bold red"
+    online.add_row(f"[{style}]live objects deleted (must be 0)", f"[{style}]{o.live_deleted}")
+    online.add_row("garbage left for the reconciler", str(o.garbage_left))
+    for kind, n in o.left_by_kind.items():
+        online.add_row(f"  {kind}", str(n))
+    online.add_row("events applied by the tracker", str(o.events_applied))
+    online.add_row("dead-lettered events", str(o.dead_lettered))
+    online.add_row("incidents", str(o.incidents))
+    if o.latency_p50_s is not None:
+        online.add_row("unreferenced -> deleted p50 / p95 (s)",
+                       f"{o.latency_p50_s} / {o.latency_p95_s}")
+
     console.print(ops)
     console.print(effects)
     console.print(truth)
+    console.print(online)
     e = result.endpoints
     console.print(f"kafka {e.kafka}  s3 {e.s3}  redis {e.redis}  "
                   f"(started here: {', '.join(e.started) or 'none'})  "
                   f"{result.elapsed_seconds:.1f}s")
+    if o.timed_out:
+        console.print("[red]the online phase timed out before all garbage was reaped[/red]")
     if result.ok:
         console.print("[green]store matches the ground truth[/green]: every listed object is in "
-                      "exactly one category and every object the model wrote is there")
+                      "exactly one category and every object the model wrote is there; the "
+                      "reaper deleted exactly the online garbage and nothing live")
     else:
         console.print("[red]store does NOT match the ground truth[/red]")
         for label, items in (("missing", store.missing), ("unexpected", store.unexpected),

@@ -712,26 +712,3 @@ async def test_model_service_call_and_store_check_detects_divergence(
     assert not check.ok
     assert check.missing == (written.address,)
     assert check.unexpected == (f"s3://{bucket}/r/data/0000000000/stray",)
-
-
-@pytest.mark.integration
-async def test_demo_model_phase_and_its_presentation(settings: Settings) -> None:
-    from rich.console import Console
-
-    from hardelete.demo import DemoOptions, DemoResult, Endpoints, print_summary, run_model_phase
-    from hardelete.demo import summary_json as demo_json
-
-    options = DemoOptions(seed=3, ops=40, run_id=uuid.uuid4().hex[:8])
-    quiet = Console(file=io.StringIO())
-    phase = await run_model_phase(settings, options, quiet)
-    assert phase.store.ok, phase.store
-    assert phase.summary.ops == 40 + options.workload().setup_ops
-    result = DemoResult(options, Endpoints("k", "r", "s", ()), phase, 1.0)
-    body = orjson.loads(demo_json(result))
-    assert body["ok"] is True
-    assert body["model"]["summary"]["truth"]["objects"] == phase.store.listed_data
-    out = io.StringIO()
-    print_summary(result, Console(file=out, width=120))
-    text = out.getvalue()
-    assert "store matches the ground truth" in text
-    assert f"{phase.summary.events_published}" in text
