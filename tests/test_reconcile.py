@@ -363,3 +363,40 @@ def test_optimized_run_lists_only_new_slices_plus_the_previous_uncommitted_set(
     clean = reconcile(spark, rsettings, RunOptions("r", cutoff_ms=cutoff2))
     assert clean["mode"] == "clean" and clean["sweep"]["confirmed"] == 1
     assert w.data("r") == {keep, first_c, c}
+
+
+def test_inventory_input_gives_the_same_mark_as_listing(spark, rsettings, s3, redis_client,
+                                                        tmp_path):
+    import csv
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    w, repo, _old, cutoff = workload_world(rsettings, s3, redis_client, ops1=60, ops2=10)
+    ns = Namespace(w.model.repository(repo).storage_namespace)
+    rows = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=ns.bucket):
+        rows += [(o["Key"], o["Size"], o["LastModified"]) for o in page.get("Contents", ())]
+    rows.append(("someone-else/x", 1, rows[0][2]))  # outside the namespace: ignored
+    half = len(rows) // 2
+    pq.write_table(pa.table({"bucket": [ns.bucket] * half, "key": [r[0] for r in rows[:half]],
+                             "size": [r[1] for r in rows[:half]],
+                             "last_modified": [r[2] for r in rows[:half]]}),
+                   tmp_path / "a.parquet")
+    with open(tmp_path / "b.csv", "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["bucket", "key", "size", "last_modified"])
+        for k, size, lm in rows[half:]:
+            out.writerow([ns.bucket, k, size, lm.isoformat()])
+
+    listed = reconcile(spark, rsettings, RunOptions(repo, dry_run=True, cutoff_ms=cutoff))
+    inv = reconcile(spark, rsettings, RunOptions(repo, dry_run=True, cutoff_ms=cutoff,
+                                                 inventory=str(tmp_path)))
+    assert inv["success"], inv["error"]
+    assert inv["listing"]["source"] == "inventory" and inv["listing"]["files"] == 2
+    cats = dict(inv["mark"]["categories"])
+    # the inventory also holds the metadata prefix, which listing never enters: reserved
+    assert cats.pop("reserved")["count"] > 0
+    want = dict(listed["mark"]["categories"])
+    want.pop("reserved")
+    assert cats == want and inv["mark"]["marked"] == listed["mark"]["marked"] > 0
