@@ -37,7 +37,7 @@ def get_spark(settings: Settings, *, app_name: str = "hardelete-reconciler",
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if shuffle_partitions is None:
         shuffle_partitions = 4 if is_local(master) else 200
-    java_opts = f"-Dlog4j2.configurationFile=file:{LOG4J} -Dlog4j.configurationFile=file:{LOG4J}"
+    java_opts = (f"-Dlog4j2.configurationFile=file:{LOG4J}" if LOG4J.exists() else "")
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
