@@ -1,0 +1,215 @@
+"""Reaper throughput against a raw boto3 ``delete_objects`` loop on the same S3 server, in one
+run; and the unreferenced-to-deleted latency with a live tracker.
+
+    .venv/bin/python -m reaper.bench --objects 20000
+
+Phase 1 (throughput): 2N objects are PUT into the embedded moto server. N are deleted by a raw
+sequential ``delete_objects`` loop (1,000 keys per request, one client): the physical limit.
+For the other N, the tracker's own apply script records a write and a delete (so they are
+unreferenced, exactly as the tracker would leave them), the tracker-progress record is set to
+the Redis clock (the benchmark stands in for a caught-up tracker), and the reaper deletes them
+with its real path: claim script, bulk parallel deletes, completion script.
+
+Phase 2 (latency): Tansu + tracker + reaper live, grace 1 s; the model service writes and then
+deletes M objects; each confirmed delete's time since its address became unreferenced (tracker
+clock) is recorded. Reported as percentiles, and as time beyond the grace window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from hardelete.clients import redis_sync, s3_client
+from hardelete.logs import configure_logging
+from hardelete.model import Model, ModelService
+from hardelete.settings import Settings, load_settings
+from hardelete.stack import embedded_stack
+from reaper.daemon import Reaper
+from schemas import events as ev
+from schemas.layout import PROGRESS, PROGRESS_META, REPOS
+from schemas.publisher import Publisher, ensure_topics
+from tracker import codec
+from tracker.daemon import Tracker
+from tracker.state import redis_time_ms
+from tracker.testing import apply_lua, lua_batches
+
+
+def _put_all(s3: Any, bucket: str, keys: list[str], progress: Progress) -> None:
+    task = progress.add_task("PUT objects into moto", total=len(keys))
+
+    def put(k: str) -> None:
+        s3.put_object(Bucket=bucket, Key=k, Body=b"x")
+
+    with ThreadPoolExecutor(16) as pool:
+        for _ in pool.map(put, keys):
+            progress.advance(task)
+
+
+def _raw_delete(s3: Any, bucket: str, keys: list[str]) -> float:
+    t0 = time.perf_counter()
+    for i in range(0, len(keys), 1000):
+        resp = s3.delete_objects(Bucket=bucket, Delete={
+            "Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
+        assert not resp.get("Errors"), resp.get("Errors")
+    return time.perf_counter() - t0
+
+
+def _track_as_garbage(settings: Settings, namespace: str, addresses: list[str]) -> None:
+    """Record write + delete of each address through the tracker's apply script."""
+    events: list[ev.Event] = [ev.RepositoryCreated(
+        repository="bench", storage_namespace=namespace, default_branch="main",
+        default_retention_days=7.0), ev.BranchCreated(repository="bench", branch="main",
+                                                      staging_token="t0")]
+    for a in addresses:
+        ref = uuid.uuid4().hex
+        events.append(ev.ObjectWritten(repository="bench", branch="main", staging_token="t0",
+                                       path=a, address=a, size=1, ref_id=ref))
+        events.append(ev.ObjectDeleted(repository="bench", branch="main", staging_token="t0",
+                                       path=a, address=a, ref_id=ref))
+    r = redis_sync(settings)
+    try:
+        gate = codec.Gate()
+        for i in range(0, len(events), 5000):
+            batch, rejected = lua_batches(events[i:i + 5000], gate, first_offset=i)
+            assert not rejected, rejected[:3]
+            apply_lua(r, batch, None)
+        # The daemon registers repositories and progress outside the per-repository script:
+        # stand in for a caught-up tracker on a one-partition topic.
+        r.sadd(REPOS, "bench")
+        r.hset(PROGRESS_META, mapping={"partitions": 1, "topic": "bench"})
+        r.hset(PROGRESS, "0", redis_time_ms(r))
+    finally:
+        r.close()
+
+
+async def _reap_all(settings: Settings, n: int) -> float:
+    reaper = Reaper(settings, reaper_id="bench")
+    deleted = 0
+    t0 = time.perf_counter()
+    try:
+        while deleted < n:
+            report = await reaper.run_once()
+            got = report.total("deleted")
+            if not got:
+                raise RuntimeError(f"the reaper stopped at {deleted} of {n}: {report.as_dict()}")
+            deleted += got
+    finally:
+        await reaper.close()
+    return time.perf_counter() - t0
+
+
+async def _latency(settings: Settings, m: int, rate: float, progress: Progress) -> list[float]:
+    s = settings.replace(grace_seconds=1.0, allow_unsafe_grace=True, upload_ttl_seconds=1.0,
+                         events_topic=f"bench-{uuid.uuid4().hex[:6]}",
+                         consumer_group=f"bench-{uuid.uuid4().hex[:6]}")
+    await ensure_topics(s)
+    tracker = Tracker(s, name="bench")
+    tracker.start()
+    stop = asyncio.Event()
+    latencies: list[float] = []
+    reaper = Reaper(s, reaper_id="bench-latency")
+
+    async def reap_loop() -> None:
+        while not stop.is_set():
+            report = await reaper.run_once()
+            for repo in report.repos:
+                latencies.extend(repo.latencies_s)
+            if not report.total("claimed"):
+                await asyncio.sleep(0.05)
+
+    loop = asyncio.create_task(reap_loop())
+    try:
+        async with Publisher(s) as pub:
+            svc = ModelService(s, s3_client(s), pub, model=Model.from_settings(s))
+            await svc.call(Model.create_repository, "lat", "s3://bench-latency/lat/")
+            task = progress.add_task("write + delete through the model service", total=m)
+            t0 = time.monotonic()
+            for i in range(m):
+                # A steady stream, so garbage appears over time rather than in one burst.
+                await asyncio.sleep(max(0.0, t0 + i / rate - time.monotonic()))
+                await svc.call(Model.write, "lat", "main", f"p{i}", 1)
+                await svc.call(Model.delete, "lat", "main", f"p{i}")
+                progress.advance(task)
+        deadline = time.monotonic() + 120
+        while len(latencies) < m and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await loop
+        await reaper.close()
+        await tracker.stop()
+    return latencies
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--objects", type=int, default=20_000, help="N objects per contender")
+    ap.add_argument("--latency-objects", type=int, default=600)
+    ap.add_argument("--latency-rate", type=float, default=40.0,
+                    help="write+delete pairs per second in the latency phase")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    configure_logging("console", "warning")
+    con = Console(stderr=True)
+    base = load_settings(env={}, grace_seconds=0.0, allow_unsafe_grace=True,
+                         reaper_concurrency=args.concurrency)
+    with embedded_stack(base) as st:
+        s = st.settings
+        s3 = s3_client(s, max_pool=32)
+        bucket = "bench"
+        s3.create_bucket(Bucket=bucket)
+        n = args.objects
+        raw_keys = [f"raw/data/0/{i:08d}" for i in range(n)]
+        ns = f"s3://{bucket}/repo/"
+        reap_keys = [f"repo/data/0/{i:08d}" for i in range(n)]
+        with Progress(console=con, transient=True) as progress:
+            _put_all(s3, bucket, raw_keys + reap_keys, progress)
+        raw_s = _raw_delete(s3, bucket, raw_keys)
+        _track_as_garbage(s, ns, [f"s3://{bucket}/{k}" for k in reap_keys])
+        reap_s = asyncio.run(_reap_all(s, n))
+        left = s3.list_objects_v2(Bucket=bucket, Prefix="repo/").get("KeyCount", 0)
+        with Progress(console=con, transient=True) as progress:
+            lat = sorted(asyncio.run(_latency(s, args.latency_objects, args.latency_rate, progress)))
+
+    def pct(q: float) -> float:
+        return round(lat[min(len(lat) - 1, int(q * len(lat)))], 3) if lat else float("nan")
+
+    result = {
+        "objects": n, "concurrency": args.concurrency,
+        "raw_deletes_per_s": round(n / raw_s), "reaper_deletes_per_s": round(n / reap_s),
+        "ratio": round(raw_s / reap_s, 3), "left_after_reaper": left,
+        "latency_objects": len(lat), "latency_rate_per_s": args.latency_rate, "grace_s": 1.0,
+        "latency_s": {"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99),
+                      "max": round(lat[-1], 3) if lat else None},
+    }
+    if args.json:
+        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+        return
+    t = Table(title=f"reaper vs raw delete_objects, {n:,} objects each")
+    t.add_column("contender")
+    t.add_column("deletes/s", justify="right")
+    t.add_row("raw boto3 delete_objects loop", f"{result['raw_deletes_per_s']:,}")
+    t.add_row(f"reaper (claim + delete + complete, concurrency {args.concurrency})",
+              f"{result['reaper_deletes_per_s']:,}")
+    t.add_row("reaper / raw", f"{result['ratio']:.2f}")
+    Console().print(t)
+    lt = Table(title=f"unreferenced -> deleted, {len(lat)} objects, grace 1 s (live tracker)")
+    for col in ("p50", "p90", "p99", "max"):
+        lt.add_column(col, justify="right")
+    lt.add_row(*(f"{result['latency_s'][c]} s" for c in ("p50", "p90", "p99", "max")))
+    Console().print(lt)
+
+
+if __name__ == "__main__":
+    main()
