@@ -180,7 +180,8 @@ def main() -> None:
         reap_s = asyncio.run(_reap_all(s, n))
         left = s3.list_objects_v2(Bucket=bucket, Prefix="repo/").get("KeyCount", 0)
         with Progress(console=con, transient=True) as progress:
-            lat = sorted(asyncio.run(_latency(s, args.latency_objects, args.latency_rate, progress)))
+            run = _latency(s, args.latency_objects, args.latency_rate, progress)
+            lat = sorted(asyncio.run(run))
 
     def pct(q: float) -> float:
         return round(lat[min(len(lat) - 1, int(q * len(lat)))], 3) if lat else float("nan")

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import pyarrow.parquet as pq
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
