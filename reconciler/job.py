@@ -519,7 +519,10 @@ def reconcile(spark: Any, settings: Settings, opts: RunOptions, ui: Any = None) 
 # ---------------------------------------------------------------------------------- CLI
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repo", required=True, help="repository id")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--repo", help="repository id")
+    which.add_argument("--all", action="store_true",
+                       help="every repository the tracker knows, one after the other (nightly)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true",
                       help="mark only: write the mark and report, delete nothing")
@@ -549,38 +552,58 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UserError("--sweep-only takes no listing options")
     if args.expire_older_than_days is not None and args.expire_older_than_days < 0:
         raise UserError("--expire-older-than-days must be >= 0")
+    if args.all and (args.sweep_only or args.inventory):
+        raise UserError("--all takes no --sweep-only or --inventory (they name one "
+                        "repository's run or input)")
 
 
 def run_cli(settings: Settings, args: argparse.Namespace) -> int:
     import orjson
 
     _check_args(args)
-    opts = RunOptions(
-        repo=args.repo, dry_run=args.dry_run, sweep_only=args.sweep_only,
-        optimized=args.optimized,
-        cutoff_ms=parse_cutoff(args.cutoff) if args.cutoff else None,
-        inventory=args.inventory, expire_older_than_days=args.expire_older_than_days,
-        ignore_tracker_progress=args.ignore_tracker_progress,
-        max_mark_age_hours=args.max_mark_age_hours)
     if not settings.redis_url:
         raise UserError("reconcile needs the tracker's Redis: set redis_url "
                         "(HARDELETE_REDIS_URL)")
+    if args.all:
+        from hardelete.clients import redis_sync
+        from tracker.state import repositories
+
+        r = redis_sync(settings)
+        try:
+            repos = sorted(repositories(r))
+        finally:
+            r.close()
+    else:
+        repos = [args.repo]
     from reconciler.spark import get_spark
 
     spark = get_spark(settings)
     ui = RichUi(spark) if sys.stderr.isatty() or not args.json else NullUi()
-    summary = reconcile(spark, settings, opts, ui)
-    if args.json:
-        print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
-    else:
-        from rich.console import Console
+    summaries = []
+    failed = 0
+    for repo in repos:
+        opts = RunOptions(
+            repo=repo, dry_run=args.dry_run, sweep_only=args.sweep_only,
+            optimized=args.optimized,
+            cutoff_ms=parse_cutoff(args.cutoff) if args.cutoff else None,
+            inventory=args.inventory, expire_older_than_days=args.expire_older_than_days,
+            ignore_tracker_progress=args.ignore_tracker_progress,
+            max_mark_age_hours=args.max_mark_age_hours)
+        # One repository's failure (reported in its summary) does not stop the others.
+        summary = reconcile(spark, settings, opts, ui)
+        summaries.append(summary)
+        if not args.json:
+            from rich.console import Console
 
-        Console().print(summary_table(summary))
-    sweep_status = (summary.get("sweep") or {}).get("status")
-    # 0: the mark succeeded and, unless it was a dry run, the sweep completed
-    wanted = ("not_run",) if summary.get("dry_run") and not opts.sweep_only else ("done",)
-    ok = bool(summary.get("success")) and sweep_status in wanted
-    return 0 if ok else 1
+            Console().print(summary_table(summary))
+        sweep_status = (summary.get("sweep") or {}).get("status")
+        # ok: the mark succeeded and, unless it was a dry run, the sweep completed
+        wanted = ("not_run",) if summary.get("dry_run") and not opts.sweep_only else ("done",)
+        failed += not (bool(summary.get("success")) and sweep_status in wanted)
+    if args.json:
+        body = summaries[0] if not args.all else summaries
+        print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
+    return 0 if failed == 0 else 1
 
 
 __all__ = ["Run", "RunOptions", "configure", "decide_cutoff", "parse_cutoff", "reconcile",

@@ -19,7 +19,7 @@ from reconciler.job import RunOptions, reconcile
 from reconciler.report import read_summary
 from reconciler.retention import Commit, RetentionPolicy, retained_commits
 from reconciler.s3io import Namespace
-from schemas.layout import PROGRESS, PROGRESS_META, RECONCILER_LEASE, RepoKeys
+from schemas.layout import PROGRESS, PROGRESS_META, RECONCILER_LEASE, REPOS, RepoKeys
 from tracker import codec
 from tracker.testing import apply_lua, lua_batches
 
@@ -57,6 +57,8 @@ class World:
         assert not rejected
         apply_lua(self.r, batch, now_ms)
         self.applied += len(events)
+        if batch:  # the daemon registers repositories beside the per-repository script
+            self.r.sadd(REPOS, *batch)
         # a tracker that is caught up and keeps up (its progress moves on as time passes)
         self.r.hset(PROGRESS_META, mapping={"topic": "t", "partitions": "1"})
         sec, _ = self.r.time()

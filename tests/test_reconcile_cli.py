@@ -55,3 +55,23 @@ def test_cli_user_errors_are_one_line(cli_env, capsys):
     assert "do not go together" in capsys.readouterr().err
     assert main(["reconcile", "--repo", "x", "--cutoff", "yesterday"]) == 2
     assert "--cutoff" in capsys.readouterr().err
+
+
+def test_cli_all_repositories_dry_run(spark, cli_env, s3, redis_client, capsys):
+    clock_start = time.time() - 3600
+    model = Model(clock=lambda: clock_start, upload_secret=cli_env.upload_token_secret)
+    w = World(cli_env, s3, redis_client, None, model, ModelService(cli_env, s3, None,
+                                                                   model=model))  # type: ignore[arg-type]
+    w.run([(Model.create_repository, ("one", "s3://allb/one/")), (Model.leak, ("one", 5)),
+           (Model.create_repository, ("two", "s3://allb/two/")), (Model.leak, ("two", 5)),
+           (Model.leak, ("two", 5))])
+    w.track(None)
+    cutoff = boundary() // 1000
+    capsys.readouterr()
+    code = main(["reconcile", "--all", "--dry-run", "--json", "--cutoff", str(cutoff)])
+    summaries = orjson.loads(capsys.readouterr().out)
+    assert code == 0
+    assert [(s["repository"], s["mark"]["marked"]) for s in summaries] == [("one", 1), ("two", 2)]
+    assert len(w.data("one")) == 1 and len(w.data("two")) == 2  # a dry run deletes nothing
+    assert main(["reconcile", "--all", "--sweep-only", "x"]) == 2
+    assert "--all takes no" in capsys.readouterr().err
