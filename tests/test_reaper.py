@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from hardelete.clients import redis_async, s3_client
 from hardelete.model import Model, ModelService, Workload
@@ -68,6 +69,11 @@ async def test_reaps_online_garbage_and_never_anything_live(settings, s3):
         await svc.run_workload(Workload(seed=11, ops=160, bucket="wl-reap"))
     bucket = "wl-reap"
     before = listed(s3, bucket)
+    repo = next(iter(svc.model.repositories))
+    reaped_before = REGISTRY.get_sample_value(
+        "hardelete_reaper_objects_reaped_total", {"repository": repo}) or 0.0
+    latency_before = REGISTRY.get_sample_value(
+        "hardelete_reaper_unreferenced_to_deleted_seconds_count") or 0.0
     deleted: set[str] = set()
     async with running_tracker(s):
         reaper = Reaper(s)
@@ -91,10 +97,17 @@ async def test_reaps_online_garbage_and_never_anything_live(settings, s3):
     assert live and live <= listed(s3, bucket)
     r = redis_async(s)
     try:
-        st = await r.hgetall(RepoKeys(next(iter(svc.model.repositories))).stats)
+        st = await r.hgetall(RepoKeys(repo).stats)
         assert int(st.get("reaped", 0)) == len(truth.online_garbage)
     finally:
         await r.aclose()
+    # The Prometheus metrics say the same.
+    reaped_metric = REGISTRY.get_sample_value(
+        "hardelete_reaper_objects_reaped_total", {"repository": repo})
+    assert reaped_metric == reaped_before + len(truth.online_garbage)
+    latency_count = REGISTRY.get_sample_value(
+        "hardelete_reaper_unreferenced_to_deleted_seconds_count")
+    assert latency_count == latency_before + len(truth.online_garbage)
 
 
 async def _one_garbage(s: Settings, s3: Any, pub: Publisher, bucket: str) -> tuple[
