@@ -15,6 +15,41 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op = ARGV[1]
 local prefix = ARGV[2]
 
+-- An address record: plain fields, added refs (+ref -> token), removed refs (-ref -> token).
+local function read_record(addr)
+  local h = redis.call('HGETALL', prefix .. addr)
+  if #h == 0 then return nil end
+  local f, adds, removes = {}, {}, {}
+  for i = 1, #h, 2 do
+    local k, v = h[i], h[i + 1]
+    local c = string.sub(k, 1, 1)
+    if c == '+' then adds[string.sub(k, 2)] = v
+    elseif c == '-' then removes[string.sub(k, 2)] = v
+    else f[k] = v end
+  end
+  return f, adds, removes
+end
+
+local token_cache = {}
+local function token_state(tok)
+  local v = token_cache[tok]
+  if v == nil then
+    local raw = redis.call('HGET', KEYS[3], tok)
+    if raw then v = string.match(raw, '^([^:]+)') else v = 'unknown' end
+    token_cache[tok] = v
+  end
+  return v
+end
+
+-- A reference that was added and never removed keeps the address unless its token was
+-- dropped; open, sealed, committed and unknown tokens all keep it.
+local function has_live_ref(adds, removes)
+  for ref, tok in pairs(adds) do
+    if not removes[ref] and token_state(tok) ~= 'dropped' then return true end
+  end
+  return false
+end
+
 if op == 'complete' then
   local done = 0
   for i = 3, #ARGV do
@@ -38,26 +73,12 @@ if op == 'restore' then
   -- ARGV[3] address brought back from quarantine: its state follows from its record again.
   local addr = ARGV[3]
   local key = prefix .. addr
-  local h = redis.call('HGETALL', key)
-  if #h == 0 then return 'unknown' end
-  local f, adds, removes = {}, {}, {}
-  for i = 1, #h, 2 do
-    local k, v = h[i], h[i + 1]
-    local c = string.sub(k, 1, 1)
-    if c == '+' then adds[string.sub(k, 2)] = v
-    elseif c == '-' then removes[string.sub(k, 2)] = v
-    else f[k] = v end
-  end
+  local f, adds, removes = read_record(addr)
+  if f == nil then return 'unknown' end
   if f['state'] ~= 'reaped' then return f['state'] or 'no-state' end
   local next_state = 'unreferenced'
-  if f['committed'] == '1' then next_state = 'committed' end
-  for ref, tok in pairs(adds) do
-    if next_state == 'unreferenced' and not removes[ref] then
-      local raw = redis.call('HGET', KEYS[3], tok)
-      local ts = raw and string.match(raw, '^([^:]+)') or 'unknown'
-      if ts ~= 'dropped' then next_state = 'staged' end
-    end
-  end
+  if f['committed'] == '1' then next_state = 'committed'
+  elseif has_live_ref(adds, removes) then next_state = 'staged' end
   redis.call('HSET', key, 'state', next_state, 'since', now)
   redis.call('HDEL', key, 'reaped_at')
   redis.call('ZREM', KEYS[4], addr)
@@ -83,29 +104,10 @@ local lease = tonumber(ARGV[5])
 local claimer = ARGV[6]
 local dry = ARGV[7] == '1'
 
-local token_cache = {}
-local function token_state(tok)
-  local v = token_cache[tok]
-  if v == nil then
-    local raw = redis.call('HGET', KEYS[3], tok)
-    if raw then v = string.match(raw, '^([^:]+)') else v = 'unknown' end
-    token_cache[tok] = v
-  end
-  return v
-end
-
 -- Returns 'ok', size, since  or a reason to keep.
 local function check(addr)
-  local h = redis.call('HGETALL', prefix .. addr)
-  if #h == 0 then return 'gone' end
-  local f, adds, removes = {}, {}, {}
-  for i = 1, #h, 2 do
-    local k, v = h[i], h[i + 1]
-    local c = string.sub(k, 1, 1)
-    if c == '+' then adds[string.sub(k, 2)] = v
-    elseif c == '-' then removes[string.sub(k, 2)] = v
-    else f[k] = v end
-  end
+  local f, adds, removes = read_record(addr)
+  if f == nil then return 'gone' end
   if f['committed'] == '1' then return 'committed' end
   local st = f['state']
   if st == 'reaping' then
@@ -113,11 +115,7 @@ local function check(addr)
   elseif st ~= 'unreferenced' and st ~= 'issued' then
     return st or 'no-state'
   end
-  for ref, tok in pairs(adds) do
-    -- A reference that was added and never removed keeps the address unless its token was
-    -- dropped; open, sealed, committed and unknown tokens all keep it.
-    if not removes[ref] and token_state(tok) ~= 'dropped' then return 'referenced' end
-  end
+  if has_live_ref(adds, removes) then return 'referenced' end
   if f['since'] == nil then return 'no-since' end
   local since = tonumber(f['since'])
   if since > cutoff then return 'young' end
