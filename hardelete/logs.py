@@ -28,13 +28,19 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # Look sys.stderr up at each logger creation, never bind the object: it may be replaced
+        # (pytest capture, a daemonised process) and the old one closed.
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
     # Quieten chatty libraries; their warnings still show.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     for name in ("aiokafka", "botocore", "boto3", "urllib3", "py4j", "kafka"):
         logging.getLogger(name).setLevel(logging.WARNING if name != "aiokafka" else logging.ERROR)
+
+
+def _stderr_logger(*_args: object) -> structlog.PrintLogger:
+    return structlog.PrintLogger(file=sys.stderr)
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
