@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hardelete import UserError
-from hardelete.clients import redis_sync
+from hardelete.clients import redis_sync, s3_client
 from hardelete.settings import Settings
 from schemas.layout import PROGRESS, REPOS, AddressState, RepoKeys
 from tracker.state import horizon_from, parse_address, parse_token, redis_time_ms
@@ -117,8 +117,41 @@ class Explanation:
     lines: list[str]
 
 
+def reconciler_history(s3: Any, namespace: str, address: str, runs: int = 5) -> list[str]:
+    """What the last few reconciler runs did with an address (from their reports)."""
+    from reconciler.report import read_summary, run_ids
+    from reconciler.s3io import Namespace, list_keys, read_parquet_rows
+
+    ns = Namespace(namespace)
+    rel = ns.rel_of_address(address)
+    lines: list[str] = []
+    for rid in run_ids(s3, ns)[:runs]:
+        summary = read_summary(s3, ns, rid) or {}
+        for part in ("sweep", "mark"):
+            prefix = ns.report_prefix(rid) + part + "/"
+            cols = ("key", "category", "outcome") if part == "sweep" else ("key", "category")
+            found = None
+            for key in list_keys(s3, ns.bucket, prefix):
+                if key.endswith(".parquet"):
+                    for row in read_parquet_rows(s3, ns.bucket, key, cols):
+                        if row[0] == rel:
+                            found = row
+                            break
+                if found:
+                    break
+            if found:
+                if part == "sweep":
+                    lines.append(f"reconciler run {rid}: {found[2]} as {found[1]} "
+                                 f"(cutoff {summary.get('cutoff', '?')})")
+                else:
+                    lines.append(f"reconciler run {rid}: marked as {found[1]}"
+                                 + (" (dry run)" if summary.get("dry_run") else ""))
+                break
+    return lines
+
+
 def explain_address(r: Any, settings: Settings, address: str,
-                    repository: str | None = None) -> Explanation:
+                    repository: str | None = None, s3: Any = None) -> Explanation:
     repos = [repository] if repository else sorted(r.smembers(REPOS))
     repo = None
     for candidate in repos:
@@ -132,13 +165,16 @@ def explain_address(r: Any, settings: Settings, address: str,
                             "hardelete never deletes it."])
     k = RepoKeys(repo)
     h = r.hgetall(k.address(address))
+    history: list[str] = []
+    if s3 is not None:
+        history = reconciler_history(s3, r.hget(k.meta, "namespace"), address)
     if not h:
         return Explanation(address, repo, "untracked", "only the reconciler decides", [
             "The tracker never saw a reference to this address (a leak, an object from before "
             "tracking started, or its tombstone was pruned).",
             "The online path never deletes it; the nightly reconciler deletes it if no retained "
             "commit, staging token or issued upload references it and it is older than the "
-            "cutoff."])
+            "cutoff.", *history])
     rec = parse_address(h)
     now = redis_time_ms(r)
     tokens = r.hgetall(k.tokens)
@@ -181,7 +217,7 @@ def explain_address(r: Any, settings: Settings, address: str,
     if rec.issued_until:
         lines.append(f"issued upload protected until {_when(rec.issued_until)}")
     lines.append(f"now {_when(now)}; tracker horizon {_when(horizon)}")
-    return Explanation(address, repo, state, verdict, lines)
+    return Explanation(address, repo, state, verdict, lines + history)
 
 
 class explain:  # the CLI's command object for `hardelete explain`
@@ -189,6 +225,8 @@ class explain:  # the CLI's command object for `hardelete explain`
     def configure(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("address", help="s3:// address")
         parser.add_argument("--repo", help="repository (default: found by namespace)")
+        parser.add_argument("--no-reports", action="store_true",
+                            help="do not read the reconciler's reports from the store")
         parser.add_argument("--json", action="store_true")
 
     @staticmethod
@@ -197,7 +235,8 @@ class explain:  # the CLI's command object for `hardelete explain`
             raise UserError(f"address must be an s3:// URI, got {args.address!r}")
         r = redis_sync(settings)
         try:
-            ex = explain_address(r, settings, args.address, args.repo)
+            s3 = None if args.no_reports else s3_client(settings)
+            ex = explain_address(r, settings, args.address, args.repo, s3)
         finally:
             r.close()
         if args.json:

@@ -9,6 +9,7 @@ import pytest
 
 from hardelete.cli import main
 from hardelete.model import Model, ModelService
+from hardelete.status import explain_address
 from tests.test_reconcile import World, boundary
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -38,12 +39,22 @@ def test_cli_dry_run_json_then_sweep_only(spark, cli_env, s3, redis_client, caps
     summary = orjson.loads(out)
     assert code == 0 and summary["success"] and summary["mark"]["marked"] == 1
     assert summary["mark"]["categories"]["leaked"]["count"] == 1
-    assert len(w.data("cli")) == 2
+    before = w.data("cli")
+    assert len(before) == 2
 
     code = main(["reconcile", "--repo", "cli", "--sweep-only", summary["run_id"]])
     table = capsys.readouterr().out
     assert code == 0 and "confirmed" in table and "leaked" in table
     assert w.data("cli") == {model.lookup("cli", "main", "a").address}
+
+    # `explain` tells why the leaked object went, from the reconciler's own reports.
+    (leaked,) = before - w.data("cli")
+    ex = explain_address(redis_client, cli_env, leaked, s3=s3)
+    assert ex.state == "untracked"
+    assert any(f"reconciler run {summary['run_id']}: deleted as leaked" in line
+               for line in ex.lines), ex.lines
+    code = main(["explain", leaked, "--json"])
+    assert code == 0 and "deleted as leaked" in capsys.readouterr().out
 
 
 def test_cli_user_errors_are_one_line(cli_env, capsys):
