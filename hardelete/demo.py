@@ -8,9 +8,13 @@ direct listing of the store.
 A tracker runs beside the model service from the start (so it tracks the workload as it
 happens); once the model phase is checked, a reaper runs too, and the online phase waits until
 every address the model calls online garbage is gone, then reports what was reaped, that no live
-object was deleted, and what is left for the nightly reconciler. The demo uses a short grace
-window and upload-token lifetime (``--grace``, ``--upload-ttl``) so that it finishes in
-seconds; those values are unsafe for production and are allowed here explicitly.
+object was deleted, and what is left for the nightly reconciler. Finally one reconciler run per
+repository (local Spark) marks and sweeps the rest, retention included (commits are back-dated
+over ``--span-days``), and is checked against the model's reconciler garbage.
+
+The demo uses a short grace window and upload-token lifetime (``--grace``, ``--upload-ttl``)
+so that it finishes in seconds; those values are unsafe for production and are allowed here
+explicitly.
 
 Each phase is a function returning a dataclass; :func:`print_summary` and :func:`summary_json`
 only present a :class:`DemoResult`.
@@ -50,6 +54,7 @@ from hardelete.model import (
 from hardelete.settings import Settings
 from hardelete.stack import StackError, embedded_stack
 from reaper.daemon import Reaper
+from reconciler.mark import KEPT_CATEGORIES
 from schemas.publisher import Publisher, ensure_topics
 from tracker.daemon import Tracker
 
@@ -71,6 +76,11 @@ class DemoOptions:
     grace_seconds: float = 2.0
     upload_ttl_seconds: float = 2.0
     online_timeout: float = 90.0
+    # Commits are back-dated over span_days so that retention (retention_days) has committed
+    # history to expire: the reconciler's part of the job.
+    span_days: float = 30.0
+    retention_days: float = 7.0
+    reconcile: bool = True
     # Repositories and their namespaces are named after the run, so that runs against
     # long-lived external servers never share a repository id or a namespace.
     run_id: str = ""
@@ -79,7 +89,8 @@ class DemoOptions:
         try:
             return Workload(seed=self.seed, ops=self.ops, repos=self.repos,
                             branches=self.branches, bucket=self.bucket,
-                            name=f"demo-{self.run_id}")
+                            name=f"demo-{self.run_id}", span_days=self.span_days,
+                            retention_days=self.retention_days)
         except ValueError as exc:
             raise UserError(str(exc)) from None
 
@@ -121,16 +132,35 @@ class OnlinePhase:
 
 
 @dataclass(frozen=True, slots=True)
+class ReconcilePhase:
+    """One reconciler run per repository, checked against the model's reconciler garbage."""
+
+    runs: list[dict[str, object]]  # per repository: run id, marked, confirmed, categories
+    expected: int  # objects the model says one run must delete (retention applied)
+    deleted: int  # objects gone from the store after the runs
+    live_deleted: int  # deleted but not garbage per the model: must be 0
+    garbage_left: int  # expected garbage still in the store
+    live_left: int  # objects in the store after the runs (all live per the model)
+
+    @property
+    def ok(self) -> bool:
+        return (self.live_deleted == 0 and self.garbage_left == 0
+                and all(r["success"] for r in self.runs))
+
+
+@dataclass(frozen=True, slots=True)
 class DemoResult:
     options: DemoOptions
     endpoints: Endpoints
     model: ModelPhase
     online: OnlinePhase
+    reconcile: ReconcilePhase | None
     elapsed_seconds: float
 
     @property
     def ok(self) -> bool:
-        return self.model.store.ok and self.online.ok
+        return (self.model.store.ok and self.online.ok
+                and (self.reconcile is None or self.reconcile.ok))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -150,6 +180,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="grace window in seconds (demo only: unsafe in production)")
     parser.add_argument("--upload-ttl", type=float, default=defaults.upload_ttl_seconds,
                         help="upload token lifetime in seconds")
+    parser.add_argument("--span-days", type=float, default=defaults.span_days,
+                        help="back-date commits over this many days (retention has work)")
+    parser.add_argument("--retention-days", type=float, default=defaults.retention_days)
+    parser.add_argument("--no-reconcile", action="store_true",
+                        help="skip the reconciler phase (no Spark)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -158,11 +193,15 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         raise UserError("--ops and --payload-cap must be >= 0, --repos and --branches >= 1")
     if args.grace < 0 or args.upload_ttl <= 0:
         raise UserError("--grace must be >= 0 and --upload-ttl > 0")
+    if args.span_days < 0 or args.retention_days < 0:
+        raise UserError("--span-days and --retention-days must be >= 0")
     options = DemoOptions(seed=args.seed, ops=args.ops, repos=args.repos,
                           branches=args.branches, bucket=args.bucket,
                           publish_mode=cast(PublishMode, args.publish_mode),
                           payload_cap=args.payload_cap, run_id=uuid.uuid4().hex[:8],
-                          grace_seconds=args.grace, upload_ttl_seconds=args.upload_ttl)
+                          grace_seconds=args.grace, upload_ttl_seconds=args.upload_ttl,
+                          span_days=args.span_days, retention_days=args.retention_days,
+                          reconcile=not args.no_reconcile)
     result = run_demo(settings, options, Console(stderr=True))
     if args.json:
         sys.stdout.write(summary_json(result).decode() + "\n")
@@ -176,23 +215,78 @@ def run_demo(settings: Settings, options: DemoOptions, progress_console: Console
     options.workload()  # a bad option fails before any server starts
     started = time.monotonic()
     demo_settings = settings.replace(grace_seconds=options.grace_seconds, allow_unsafe_grace=True,
-                                     upload_ttl_seconds=options.upload_ttl_seconds)
+                                     upload_ttl_seconds=options.upload_ttl_seconds,
+                                     reconcile_min_age_seconds=0.0)
     with _stack(demo_settings, progress_console) as (live, endpoints):
-        model, online = asyncio.run(_run_phases(live, options, progress_console))
-    return DemoResult(options, endpoints, model, online, round(time.monotonic() - started, 3))
+        model, online, recon = asyncio.run(_run_phases(live, options, progress_console))
+    return DemoResult(options, endpoints, model, online, recon,
+                      round(time.monotonic() - started, 3))
 
 
-async def _run_phases(settings: Settings, options: DemoOptions,
-                      console: Console) -> tuple[ModelPhase, OnlinePhase]:
+async def _run_phases(settings: Settings, options: DemoOptions, console: Console
+                      ) -> tuple[ModelPhase, OnlinePhase, ReconcilePhase | None]:
     await ensure_topics(settings)
     tracker = Tracker(settings, name="demo-tracker")
     tracker.start()
     try:
         model, service = await run_model_phase(settings, options, console)
         online = await run_online_phase(settings, options, service, tracker, console)
+        # The tracker keeps running: the reconciler's cutoff follows its progress.
+        recon = (await run_reconcile_phase(settings, service, console)
+                 if options.reconcile else None)
     finally:
         await tracker.stop()
-    return model, online
+    return model, online, recon
+
+
+async def run_reconcile_phase(settings: Settings, service: ModelService,
+                              console: Console) -> ReconcilePhase:
+    """One reconciler run per repository on local Spark; compare with the model's garbage."""
+    from pyspark.sql import SparkSession
+
+    from reconciler.job import RunOptions, reconcile
+    from reconciler.retention import Commit, RetentionPolicy, retained_commits
+    from reconciler.spark import get_spark
+
+    model = service.model
+    before = model.truth().objects & set(await _listing(service))
+    shared = SparkSession.getActiveSession() is not None  # someone else's: do not stop it
+    with console.status("reconciler: starting Spark"):
+        spark = await asyncio.to_thread(get_spark, settings)
+    runs: list[dict[str, object]] = []
+    expected: set[str] = set()
+    try:
+        for repo in sorted(model.repositories):
+            with console.status(f"reconciler: mark and sweep of {repo}"):
+                summary = await asyncio.to_thread(reconcile, spark, settings, RunOptions(repo))
+            mark = summary.get("mark") or {}
+            sweep = summary.get("sweep") or {}
+            runs.append({
+                "repository": repo, "run_id": summary.get("run_id"),
+                "success": bool(summary.get("success")), "error": summary.get("error"),
+                "marked": mark.get("marked", 0), "confirmed": sweep.get("confirmed", 0),
+                "categories": {k: v.get("count", 0) for k, v in
+                               (mark.get("categories") or {}).items()},
+            })
+            # The model's answer, with retention computed at the run's clock.
+            r = model.repository(repo)
+            graph = {c.id: Commit(c.id, c.parents, c.time) for c in model.commits.values()
+                     if c.repository == repo}
+            heads = {b: br.head for b, br in r.branches.items() if br.head}
+            retained = retained_commits(
+                graph, heads, dict(r.tags),
+                RetentionPolicy(r.default_retention_days, r.branch_retention_days),
+                int(summary.get("now_ms") or time.time() * 1000) / 1000)
+            expected |= model.reconciler_garbage(retained, repository=repo)
+    finally:
+        if not shared:
+            await asyncio.to_thread(spark.stop)
+    expected &= before
+    after = before & set(await _listing(service))
+    deleted = before - after
+    return ReconcilePhase(runs=runs, expected=len(expected), deleted=len(deleted),
+                          live_deleted=len(deleted - expected),
+                          garbage_left=len(expected & after), live_left=len(after))
 
 
 async def run_online_phase(settings: Settings, options: DemoOptions, service: ModelService,
@@ -294,6 +388,34 @@ def _progress(console: Console) -> Progress:
 # --- presentation -----------------------------------------------------------------------------
 
 
+def _reconcile_table(result: DemoResult) -> Table:
+    rc = result.reconcile
+    assert rc is not None
+    t = Table(title=f"Reconciler: mark and sweep on Spark (retention "
+                    f"{result.options.retention_days:g} days, commits over "
+                    f"{result.options.span_days:g} days)", title_justify="left")
+    t.add_column("what")
+    t.add_column("count", justify="right")
+    for run in rc.runs:
+        t.add_row(f"run {run['run_id']} ({run['repository']})",
+                  "ok" if run["success"] else f"[red]failed: {run['error']}")
+        t.add_row("  marked", str(run["marked"]))
+        t.add_row("  deletes the store confirmed", str(run["confirmed"]))
+        cats = run["categories"]
+        if isinstance(cats, dict):
+            for label, kept in (("kept", True), ("marked", False)):
+                parts = [f"{c}={n}" for c, n in sorted(cats.items())
+                         if n and (c in KEPT_CATEGORIES) == kept]
+                t.add_row(f"  {label} by category", ", ".join(parts) or "-")
+    t.add_row("garbage per the model (retention applied)", str(rc.expected))
+    t.add_row("deleted from the store", str(rc.deleted))
+    style = "bold green" if rc.live_deleted == 0 else "bold red"
+    t.add_row(f"[{style}]live objects deleted (must be 0)", f"[{style}]{rc.live_deleted}")
+    t.add_row("garbage left", str(rc.garbage_left))
+    t.add_row("objects left (all live)", str(rc.live_left))
+    return t
+
+
 def summary_json(result: DemoResult) -> bytes:
     body = dataclasses.asdict(result)
     body["ok"] = result.ok
@@ -360,6 +482,8 @@ def print_summary(result: DemoResult, console: Console) -> None:
     console.print(effects)
     console.print(truth)
     console.print(online)
+    if result.reconcile is not None:
+        console.print(_reconcile_table(result))
     e = result.endpoints
     console.print(f"kafka {e.kafka}  s3 {e.s3}  redis {e.redis}  "
                   f"(started here: {', '.join(e.started) or 'none'})  "
@@ -369,7 +493,9 @@ def print_summary(result: DemoResult, console: Console) -> None:
     if result.ok:
         console.print("[green]store matches the ground truth[/green]: every listed object is in "
                       "exactly one category and every object the model wrote is there; the "
-                      "reaper deleted exactly the online garbage and nothing live")
+                      "reaper deleted exactly the online garbage and nothing live"
+                      + ("; the reconciler deleted exactly the rest of the garbage"
+                         if result.reconcile is not None else ""))
     else:
         console.print("[red]store does NOT match the ground truth[/red]")
         for label, items in (("missing", store.missing), ("unexpected", store.unexpected),

@@ -19,7 +19,7 @@ from hardelete.settings import Settings
 pytestmark = pytest.mark.integration
 
 
-def test_demo_reaps_exactly_the_online_garbage(settings: Settings) -> None:
+def test_demo_reaps_exactly_the_online_garbage_then_reconciles(settings: Settings) -> None:
     options = DemoOptions(seed=5, ops=80, run_id=uuid.uuid4().hex[:8], grace_seconds=1.0,
                           upload_ttl_seconds=1.0)
     result = run_demo(settings, options, Console(file=io.StringIO()))
@@ -29,6 +29,10 @@ def test_demo_reaps_exactly_the_online_garbage(settings: Settings) -> None:
     assert online.live_deleted == 0
     assert online.garbage_online > 0 and online.reaped == online.garbage_online
     assert online.events_applied == result.model.summary.events_published
+    recon = result.reconcile
+    assert recon is not None and all(run["success"] for run in recon.runs)
+    assert recon.expected > 0 and recon.deleted == recon.expected
+    assert recon.live_deleted == 0 and recon.garbage_left == 0
     assert result.ok
     body = orjson.loads(summary_json(result))
     assert body["ok"] is True and body["online"]["reaped"] == online.reaped
@@ -37,6 +41,7 @@ def test_demo_reaps_exactly_the_online_garbage(settings: Settings) -> None:
     text = out.getvalue()
     assert "live objects deleted (must be 0)" in text
     assert "reaper deleted exactly the online garbage" in text
+    assert "the reconciler deleted exactly the rest of the garbage" in text
 
 
 def test_demo_cli_json_on_configured_servers(settings: Settings) -> None:
@@ -50,13 +55,14 @@ def test_demo_cli_json_on_configured_servers(settings: Settings) -> None:
            "HARDELETE_SESSION_TIMEOUT_MS": "3000", "HARDELETE_HEARTBEAT_INTERVAL_MS": "1000"}
     proc = subprocess.run(
         [sys.executable, "-m", "hardelete.cli", "demo", "--json", "--ops", "30", "--grace", "1",
-         "--upload-ttl", "1", "--bucket", "cli-demo"],
+         "--upload-ttl", "1", "--bucket", "cli-demo", "--no-reconcile"],
         env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     body = orjson.loads(proc.stdout)
     assert body["ok"] is True
     assert body["endpoints"]["started"] == []  # it used the configured servers
     assert body["online"]["live_deleted"] == 0
+    assert body["reconcile"] is None
 
 
 def test_demo_bad_option_is_one_line() -> None:
