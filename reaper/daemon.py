@@ -25,7 +25,7 @@ from prometheus_client import Gauge, Histogram, start_http_server
 from hardelete.clients import redis_async, s3_client
 from hardelete.logs import get_logger
 from hardelete.settings import Settings
-from reaper.claims import ClaimStore
+from reaper.claims import ClaimBatch, ClaimStore
 from reaper.deleter import DeleteOutcome, S3Deleter
 from reaper.quarantine import purge_expired, quarantine, quarantine_size
 from schemas.layout import REPOS, RepoKeys
@@ -127,10 +127,15 @@ class Reaper:
         per_claim = self.settings.reaper_batch_keys * self.settings.reaper_concurrency
         lease_ms = int(self.settings.lease_seconds * 1000)
         rlog = self.log.bind(repository=repo)
-        while True:
-            batch = await self.claims.claim(
+
+        def claim() -> asyncio.Future[ClaimBatch]:
+            return asyncio.ensure_future(self.claims.claim(
                 repo, cutoff_ms=cutoff, limit=100_000 if self.dry_run else per_claim,
-                lease_ms=lease_ms, claimer=self.id, dry_run=self.dry_run)
+                lease_ms=lease_ms, claimer=self.id, dry_run=self.dry_run))
+
+        pending = claim()
+        while True:
+            batch = await pending
             result.kept.update(reason for _, reason in batch.kept)
             if self.dry_run:
                 result.would_delete = [c.address for c in batch.claimed]
@@ -140,38 +145,51 @@ class Reaper:
             if not batch.claimed:
                 break
             result.claimed += len(batch.claimed)
-            addresses = [c.address for c in batch.claimed]
-            outcome = await self._remove(namespace, repo, addresses)
+            # Claim the next batch while this one is deleted: Redis and S3 work overlap.
+            pending = claim()
+            outcome = await self._remove(namespace, repo, [c.address for c in batch.claimed])
             await self.claims.complete(repo, outcome.deleted)
-            confirmed = set(outcome.deleted)
-            now_s = time.time()
-            for c in batch.claimed:
-                if c.address in confirmed:
-                    result.bytes += c.size
-                    lat = max(0.0, batch.now_ms / 1000 - c.since_ms / 1000)
-                    lat += max(0.0, now_s - batch.now_ms / 1000)
-                    result.latencies_s.append(lat)
-                    LATENCY.observe(lat)
-            result.deleted += len(outcome.deleted)
-            result.failed += len(outcome.failed)
-            result.refused += len(outcome.refused)
-            REAPED.labels(repo).inc(len(outcome.deleted))
-            REAPED_BYTES.labels(repo).inc(result.bytes)
-            FAILURES.labels(repo).inc(len(outcome.failed) + len(outcome.refused))
-            for address, code in outcome.failed.items():
-                # The claim stays until its lease expires: a natural backoff before the retry.
-                rlog.warning("delete failed; will retry after the lease", address=address,
-                             error=code)
-            rlog.info("reaped", deleted=len(outcome.deleted), failed=len(outcome.failed),
-                      refused=len(outcome.refused), requests=outcome.requests,
-                      retries=outcome.retries)
-            if len(outcome.deleted) == 0:
-                break  # everything failed: do not spin; the leases bring them back later
+            self._account(result, batch, outcome, rlog)
+            if not outcome.deleted:
+                # Everything failed: do not spin. The prefetched claims, like the failed ones,
+                # are taken again once their lease expires.
+                nxt = await pending
+                result.claimed += len(nxt.claimed)
+                break
         if not self.dry_run:
             tomb_ms = int(self.settings.tombstone_days * 86400 * 1000)
             await self.claims.prune(repo, tombstone_ms=tomb_ms)
             await self._quarantine_housekeeping(repo, namespace)
         return result
+
+    def _account(self, result: RepoPass, batch: ClaimBatch, outcome: DeleteOutcome,
+                 rlog: Any) -> None:
+        repo = result.repository
+        confirmed = set(outcome.deleted)
+        now_s = time.time()
+        reaped_bytes = 0
+        for c in batch.claimed:
+            if c.address in confirmed:
+                reaped_bytes += c.size
+                # since is on the Redis clock; the claim's now too; then local time passes.
+                lat = max(0.0, (batch.now_ms - c.since_ms) / 1000)
+                lat += max(0.0, now_s - batch.now_ms / 1000)
+                result.latencies_s.append(lat)
+                LATENCY.observe(lat)
+        result.bytes += reaped_bytes
+        result.deleted += len(outcome.deleted)
+        result.failed += len(outcome.failed)
+        result.refused += len(outcome.refused)
+        REAPED.labels(repo).inc(len(outcome.deleted))
+        REAPED_BYTES.labels(repo).inc(reaped_bytes)
+        FAILURES.labels(repo).inc(len(outcome.failed) + len(outcome.refused))
+        for address, code in outcome.failed.items():
+            # The claim stays until its lease expires: a natural backoff before the retry.
+            rlog.warning("delete failed; will retry after the lease", address=address,
+                         error=code)
+        rlog.info("reaped", deleted=len(outcome.deleted), failed=len(outcome.failed),
+                  refused=len(outcome.refused), requests=outcome.requests,
+                  retries=outcome.retries)
 
     async def _remove(self, namespace: str, repo: str, addresses: list[str]) -> DeleteOutcome:
         if self.settings.quarantine_days > 0:
