@@ -5,10 +5,11 @@ run; and the unreferenced-to-deleted latency with a live tracker.
 
 Phase 1 (throughput): 2N objects are PUT into the embedded moto server. N are deleted by a raw
 sequential ``delete_objects`` loop (1,000 keys per request, one client): the physical limit.
-For the other N, the tracker's own apply script records a write and a delete (so they are
-unreferenced, exactly as the tracker would leave them), the tracker-progress record is set to
-the Redis clock (the benchmark stands in for a caught-up tracker), and the reaper deletes them
-with its real path: claim script, bulk parallel deletes, completion script.
+The two alternate in rounds (raw, reaper, raw, reaper, ...) because the server's speed drifts
+during a run. For the other N, the tracker's own apply script records a write and a delete (so
+they are unreferenced, exactly as the tracker would leave them), the tracker-progress record is
+set to the Redis clock (the benchmark stands in for a caught-up tracker), and the reaper deletes
+them with its real path: claim script, bulk parallel deletes, completion script.
 
 Phase 2 (latency): Tansu + tracker + reaper live, grace 1 s; the model service writes and then
 deletes M objects; each confirmed delete's time since its address became unreferenced (tracker
@@ -64,17 +65,18 @@ def _raw_delete(s3: Any, bucket: str, keys: list[str]) -> float:
     return time.perf_counter() - t0
 
 
-def _track_as_garbage(settings: Settings, namespace: str, addresses: list[str]) -> None:
+def _track_as_garbage(settings: Settings, repo: str, namespace: str,
+                      addresses: list[str]) -> None:
     """Record write + delete of each address through the tracker's apply script."""
     events: list[ev.Event] = [ev.RepositoryCreated(
-        repository="bench", storage_namespace=namespace, default_branch="main",
-        default_retention_days=7.0), ev.BranchCreated(repository="bench", branch="main",
+        repository=repo, storage_namespace=namespace, default_branch="main",
+        default_retention_days=7.0), ev.BranchCreated(repository=repo, branch="main",
                                                       staging_token="t0")]
     for a in addresses:
         ref = uuid.uuid4().hex
-        events.append(ev.ObjectWritten(repository="bench", branch="main", staging_token="t0",
+        events.append(ev.ObjectWritten(repository=repo, branch="main", staging_token="t0",
                                        path=a, address=a, size=1, ref_id=ref))
-        events.append(ev.ObjectDeleted(repository="bench", branch="main", staging_token="t0",
+        events.append(ev.ObjectDeleted(repository=repo, branch="main", staging_token="t0",
                                        path=a, address=a, ref_id=ref))
     r = redis_sync(settings)
     try:
@@ -85,7 +87,7 @@ def _track_as_garbage(settings: Settings, namespace: str, addresses: list[str]) 
             apply_lua(r, batch, None)
         # The daemon registers repositories and progress outside the per-repository script:
         # stand in for a caught-up tracker on a one-partition topic.
-        r.sadd(REPOS, "bench")
+        r.sadd(REPOS, repo)
         r.hset(PROGRESS_META, mapping={"partitions": 1, "topic": "bench"})
         r.hset(PROGRESS, "0", redis_time_ms(r))
     finally:
@@ -158,6 +160,8 @@ def main() -> None:
     ap.add_argument("--latency-rate", type=float, default=40.0,
                     help="write+delete pairs per second in the latency phase")
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="interleaved raw/reaper rounds (the server's speed drifts)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     configure_logging("console", "warning")
@@ -170,15 +174,21 @@ def main() -> None:
         bucket = "bench"
         s3.create_bucket(Bucket=bucket)
         n = args.objects
-        raw_keys = [f"raw/data/0/{i:08d}" for i in range(n)]
-        ns = f"s3://{bucket}/repo/"
-        reap_keys = [f"repo/data/0/{i:08d}" for i in range(n)]
+        rounds = max(1, args.rounds)
+        per = n // rounds
+        raw_keys = [[f"raw{k}/data/0/{i:08d}" for i in range(per)] for k in range(rounds)]
+        reap_keys = [[f"repo{k}/data/0/{i:08d}" for i in range(per)] for k in range(rounds)]
         with Progress(console=con, transient=True) as progress:
-            _put_all(s3, bucket, raw_keys + reap_keys, progress)
-        raw_s = _raw_delete(s3, bucket, raw_keys)
-        _track_as_garbage(s, ns, [f"s3://{bucket}/{k}" for k in reap_keys])
-        reap_s = asyncio.run(_reap_all(s, n))
-        left = s3.list_objects_v2(Bucket=bucket, Prefix="repo/").get("KeyCount", 0)
+            _put_all(s3, bucket, [k for ks in raw_keys + reap_keys for k in ks], progress)
+        raw_s: list[float] = []
+        reap_s: list[float] = []
+        left = 0
+        for k in range(rounds):
+            raw_s.append(_raw_delete(s3, bucket, raw_keys[k]))
+            _track_as_garbage(s, f"bench{k}", f"s3://{bucket}/repo{k}/",
+                              [f"s3://{bucket}/{key}" for key in reap_keys[k]])
+            reap_s.append(asyncio.run(_reap_all(s, per)))
+            left += s3.list_objects_v2(Bucket=bucket, Prefix=f"repo{k}/").get("KeyCount", 0)
         with Progress(console=con, transient=True) as progress:
             run = _latency(s, args.latency_objects, args.latency_rate, progress)
             lat = sorted(asyncio.run(run))
@@ -187,9 +197,12 @@ def main() -> None:
         return round(lat[min(len(lat) - 1, int(q * len(lat)))], 3) if lat else float("nan")
 
     result = {
-        "objects": n, "concurrency": args.concurrency,
-        "raw_deletes_per_s": round(n / raw_s), "reaper_deletes_per_s": round(n / reap_s),
-        "ratio": round(raw_s / reap_s, 3), "left_after_reaper": left,
+        "objects": per * rounds, "rounds": rounds, "concurrency": args.concurrency,
+        "raw_deletes_per_s": round(per * rounds / sum(raw_s)),
+        "reaper_deletes_per_s": round(per * rounds / sum(reap_s)),
+        "ratio": round(sum(raw_s) / sum(reap_s), 3),
+        "ratio_per_round": [round(a / b, 3) for a, b in zip(raw_s, reap_s, strict=True)],
+        "left_after_reaper": left,
         "latency_objects": len(lat), "latency_rate_per_s": args.latency_rate, "grace_s": 1.0,
         "latency_s": {"p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99),
                       "max": round(lat[-1], 3) if lat else None},
@@ -197,13 +210,15 @@ def main() -> None:
     if args.json:
         print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
         return
-    t = Table(title=f"reaper vs raw delete_objects, {n:,} objects each")
+    t = Table(title=f"reaper vs raw delete_objects, {per * rounds:,} objects each, "
+                    f"{rounds} interleaved rounds")
     t.add_column("contender")
     t.add_column("deletes/s", justify="right")
     t.add_row("raw boto3 delete_objects loop", f"{result['raw_deletes_per_s']:,}")
     t.add_row(f"reaper (claim + delete + complete, concurrency {args.concurrency})",
               f"{result['reaper_deletes_per_s']:,}")
     t.add_row("reaper / raw", f"{result['ratio']:.2f}")
+    t.add_row("reaper / raw per round", ", ".join(f"{x:.2f}" for x in result["ratio_per_round"]))
     Console().print(t)
     lt = Table(title=f"unreferenced -> deleted, {len(lat)} objects, grace 1 s (live tracker)")
     for col in ("p50", "p90", "p99", "max"):

@@ -95,7 +95,7 @@ class S3Deleter:
                 async with self._sem:
                     resp = await asyncio.to_thread(
                         self._client.delete_objects, Bucket=bucket,
-                        Delete={"Objects": [{"Key": k} for k in pending], "Quiet": False},
+                        Delete={"Objects": [{"Key": k} for k in pending], "Quiet": True},
                     )
             except ClientError as exc:
                 code = str(exc.response.get("Error", {}).get("Code", "ClientError"))
@@ -108,23 +108,16 @@ class S3Deleter:
                 for k in pending:
                     last_error[k] = type(exc).__name__
                 continue
-            for item in resp.get("Deleted", []):
-                address = pending.pop(item["Key"], None)
-                if address is not None:
-                    outcome.deleted.append(address)
-            retry_next: dict[str, str] = {}
-            for err in resp.get("Errors", []):
-                k, code = err.get("Key", ""), err.get("Code", "Error")
-                if k in pending:
-                    last_error[k] = code
-                    if code in RETRYABLE:
-                        retry_next[k] = pending[k]
-            # Keys neither confirmed nor retryable are failures; keys missing from the response
-            # altogether are retried (never counted as deleted).
-            errored = {err.get("Key") for err in resp.get("Errors", [])}
+            # Quiet mode: S3 answers a 200 listing only the keys it failed to delete; every
+            # other key of the request is confirmed deleted by the store.
+            errors = {e.get("Key", ""): e.get("Code", "Error") for e in resp.get("Errors", [])}
             for k in list(pending):
-                if k in errored and k not in retry_next:
-                    outcome.failed[pending.pop(k)] = last_error[k]
+                if k not in errors:
+                    outcome.deleted.append(pending.pop(k))
+                else:
+                    last_error[k] = errors[k]
+                    if errors[k] not in RETRYABLE:
+                        outcome.failed[pending.pop(k)] = errors[k]
             if not pending:
                 break
         for k, address in pending.items():
