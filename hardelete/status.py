@@ -19,7 +19,7 @@ from rich.table import Table
 from hardelete import UserError
 from hardelete.clients import redis_sync, s3_client
 from hardelete.settings import Settings
-from schemas.layout import PROGRESS, REPOS, AddressState, RepoKeys
+from schemas.layout import PROGRESS, PROGRESS_META, REPOS, AddressState, RepoKeys
 from tracker.state import horizon_from, parse_address, parse_token, redis_time_ms
 
 
@@ -51,7 +51,7 @@ class Status:
 def collect_status(r: Any) -> Status:
     now = redis_time_ms(r)
     progress = r.hgetall(PROGRESS)
-    horizon = horizon_from(r.hgetall(PROGRESS + ":meta"), progress)
+    horizon = horizon_from(r.hgetall(PROGRESS_META), progress)
     repos = []
     for repo in sorted(r.smembers(REPOS)):
         k = RepoKeys(repo)
@@ -189,7 +189,7 @@ def explain_address(r: Any, settings: Settings, address: str,
         if ref not in rec.adds:
             lines.append(f"reference {ref} (token {tok}) removed before its add arrived")
     state = rec.state.value if rec.state else "none"
-    horizon = horizon_from(r.hgetall(PROGRESS + ":meta"), r.hgetall(PROGRESS))
+    horizon = horizon_from(r.hgetall(PROGRESS_META), r.hgetall(PROGRESS))
     grace_ms = int(settings.grace_for(repo) * 1000)
     if rec.committed:
         verdict = "alive: a commit took it (only the reconciler may delete it, by retention)"
