@@ -384,3 +384,29 @@ async def test_quarantine_then_restore(settings, s3, redis_client):
                            garbage[0]], env=_env(s), capture_output=True, text=True)
     assert proc.returncode == 2 and "not in quarantine" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+async def test_reaper_cli_once_dry_run_then_for_real(settings, s3):
+    s = _settings(settings)
+    await ensure_topics(s)
+    async with Publisher(s) as pub:
+        _svc, keep, gone = await _one_garbage(s, s3, pub, "cli")
+    async with running_tracker(s):
+        await wait_for(lambda: _state_is(s, "repo", gone, *ENDED), 20, "the delete applied")
+
+        def once(*extra: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "hardelete.cli", "reaper", "run",
+                                   "--once", *extra], env=_env(s), capture_output=True,
+                                  text=True, timeout=60)
+
+        async def proposed() -> bool:
+            proc = await asyncio.to_thread(once, "--dry-run", "--json")
+            assert proc.returncode == 0, proc.stderr
+            body = orjson.loads(proc.stdout)
+            return any(gone in r["would_delete"] for r in body["repositories"])
+        await wait_for(proposed, 30, "the dry run to propose the garbage")
+        assert {keep, gone} <= listed(s3, "cli")
+        proc = await asyncio.to_thread(once)
+        assert proc.returncode == 0 and "reaper pass" in proc.stdout
+        assert "Traceback" not in proc.stderr
+    assert gone not in listed(s3, "cli") and keep in listed(s3, "cli")
