@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -30,7 +31,30 @@ class StackError(RuntimeError):
     pass
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A free loopback port *below* the kernel's ephemeral range.
+
+    Port 0 would hand out an ephemeral port, which any outbound connection of the busy test
+    process may take between our check and the server's bind; below the range only another
+    listener can. Servers still retry on a clash (Server.start).
+    """
+    low, high = 20_000, max(20_001, _ephemeral_low() - 1)
+    for _ in range(200):
+        port = random.randint(low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -95,7 +119,7 @@ class Server:
     """One child process listening on ``port``."""
 
     name: str
-    argv: list[str]
+    make_argv: Callable[[int], list[str]]
     port: int
     ready: Callable[[int], bool]
     workdir: Path
@@ -106,23 +130,41 @@ class Server:
     def __post_init__(self) -> None:
         self.log_path = self.workdir / f"{self.name}-{self.port}.log"
 
-    def start(self, timeout: float = 30.0) -> None:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-            env={**os.environ, **(self.env or {})}, start_new_session=True,
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise StackError(f"{self.name} exited with {self.proc.returncode}; "
-                                 f"see {self.log_path}:\n{self.tail()}")
-            if self.ready(self.port):
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise StackError(f"{self.name} did not answer on port {self.port} within {timeout}s")
+    @property
+    def argv(self) -> list[str]:
+        return self.make_argv(self.port)
+
+    def start(self, timeout: float = 30.0, *, move_on_clash: bool = True) -> None:
+        """Start and wait until it answers. If the port was taken meanwhile, start again on a
+        fresh port (first start only: a restart keeps its address, clients know it)."""
+        for attempt in range(5):
+            log = self.log_path.open("ab")
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+                env={**os.environ, **(self.env or {})}, start_new_session=True,
+            )
+            log.close()
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    clash = "in use" in self.tail(5).lower()
+                    if clash and attempt < 4:
+                        if move_on_clash:
+                            self.port = free_port()
+                            self.log_path = self.workdir / f"{self.name}-{self.port}.log"
+                        else:
+                            time.sleep(0.5)
+                        break
+                    raise StackError(f"{self.name} exited with {self.proc.returncode}; "
+                                     f"see {self.log_path}:\n{self.tail()}")
+                if self.ready(self.port):
+                    return
+                time.sleep(0.05)
+            else:
+                self.stop()
+                raise StackError(
+                    f"{self.name} did not answer on port {self.port} within {timeout}s")
+        raise StackError(f"{self.name}: no free port after several attempts")
 
     def tail(self, n: int = 20) -> str:
         try:
@@ -155,36 +197,44 @@ class Server:
 
     def restart(self) -> None:
         self.stop()
-        self.start()
+        self.start(move_on_clash=False)
 
 
 def tansu_server(workdir: Path, port: int | None = None, storage: str = "memory://tansu/",
                  env: dict[str, str] | None = None) -> Server:
-    port = port or free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    return Server("tansu", [str(tansu_binary()), "broker", "--listener-url", url,
-                            "--advertised-listener-url", url, "--storage-engine", storage],
-                  port, _tcp_ok, workdir, env=env)
+    binary = str(tansu_binary())
+
+    def argv(p: int) -> list[str]:
+        url = f"tcp://127.0.0.1:{p}"
+        return [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                "--storage-engine", storage]
+
+    return Server("tansu", argv, port or free_port(), _tcp_ok, workdir, env=env)
 
 
 def redis_server(workdir: Path, port: int | None = None, aof: bool = False,
                  cluster: bool = False) -> Server:
-    port = port or free_port()
-    data = workdir / f"redis-{port}"
-    data.mkdir(parents=True, exist_ok=True)
-    argv = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-            "--save", "", "--appendonly", "yes" if aof else "no",
-            "--appendfsync", "always" if aof else "everysec", "--protected-mode", "no"]
-    if cluster:
-        argv += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                 "--cluster-port", str(free_port())]
-    return Server("redis", argv, port, _redis_ok, workdir)
+    binary = redis_binary()
+
+    def argv(p: int) -> list[str]:
+        data = workdir / f"redis-{p}"  # the data dir follows the port: a restart finds its AOF
+        data.mkdir(parents=True, exist_ok=True)
+        out = [binary, "--port", str(p), "--bind", "127.0.0.1", "--dir", str(data),
+               "--save", "", "--appendonly", "yes" if aof else "no",
+               "--appendfsync", "always" if aof else "everysec", "--protected-mode", "no"]
+        if cluster:
+            out += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                    "--cluster-port", str(cluster_ports.setdefault(p, free_port()))]
+        return out
+
+    cluster_ports: dict[int, int] = {}
+    return Server("redis", argv, port or free_port(), _redis_ok, workdir)
 
 
 def moto_server(workdir: Path, port: int | None = None) -> Server:
-    port = port or free_port()
-    return Server("moto", [*moto_command(), "-H", "127.0.0.1", "-p", str(port)], port, _http_ok,
-                  workdir)
+    command = moto_command()
+    return Server("moto", lambda p: [*command, "-H", "127.0.0.1", "-p", str(p)],
+                  port or free_port(), _http_ok, workdir)
 
 
 @dataclass

@@ -44,3 +44,26 @@ def test_external_service_is_used_not_started(tmp_path: Path) -> None:
             assert st.settings.redis_url == url
     finally:
         external.stop()
+
+
+def test_a_taken_port_moves_the_server_on_first_start(tmp_path: Path) -> None:
+    import socket
+
+    from hardelete.stack import free_port, moto_server
+
+    taken = free_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as blocker:
+        blocker.bind(("127.0.0.1", taken))
+        blocker.listen()
+        server = moto_server(tmp_path, port=taken)
+        server.start()
+        try:
+            assert server.port != taken
+        finally:
+            server.stop()
+
+
+def test_free_ports_avoid_the_ephemeral_range() -> None:
+    from hardelete.stack import _ephemeral_low, free_port
+
+    assert all(free_port() < _ephemeral_low() for _ in range(20))
