@@ -53,6 +53,17 @@ def _num(value: Any, what: str) -> float:
     return out
 
 
+
+def _json_record(kind: str, name: str, raw: str) -> dict[str, Any]:
+    """One JSON object record of the tracker; a bad one fails the run, naming it."""
+    try:
+        rec = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise ReconcileError(f"{kind} {name!r}: record is not JSON") from None
+    if not isinstance(rec, dict):
+        raise ReconcileError(f"{kind} {name!r}: record is not an object")
+    return rec
+
 def commit_time_seconds(value: Any, what: str) -> float:
     """Commit times are epoch seconds; a value that can only be milliseconds is converted."""
     t = _num(value, what)
@@ -132,12 +143,7 @@ def load_repo(r: Any, repo: str) -> RepoState:
 
     commits: dict[str, CommitRecord] = {}
     for cid, raw in (r.hgetall(keys.commits) or {}).items():
-        try:
-            rec = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            raise ReconcileError(f"commit {cid!r}: record is not JSON") from None
-        if not isinstance(rec, dict):
-            raise ReconcileError(f"commit {cid!r}: record is not an object")
+        rec = _json_record("commit", cid, raw)
         parents = rec.get("parents") or []
         if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
             raise ReconcileError(f"commit {cid!r}: parents must be a list of ids")
@@ -151,12 +157,7 @@ def load_repo(r: Any, repo: str) -> RepoState:
     heads: dict[str, str] = {}
     staging: set[str] = set()
     for branch, raw in (r.hgetall(keys.branches) or {}).items():
-        try:
-            rec = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            raise ReconcileError(f"branch {branch!r}: record is not JSON") from None
-        if not isinstance(rec, dict):
-            raise ReconcileError(f"branch {branch!r}: record is not an object")
+        rec = _json_record("branch", branch, raw)
         if rec.get("head"):
             heads[branch] = str(rec["head"])
         if rec.get("staging_token"):
