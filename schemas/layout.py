@@ -18,6 +18,13 @@ REPOS = f"{PREFIX}:repos"  # set of repository ids
 PROGRESS = f"{PREFIX}:progress"  # hash: partition -> ms up to which the broker's content is applied
 PROGRESS_META = f"{PREFIX}:progress:meta"  # hash: topic, partitions (count)
 RECONCILER_LEASE = f"{PREFIX}:reconciler:lease:"  # + repo: string with run id, PX lease
+# Namespace ownership (Safety I): live namespace -> repository id; a namespace that equals,
+# contains or lies inside a registered one is refused. Retired repository ids are never reused.
+NAMESPACES = f"{PREFIX}:namespaces"  # hash: namespace -> repository id (live repositories only)
+RETIRED = f"{PREFIX}:retired"  # hash: repository id -> json {namespace, at_ms, event_id}
+# The whole mirror is unproven (e.g. Redis lost everything while the group has offsets): every
+# repository is fail-closed until an operator clears it. Field "reason" (and detail fields).
+FAIL_CLOSED = f"{PREFIX}:failclosed"  # hash: reason, at_ms, detail (present = fail-closed)
 
 
 class AddressState(StrEnum):
@@ -129,6 +136,30 @@ class RepoKeys:
     def applied(self) -> str:
         """hash: partition -> last applied offset (makes redelivery a no-op)."""
         return f"{self.tag}:applied"
+
+    @property
+    def fail_closed(self) -> str:
+        """hash: reason, at_ms, detail. Present: the mirror of this repository is not proven
+        complete and current; the reaper deletes nothing and the reconciler marks nothing as
+        leaked or unreferenced for it (Safety I) until an operator clears it."""
+        return f"{self.tag}:failclosed"
+
+    @property
+    def holds(self) -> str:
+        """hash: address -> json {reason, source, at_ms}: every delete path keeps a held
+        address (dead-lettered events naming it, legal holds, restores)."""
+        return f"{self.tag}:holds"
+
+    @property
+    def hold_prefixes(self) -> str:
+        """hash: key prefix (full s3:// form) -> json {reason, source, at_ms}: every address
+        under the prefix is held (few entries: delete paths read the whole hash)."""
+        return f"{self.tag}:holdprefixes"
+
+    @property
+    def paused(self) -> str:
+        """string: json {reason, at_ms}. Present: the reaper and the sweep skip the repository."""
+        return f"{self.tag}:paused"
 
     @property
     def address_prefix(self) -> str:
