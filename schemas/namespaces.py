@@ -1,0 +1,70 @@
+"""Namespace ownership: which live repository an address belongs to (SPEC safety 3 and 8).
+
+Pure functions over the registry ``hd:namespaces`` (namespace -> repository id, live
+repositories only; ``schemas/layout.py``). The tracker refuses a repository whose namespace
+equals, contains or lies inside a registered one; every delete path calls
+:func:`ownership_problem` right before its request, so neither a bad registration nor a stale
+queue of a retired repository can steer a delete into another repository's data.
+
+Namespaces are compared in their canonical form (:func:`canonical_namespace`): ``s3://`` in
+lower case, bucket and prefix as given (S3 keys are case-sensitive), one trailing slash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from schemas.layout import OutsideNamespace, namespace_key
+
+
+def canonical_namespace(namespace: str) -> str:
+    """``s3://bucket/prefix/`` with a lower-case scheme and exactly one trailing slash.
+
+    Raises :class:`OutsideNamespace` for anything that is not an ``s3://bucket[/prefix]``.
+    """
+    if not isinstance(namespace, str) or namespace[:5].lower() != "s3://":
+        raise OutsideNamespace(f"namespace {namespace!r} must be s3://bucket/prefix/")
+    rest = namespace[5:]
+    bucket, _, prefix = rest.partition("/")
+    if not bucket or any(part in ("", ".", "..") for part in prefix.rstrip("/").split("/")
+                         if prefix.rstrip("/")):
+        raise OutsideNamespace(f"namespace {namespace!r} must be s3://bucket/prefix/")
+    prefix = prefix.rstrip("/")
+    return f"s3://{bucket}/" + (prefix + "/" if prefix else "")
+
+
+def overlaps(a: str, b: str) -> bool:
+    """Whether two canonical namespaces are equal or one lies inside the other."""
+    return a.startswith(b) or b.startswith(a)
+
+
+def conflicting_owner(registry: Mapping[str, str], repo: str, namespace: str) -> str | None:
+    """The live repository (other than ``repo``) whose namespace overlaps ``namespace``."""
+    ns = canonical_namespace(namespace)
+    for other_ns, owner in sorted(registry.items()):
+        if owner != repo and overlaps(ns, other_ns):
+            return owner
+    return None
+
+
+def ownership_problem(registry: Mapping[str, str], repo: str, namespace: str,
+                      address: str) -> str | None:
+    """Why ``repo`` must not delete ``address`` now, or None.
+
+    ``registry``: the live registry (namespace -> repository), read right before the request.
+    The address must lie in ``namespace`` (not reserved, a plain key), ``namespace`` must be
+    registered to ``repo`` (a retired repository owns nothing), and no other live repository's
+    namespace may contain the address.
+    """
+    try:
+        namespace_key(namespace, address)
+    except OutsideNamespace as exc:
+        return str(exc)
+    if registry.get(namespace) != repo:
+        owner = registry.get(namespace)
+        return (f"namespace {namespace!r} is not owned by live repository {repo!r}"
+                + (f" (owner: {owner!r})" if owner else " (repository retired or unknown)"))
+    for other_ns, owner in registry.items():
+        if owner != repo and address.startswith(other_ns):
+            return f"{address!r} lies in namespace {other_ns!r} of repository {owner!r}"
+    return None
