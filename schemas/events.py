@@ -23,6 +23,14 @@ import orjson
 SCHEMA_VERSION = 1
 
 
+# Optional on every event that changes a branch or tag: the service KV's version of that ref
+# after the change (seed 004: every SetIf of a ref bumps it; deletes too; never reused for the
+# same ref name, even after a delete). The tracker keeps the highest version it applied per ref,
+# deletes included (a versioned tombstone), so duplicates and reordering converge to the
+# in-order state. Absent: the v1 arrival-order rule (schemas/README.md).
+REF_VERSION_MAX = 2**53 - 1  # exact in every JSON implementation (and in Lua's doubles)
+
+
 class EventError(ValueError):
     """An event could not be decoded; ``field`` names the culprit (or ``None``)."""
 
@@ -65,12 +73,24 @@ class RepositoryCreated(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RepositoryDeleted(Event):
+    TYPE = "repository_deleted"
+    DOC = (
+        "A repository retired: nothing of it is deleted online any more, later events of it are "
+        "refused, its namespace may be registered by a new repository, and its id is never "
+        "used again. storage_namespace must be the repository's (a safeguard)."
+    )
+    storage_namespace: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BranchCreated(Event):
     TYPE = "branch_created"
     DOC = "A branch with its first open staging token, starting at source_commit (if any)."
     branch: str
     staging_token: str
     source_commit: str | None = None
+    ref_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,6 +165,7 @@ class CommitCreated(Event):
     staging_token: str
     committed_at: float
     manifest: str
+    ref_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,6 +176,7 @@ class BranchReset(Event):
     dropped_tokens: list[str]
     staging_token: str
     head: str | None = None
+    ref_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,6 +186,7 @@ class BranchDeleted(Event):
     branch: str
     dropped_tokens: list[str]
     last_head: str | None = None
+    ref_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,6 +195,7 @@ class TagCreated(Event):
     DOC = "A tag naming a commit."
     tag: str
     commit_id: str
+    ref_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,12 +203,14 @@ class TagDeleted(Event):
     TYPE = "tag_deleted"
     DOC = "A tag removed."
     tag: str
+    ref_version: int | None = None
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.TYPE: cls
     for cls in (
         RepositoryCreated,
+        RepositoryDeleted,
         BranchCreated,
         AddressIssued,
         ObjectWritten,
@@ -304,6 +330,9 @@ def _check_semantics(e: Event) -> None:
                              "replaces_address", etype)
         if e.replaces_ref_id == e.ref_id:
             raise EventError("a reference cannot replace itself", "replaces_ref_id", etype)
+    ref_version = getattr(e, "ref_version", None)
+    if ref_version is not None and not 0 <= ref_version <= REF_VERSION_MAX:
+        raise EventError(f"must be between 0 and {REF_VERSION_MAX}", "ref_version", etype)
     if isinstance(e, AddressIssued) and e.ttl_seconds <= 0:
         raise EventError("must be > 0", "ttl_seconds", etype)
     if isinstance(e, RepositoryCreated):
@@ -355,6 +384,8 @@ def json_schema(cls: type[Event]) -> dict[str, Any]:
         if f.name in ADDRESS_FIELDS:
             target = prop["anyOf"][0] if "anyOf" in prop else prop
             target["pattern"] = "^s3://"
+        if f.name == "ref_version":
+            prop["anyOf"][0].update(minimum=0, maximum=REF_VERSION_MAX)
         props[f.name] = prop
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -22,6 +22,9 @@ RECONCILER_LEASE = f"{PREFIX}:reconciler:lease:"  # + repo: string with run id, 
 # contains or lies inside a registered one is refused. Retired repository ids are never reused.
 NAMESPACES = f"{PREFIX}:namespaces"  # hash: namespace -> repository id (live repositories only)
 RETIRED = f"{PREFIX}:retired"  # hash: repository id -> json {namespace, at_ms, event_id}
+# Incidents that belong to no live repository (a repository_created refused because its
+# namespace overlaps a live one's, or because its id was retired): json, newest last.
+INCIDENTS = f"{PREFIX}:incidents"  # list: json {kind, repository, reason, event_id, at_ms, ...}
 # The whole mirror is unproven (e.g. Redis lost everything while the group has offsets): every
 # repository is fail-closed until an operator clears it. Field "reason" (and detail fields).
 FAIL_CLOSED = f"{PREFIX}:failclosed"  # hash: reason, at_ms, detail (present = fail-closed)
@@ -84,7 +87,8 @@ class RepoKeys:
 
     @property
     def meta(self) -> str:
-        """hash: namespace, default_branch, default_retention_days, branch_retention (json)."""
+        """hash: namespace (canonical), default_branch, default_retention_days,
+        branch_retention (json); once retired also retired_at (ms), retired_event."""
         return f"{self.tag}:repo"
 
     @property
@@ -96,6 +100,12 @@ class RepoKeys:
     def branches(self) -> str:
         """hash: branch -> json {head, staging_token, sealed_tokens}."""
         return f"{self.tag}:branches"
+
+    @property
+    def ref_versions(self) -> str:
+        """hash: 'b:<branch>' / 't:<tag>' -> highest ref_version applied (deletes included:
+        a versioned tombstone, so a late lower-versioned event cannot resurrect the ref)."""
+        return f"{self.tag}:refver"
 
     @property
     def commits(self) -> str:

@@ -38,6 +38,45 @@ def overlaps(a: str, b: str) -> bool:
     return a.startswith(b) or b.startswith(a)
 
 
+def namespace_problem(namespace: str) -> str | None:
+    """Why ``namespace`` cannot be registered as given, or None: it must be canonical, so that
+    the registry, the repository meta and every address check compare the same string."""
+    try:
+        ns = canonical_namespace(namespace)
+    except OutsideNamespace as exc:
+        return str(exc)
+    if ns != namespace:
+        return f"storage namespace {namespace!r} is not canonical (expected {ns!r})"
+    return None
+
+
+def registration_problem(registry: Mapping[str, str], repo: str, namespace: str) -> str | None:
+    """Why ``repo`` may not register ``namespace`` (canonical) now, or None.
+
+    Refused: a namespace that equals, contains or lies inside a namespace of another live
+    repository, and a second namespace for a repository that already owns one. The conflict
+    reported is the first in namespace order (``apply``'s registry script reports the same one).
+    """
+    for other_ns, owner in sorted(registry.items()):
+        if owner == repo:
+            if other_ns != namespace:
+                return conflict_reason(repo, namespace, other_ns, owner)
+        elif overlaps(namespace, other_ns):
+            return conflict_reason(repo, namespace, other_ns, owner)
+    return None
+
+
+def conflict_reason(repo: str, namespace: str, other_ns: str, owner: str) -> str:
+    """The dead-letter reason for a refused registration (one wording for spec and script)."""
+    if owner == repo:
+        return (f"repository {repo!r} already owns storage namespace {other_ns!r}, "
+                f"not {namespace!r}")
+    how = ("equals" if namespace == other_ns
+           else "contains" if other_ns.startswith(namespace) else "lies inside")
+    return (f"storage namespace {namespace!r} of repository {repo!r} {how} namespace "
+            f"{other_ns!r} of live repository {owner!r} (namespace overlap)")
+
+
 def conflicting_owner(registry: Mapping[str, str], repo: str, namespace: str) -> str | None:
     """The live repository (other than ``repo``) whose namespace overlaps ``namespace``."""
     ns = canonical_namespace(namespace)

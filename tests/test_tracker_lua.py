@@ -13,17 +13,27 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas import events as ev
+from schemas.layout import NAMESPACES as REGISTRY
+from schemas.layout import REPOS as REPO_SET
 from schemas.layout import RepoKeys
 from tracker import codec
 from tracker.gen import workload
 from tracker.references import World
 from tracker.state import read_repo_state, redis_time_ms
-from tracker.testing import apply_lua, canonical, lua_batches, reap
+from tracker.testing import (
+    LuaTracker,
+    apply_lua,
+    canonical,
+    lua_batches,
+    reap,
+    refused_incidents,
+)
 
 pytestmark = pytest.mark.integration
 
 NS = "s3://b/r0/"
-REPOS = ["r0", "r1"]  # r1 is never created: its events are rejected
+REPOS = ["r0", "r1", "r2"]  # r1, r2: created (or refused) along the way, on overlapping namespaces
+NAMESPACES = [NS, NS, "s3://b/", "s3://b/r0/sub/", "s3://b/z/", "s3://c/"]
 ADDRS = [NS + "data/a", NS + "data/b", NS + "data/c", "s3://other/x", NS + "_hardelete/m"]
 REFS = [f"ref{i}" for i in range(6)]
 TOKS = [f"tok{i}" for i in range(4)]
@@ -44,10 +54,11 @@ def chaos_events(rng: random.Random, n: int) -> list[ev.Event | tuple[str, str]]
         if out and rng.random() < 0.08:  # a duplicate (a retried publish)
             out.append(c(out))
             continue
-        kind = rng.randrange(13)
+        kind = rng.randrange(14)
         tok = c(TOKS)
-        common = {"repository": "r0" if rng.random() < 0.9 else "r1",
+        common = {"repository": "r0" if rng.random() < 0.8 else c(REPOS[1:]),
                   "event_id": f"e{rng.randrange(10**6)}"}
+        version = {"ref_version": c([None, None, 0, 1, 2, 3, 4, 5])}
         if kind <= 2:
             ref = c(REFS)
             rep = (c(REFS), addr()) if rng.random() < 0.3 else None
@@ -66,37 +77,41 @@ def chaos_events(rng: random.Random, n: int) -> list[ev.Event | tuple[str, str]]
             out.append(ev.AddressIssued(**common, address=addr(),
                                         ttl_seconds=c([0.001, 1.5, 3600.0])))
         elif kind == 6:
-            out.append(ev.CommitCreated(**common, branch=c(BRANCHES), commit_id=c(COMMITS),
-                                        parents=[],
+            out.append(ev.CommitCreated(**common, **version, branch=c(BRANCHES),
+                                        commit_id=c(COMMITS), parents=[],
                                         sealed_tokens=rng.sample(TOKS, rng.randrange(3)),
                                         staging_token=tok, committed_at=1.0, manifest=NS + "m"))
         elif kind == 7:
-            out.append(ev.BranchReset(**common, branch=c(BRANCHES),
+            out.append(ev.BranchReset(**common, **version, branch=c(BRANCHES),
                                       dropped_tokens=rng.sample(TOKS, rng.randrange(3)),
                                       staging_token=tok, head=c([None, *COMMITS])))
         elif kind == 8:
-            out.append(ev.BranchDeleted(**common, branch=c(BRANCHES),
+            out.append(ev.BranchDeleted(**common, **version, branch=c(BRANCHES),
                                         dropped_tokens=rng.sample(TOKS, rng.randrange(3))))
         elif kind == 9:
-            out.append(ev.BranchCreated(**common, branch=c(BRANCHES), staging_token=tok,
-                                        source_commit=c([None, *COMMITS])))
+            out.append(ev.BranchCreated(**common, **version, branch=c(BRANCHES),
+                                        staging_token=tok, source_commit=c([None, *COMMITS])))
         elif kind == 10:
-            out.append(c([ev.TagCreated(**common, tag="v1", commit_id="c1"),
-                          ev.TagDeleted(**common, tag="v1")]))
+            out.append(c([ev.TagCreated(**common, **version, tag=c(["v1", "v2"]),
+                                        commit_id=c(COMMITS)),
+                          ev.TagDeleted(**common, **version, tag=c(["v1", "v2"]))]))
         elif kind == 11:
             out.append(("reap", c(ADDRS[:3])))
+        elif kind == 12:
+            out.append(ev.RepositoryDeleted(**common, storage_namespace=c(NAMESPACES)))
         else:
-            out.append(ev.RepositoryCreated(**common, storage_namespace=c([NS, NS, "s3://b/z/"]),
+            out.append(ev.RepositoryCreated(**common, storage_namespace=c(NAMESPACES),
                                             default_branch="main", default_retention_days=1.5,
                                             branch_retention_days={"main": 2.0}))
     return out
 
 
 def run_both(r, items, batch_sizes, now0=1_000_000, step=1_000):
-    """Apply to the pure world and (in batches) via Lua; also re-send one batch (redelivery)."""
+    """Apply to the pure world and (in batches, as the daemon does: gate, namespace registry,
+    script, retirements) via Lua; also re-send the last batch (redelivery)."""
     r.flushall()
     world = World()
-    gate = codec.Gate()
+    lua = LuaTracker(r)
     base = [ev.RepositoryCreated(repository="r0", storage_namespace=NS, default_branch="main",
                                  default_retention_days=1.0, event_id="e-root")]
     items = base + list(items)
@@ -110,25 +125,31 @@ def run_both(r, items, batch_sizes, now0=1_000_000, step=1_000):
         for item in chunk:
             if isinstance(item, tuple):  # the reaper acts between batches
                 _, address = item
-                state = world.repos.get("r0")
-                if state and address in state.addresses and state.addresses[address].state in (
-                        "unreferenced", "issued"):
-                    reap(r, world, "r0", address, now)
+                for repo, state in world.repos.items():
+                    rec = state.addresses.get(address)
+                    if (state.retired_at is None and rec is not None
+                            and rec.state in ("unreferenced", "issued")):
+                        reap(r, world, repo, address, now)
                 continue
             events.append(item)
         expected_rejections = []
         for e in events:
             out = world.apply(e, now)
             expected_rejections.append(out.rejected)
-        batch, rejected = lua_batches(events, gate, offset)
+        world.settle()  # the batch is applied: retired namespaces are free
+        rejected, _ = lua.batch(events, now, offset)
         got = {off - offset: reason for off, reason in rejected}
         assert got == {k: v for k, v in enumerate(expected_rejections) if v}
-        apply_lua(r, batch, now)
-        last_batch = (batch, now)
+        last_batch = (events, now, offset)
         offset += len(events)
         now += step
+    assert refused_incidents(r) == world.refused
+    assert r.hgetall(REGISTRY) == world.namespaces
+    assert r.smembers(REPO_SET) == {repo for repo, st_ in world.repos.items()
+                                    if st_.retired_at is None}
     if last_batch:  # redelivery of the last batch changes nothing
-        results = apply_lua(r, last_batch[0], last_batch[1] + 5)
+        events, now, first = last_batch
+        _, results = lua.batch(events, now + 5, first)
         assert all(res[0] == 0 for res in results)
     for repo in REPOS:
         if repo in world.repos:

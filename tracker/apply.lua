@@ -30,6 +30,7 @@ end
 local K_META, K_TOKENS, K_BRANCHES = P .. 'repo', P .. 'tokens', P .. 'branches'
 local K_COMMITS, K_TAGS, K_UNREF = P .. 'commits', P .. 'tags', P .. 'unref'
 local K_INC, K_APPLIED, K_STATS = P .. 'incidents', P .. 'applied', P .. 'stats'
+local K_REFVER, K_CLAIMS = P .. 'refver', P .. 'claims'
 local AP, TP = P .. 'a:', P .. 't:'
 
 local RANK = { open = 0, sealed = 1, dropped = 2, committed = 3 }
@@ -213,6 +214,17 @@ local function ended(t)
   return s == 'committed' or s == 'dropped'
 end
 
+--[[ Versioned refs (ref_version, see references.py): true if the event's version is above the
+ref's recorded one (and records it), false if not (stale or duplicate: the ref does not change),
+nil for an unversioned event (v1 rule). Deletes record their version too: a tombstone. ]]
+local function newer(field, v)
+  if v == nil or v < 0 then return nil end
+  local cur = tonumber(redis.call('HGET', K_REFVER, field) or '-1')
+  if v <= cur then return false end
+  redis.call('HSET', K_REFVER, field, fmt(v))
+  return true
+end
+
 local function branch_json(head, token)
   local h = 'null'
   if head ~= nil and head ~= '' then h = cjson.encode(head) end
@@ -221,10 +233,15 @@ end
 
 for i = 1, #events do  -- refuse a malformed batch before writing anything
   local op = events[i][2]
-  if type(op) ~= 'number' or op < 1 or op > 10 then
+  if type(op) ~= 'number' or op < 1 or op > 11 then
     return redis.error_reply('hardelete: unknown op ' .. tostring(op))
   end
 end
+
+-- A retired repository changes no more (the tracker dead-letters its events; this holds even
+-- for a tracker whose cache missed the retirement). retire: retired by this call.
+local dead = redis.call('HEXISTS', K_META, 'retired_at') == 1
+local retire = false
 
 local last = tonumber(redis.call('HGET', K_APPLIED, part) or '-1')
 local maxoff, applied, skipped = last, 0, 0
@@ -237,7 +254,8 @@ for i = 1, #events do
   else
     applied = applied + 1
     if off > maxoff then maxoff = off end
-    if op == 4 then -- add: token, address, size, ref, rep_ref, rep_addr, event_id, type
+    if dead then -- retired: nothing changes
+    elseif op == 4 then -- add: token, address, size, ref, rep_ref, rep_addr, event_id, type
       add_ref(e[4], e[6], e[3], e[5], e[9], e[10])
       if e[7] ~= '' then remove_ref(e[8], e[7], e[3]) end
     elseif op == 5 then -- delete: token, address, ref
@@ -246,23 +264,27 @@ for i = 1, #events do
       local r = load(e[3])
       if r.iu == nil then r.iu = now + e[4]; r.diu = true end
       derive(e[3], r)
-    elseif op == 6 then -- commit: branch, commit, sealed, staging, record, event_id
-      local fresh = not ended(e[6])
+    elseif op == 6 then -- commit: branch, commit, sealed, staging, record, event_id, version
+      local fresh = newer('b:' .. e[3], e[9])
+      if fresh == nil then fresh = not ended(e[6]) end
       for _, t in ipairs(e[5]) do set_token(t, 'committed', e[8], 'commit_created') end
       set_token(e[6], 'open', e[8], 'commit_created')
       redis.call('HSETNX', K_COMMITS, e[4], e[7])
       if fresh then redis.call('HSET', K_BRANCHES, e[3], branch_json(e[4], e[6])) end
-    elseif op == 2 then -- branch created: branch, token, source_commit
-      local fresh = not ended(e[4])
+    elseif op == 2 then -- branch created: branch, token, source_commit, version
+      local fresh = newer('b:' .. e[3], e[6])
+      if fresh == nil then fresh = not ended(e[4]) end
       set_token(e[4], 'open', '', 'branch_created')
       if fresh then redis.call('HSET', K_BRANCHES, e[3], branch_json(e[5], e[4])) end
-    elseif op == 7 then -- reset: branch, dropped, staging, head, event_id
-      local fresh = not ended(e[5])
+    elseif op == 7 then -- reset: branch, dropped, staging, head, event_id, version
+      local versioned = newer('b:' .. e[3], e[8])
+      local fresh = versioned
+      if fresh == nil then fresh = not ended(e[5]) end
       for _, t in ipairs(e[4]) do set_token(t, 'dropped', e[7], 'branch_reset') end
       set_token(e[5], 'open', e[7], 'branch_reset')
       if fresh then
         local head = e[6]
-        if head == '' then
+        if head == '' and versioned == nil then -- v1: no head means "unchanged"
           local prev = redis.call('HGET', K_BRANCHES, e[3])
           if prev then
             local h = cjson.decode(prev).head
@@ -271,19 +293,27 @@ for i = 1, #events do
         end
         redis.call('HSET', K_BRANCHES, e[3], branch_json(head, e[5]))
       end
-    elseif op == 8 then -- branch deleted: branch, dropped, event_id
+    elseif op == 8 then -- branch deleted: branch, dropped, event_id, version
+      local versioned = newer('b:' .. e[3], e[6])
       for _, t in ipairs(e[4]) do set_token(t, 'dropped', e[5], 'branch_deleted') end
-      local prev = redis.call('HGET', K_BRANCHES, e[3])
-      if prev then
-        local cur = cjson.decode(prev).staging_token
-        for _, t in ipairs(e[4]) do
-          if t == cur then redis.call('HDEL', K_BRANCHES, e[3]); break end
+      if versioned then
+        redis.call('HDEL', K_BRANCHES, e[3])
+      elseif versioned == nil then
+        local prev = redis.call('HGET', K_BRANCHES, e[3])
+        if prev then
+          local cur = cjson.decode(prev).staging_token
+          for _, t in ipairs(e[4]) do
+            if t == cur then redis.call('HDEL', K_BRANCHES, e[3]); break end
+          end
         end
       end
-    elseif op == 9 then
-      redis.call('HSET', K_TAGS, e[3], e[4])
-    elseif op == 10 then
-      redis.call('HDEL', K_TAGS, e[3])
+    elseif op == 9 then -- tag: tag, commit, version
+      if newer('t:' .. e[3], e[5]) ~= false then redis.call('HSET', K_TAGS, e[3], e[4]) end
+    elseif op == 10 then -- untag: tag, version
+      if newer('t:' .. e[3], e[4]) ~= false then redis.call('HDEL', K_TAGS, e[3]) end
+    elseif op == 11 then -- repository deleted (retired): event_id
+      redis.call('HSET', K_META, 'retired_at', NOW, 'retired_event', e[3])
+      dead, retire = true, true
     else -- op == 1, repository: namespace, default_branch, retention, branch_retention
       if redis.call('HSETNX', K_META, 'namespace', e[3]) == 1 then
         redis.call('HSET', K_META, 'default_branch', e[4], 'default_retention_days', e[5],
@@ -294,6 +324,9 @@ for i = 1, #events do
 end
 
 flush()
+-- Retired: nothing of it may be deleted online (the queue is dropped after the flush, which may
+-- have queued addresses of this batch; claims in flight are dropped with it).
+if retire then redis.call('DEL', K_UNREF, K_CLAIMS) end
 if maxoff > last then redis.call('HSET', K_APPLIED, part, fmt(maxoff)) end
 if applied > 0 then redis.call('HINCRBY', K_STATS, 'events', applied) end
 if #incidents > 0 then redis.call('HINCRBY', K_STATS, 'incidents', #incidents) end

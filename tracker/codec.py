@@ -27,7 +27,8 @@ from schemas.layout import RESERVED_PREFIXES
 from tracker.references import admission_problem
 
 OP_REPO, OP_BRANCH, OP_ISSUE, OP_ADD, OP_DEL, OP_COMMIT = 1, 2, 3, 4, 5, 6
-OP_RESET, OP_BDEL, OP_TAG, OP_UNTAG = 7, 8, 9, 10
+OP_RESET, OP_BDEL, OP_TAG, OP_UNTAG, OP_RETIRE = 7, 8, 9, 10, 11
+NO_VERSION = -1  # compact form of an absent ref_version (versions are >= 0)
 
 Check = Callable[[Any], bool]
 
@@ -128,6 +129,9 @@ def _semantics_ok(t: str, b: dict[str, Any]) -> bool:
         return b["size"] >= 0 and (rr is None) == (ra is None) and rr != b["ref_id"]
     if t == "address_issued":
         return bool(b["ttl_seconds"] > 0)
+    rv = b.get("ref_version")
+    if rv is not None and not 0 <= rv <= ev.REF_VERSION_MAX:
+        return False
     if t == "repository_created":
         return (b["storage_namespace"].endswith("/") and b["default_retention_days"] >= 0
                 and all(d >= 0 for d in b.get("branch_retention_days", {}).values()))
@@ -210,6 +214,11 @@ def addresses(body: dict[str, Any]) -> list[str]:
     return []
 
 
+def _version(body: dict[str, Any]) -> int:
+    v = body.get("ref_version")
+    return NO_VERSION if v is None else int(v)
+
+
 def compact(body: dict[str, Any], offset: int) -> list[Any]:
     """The Lua script's form of a validated body (see apply.lua)."""
     t = body["type"]
@@ -225,19 +234,22 @@ def compact(body: dict[str, Any], offset: int) -> list[Any]:
         record = orjson.dumps({"parents": body["parents"], "time": body["committed_at"],
                                "branch": body["branch"], "manifest": body["manifest"]}).decode()
         return [offset, OP_COMMIT, body["branch"], body["commit_id"], body["sealed_tokens"],
-                body["staging_token"], record, body["event_id"]]
+                body["staging_token"], record, body["event_id"], _version(body)]
     if t == "branch_created":
         return [offset, OP_BRANCH, body["branch"], body["staging_token"],
-                body.get("source_commit") or ""]
+                body.get("source_commit") or "", _version(body)]
     if t == "branch_reset":
         return [offset, OP_RESET, body["branch"], body["dropped_tokens"], body["staging_token"],
-                body.get("head") or "", body["event_id"]]
+                body.get("head") or "", body["event_id"], _version(body)]
     if t == "branch_deleted":
-        return [offset, OP_BDEL, body["branch"], body["dropped_tokens"], body["event_id"]]
+        return [offset, OP_BDEL, body["branch"], body["dropped_tokens"], body["event_id"],
+                _version(body)]
     if t == "tag_created":
-        return [offset, OP_TAG, body["tag"], body["commit_id"]]
+        return [offset, OP_TAG, body["tag"], body["commit_id"], _version(body)]
     if t == "tag_deleted":
-        return [offset, OP_UNTAG, body["tag"]]
+        return [offset, OP_UNTAG, body["tag"], _version(body)]
+    if t == "repository_deleted":
+        return [offset, OP_RETIRE, body["event_id"]]
     if t == "repository_created":
         return [offset, OP_REPO, body["storage_namespace"], body["default_branch"],
                 repr(body["default_retention_days"]),
@@ -261,24 +273,43 @@ def _plain_key_fast(namespace: str, address: str) -> bool:
 
 class Gate:
     """Admission for the hot path: the same rule as ``references.admission_problem``, with a
-    cache of repository namespaces (set once per repository, so caching is safe)."""
+    cache of repository namespaces (set once per repository) and of retired repositories
+    (retirement is final). A tracker starts a fresh Gate whenever its partitions change, so a
+    repository retired by another tracker meanwhile is read again from Redis.
+
+    A ``repository_created`` that passes is admitted here at once; the daemon then registers
+    the namespace (``hd:namespaces``, atomically across trackers) and calls :meth:`forget` if
+    the registry refuses it."""
 
     def __init__(self) -> None:
-        self.namespaces: dict[str, str] = {}
+        self.namespaces: dict[str, str] = {}  # live repository -> namespace
+        self.retired: dict[str, str] = {}  # retired repository -> its namespace
         self._valid: dict[str, bool] = {}  # namespace -> namespace_key accepts the namespace
 
     def missing(self, repos: Iterable[str]) -> set[str]:
-        return {r for r in repos if r not in self.namespaces}
+        return {r for r in repos if r not in self.namespaces and r not in self.retired}
+
+    def forget(self, repo: str) -> None:
+        """Undo the admission of a repository whose registration was refused."""
+        self.namespaces.pop(repo, None)
 
     def check(self, body: dict[str, Any]) -> str | None:
-        """Why this event must go to the dead-letter topic, or None (and remember new repos)."""
+        """Why this event must go to the dead-letter topic, or None (and remember new repos;
+        a ``repository_deleted`` marks its repository retired for the events after it)."""
         repo = body["repository"]
         known = self.namespaces.get(repo)
         t = body["type"]
         if t == "repository_created":
-            problem = admission_problem(repo, t, [], known, body["storage_namespace"])
+            problem = admission_problem(repo, t, [], known, body["storage_namespace"],
+                                        repo in self.retired)
             if problem is None and known is None:
                 self.namespaces[repo] = body["storage_namespace"]
+            return problem
+        if t == "repository_deleted":
+            problem = admission_problem(repo, t, [], known or self.retired.get(repo),
+                                        body["storage_namespace"], repo in self.retired)
+            if problem is None and known is not None:
+                self.retired[repo] = self.namespaces.pop(repo)
             return problem
         addrs = addresses(body)
         if known is not None:
@@ -287,4 +318,4 @@ class Gate:
                 ok = self._valid[known] = known.startswith("s3://") and known.endswith("/")
             if ok and all(_plain_key_fast(known, a) for a in addrs):
                 return None
-        return admission_problem(repo, t, addrs, known)
+        return admission_problem(repo, t, addrs, known, retired=repo in self.retired)

@@ -52,13 +52,15 @@ from hardelete import UserError
 from hardelete.clients import redis_async
 from hardelete.settings import Settings
 from schemas.events import EventError
-from schemas.layout import PROGRESS, PROGRESS_META, REPOS, RepoKeys
+from schemas.layout import INCIDENTS, PROGRESS, PROGRESS_META, REPOS, RETIRED, RepoKeys
 from schemas.publisher import ensure_topics
 from tracker import codec
 from tracker.state import (
     PROGRESS_LUA,
     ApplyScript,
+    afree_namespace,
     aredis_time_ms,
+    aregister_namespace,
     atracker_horizon_ms,
 )
 
@@ -114,6 +116,8 @@ class _Batch:
     calls: list[tuple[str, int, bytes]] = field(default_factory=list)
     dlq: list[tuple[Any, str]] = field(default_factory=list)
     new_repos: set[str] = field(default_factory=set)
+    refused: list[dict[str, Any]] = field(default_factory=list)  # refused repository_created
+    retired: dict[str, tuple[str, str]] = field(default_factory=dict)  # repo -> (ns, event id)
     offsets: dict[Any, OffsetAndMetadata] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
     records: int = 0
@@ -153,6 +157,8 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         async with t._lock:  # the in-flight batch is applied and committed first
             with contextlib.suppress(Exception):  # (its error surfaces in the main loop)
                 await t._drain()
+            # Another tracker may retire a repository of these partitions: read it again.
+            t.gate = codec.Gate()
             for tp in revoked:
                 t._clocks.pop(tp.partition, None)
                 t.metrics.lag.remove(str(tp.partition)) if str(tp.partition) in t._lag_labels \
@@ -170,7 +176,8 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
 def _reason_kind(reason: str) -> str:
     for kind in ("not valid JSON", "unknown event type", "schema version", "unknown repository",
-                 "missing", "expected", "outside namespace", "reserved", "already exists"):
+                 "missing", "expected", "outside namespace", "reserved", "already exists",
+                 "namespace overlap", "retired", "not canonical"):
         if kind in reason:
             return kind.replace(" ", "_")
     return "other"
@@ -387,18 +394,63 @@ class Tracker:
         check = gate.check
         for p, rec, body in parsed:
             problem = check(body)
+            t = body["type"]
+            if t == "repository_created" or t == "repository_deleted":
+                problem = await self._lifecycle(batch, body, problem)
             if problem:
                 dlq.append((rec, problem))
                 continue
-            if body["type"] == "repository_created":
-                batch.new_repos.add(body["repository"])
             chunks[(body["repository"], p)].append(compact(body, rec.offset))
         batch.calls = [(repo, p, orjson.dumps(evts)) for (repo, p), evts in chunks.items()]
         return batch
 
+    async def _lifecycle(self, batch: _Batch, body: dict[str, Any],
+                         problem: str | None) -> str | None:
+        """Repository lifecycle at admission. A ``repository_created`` the gate admits is
+        registered in ``hd:namespaces`` now, atomically across trackers (an overlap with a live
+        repository refuses it: dead letter and incident). A ``repository_deleted`` is noted:
+        once its chunk is applied, :meth:`_retire` frees the namespace."""
+        repo, eid = body["repository"], body["event_id"]
+        if body["type"] == "repository_deleted":
+            if problem is None:
+                batch.retired[repo] = (self.gate.retired[repo], eid)
+            return problem
+        ns = body["storage_namespace"]
+        if problem is None:
+            problem = await self._retrying(
+                lambda: aregister_namespace(self._redis, repo, ns))
+            if problem is None:
+                batch.new_repos.add(repo)
+                return None
+            self.gate.forget(repo)
+        batch.refused.append({"kind": "repository_refused", "repository": repo,
+                              "namespace": ns, "reason": problem, "event_id": eid})
+        self.log.error("incident: repository refused", repository=repo, namespace=ns,
+                       reason=problem, event_id=eid)
+        return problem
+
+    async def _retire(self, retired: dict[str, tuple[str, str]]) -> None:
+        """After the chunks are applied (queue and claims dropped, later events ignored): the
+        reaper stops visiting the repository, the retirement is recorded, then the namespace
+        is freed. Each step is idempotent; a crash repeats them on redelivery."""
+        now = await aredis_time_ms(self._redis)
+        for repo, (ns, eid) in sorted(retired.items()):
+            record = orjson.dumps({"namespace": ns, "at_ms": now, "event_id": eid}).decode()
+            await self._retrying(lambda repo=repo: self._redis.srem(REPOS, repo))
+            await self._retrying(lambda repo=repo, record=record: self._redis.hsetnx(
+                RETIRED, repo, record))
+            await self._retrying(lambda repo=repo, ns=ns: afree_namespace(self._redis, repo, ns))
+            self.log.info("repository retired", repository=repo, namespace=ns, event_id=eid)
+
     async def _apply(self, consumer: AIOKafkaConsumer, batch: _Batch) -> None:
         if batch.dlq:
             await self._dead_letter(batch.dlq)  # acknowledged before the offsets are committed
+        if batch.refused:
+            now = await aredis_time_ms(self._redis)
+            items = [orjson.dumps({**inc, "at_ms": now}) for inc in batch.refused]
+            await self._retrying(lambda: self._redis.rpush(INCIDENTS, *items))
+            self.incidents += len(items)
+            self.metrics.incidents.inc(len(items))
         if batch.new_repos:
             await self._retrying(lambda: self._redis.sadd(REPOS, *batch.new_repos))
         if batch.calls:
@@ -417,6 +469,8 @@ class Tracker:
                     self.metrics.incidents.inc()
                     self.log.error("incident: reference for an address being reaped or reaped",
                                    **inc)
+        if batch.retired:
+            await self._retire(batch.retired)
         if batch.offsets:
             try:
                 await consumer.commit(batch.offsets)
@@ -444,9 +498,11 @@ class Tracker:
         ordered = sorted(repos)
         pipe = self._redis.pipeline(transaction=False)
         for repo in ordered:
-            pipe.hget(RepoKeys(repo).meta, "namespace")
-        for repo, ns in zip(ordered, await pipe.execute(), strict=True):
-            if ns:
+            pipe.hmget(RepoKeys(repo).meta, ["namespace", "retired_at"])
+        for repo, (ns, retired_at) in zip(ordered, await pipe.execute(), strict=True):
+            if ns and retired_at:
+                self.gate.retired[repo] = ns
+            elif ns:
                 self.gate.namespaces[repo] = ns
 
     async def _dead_letter(self, items: list[tuple[Any, str]]) -> None:

@@ -20,15 +20,26 @@ reference that would keep such an address alive is an :class:`Incident`.
 Token states only move up ``TOKEN_RANK`` (committed outranks dropped); when a token's state
 changes, every address referenced from it is re-evaluated.
 
-Branch records (head, staging token) are last-writer-wins by arrival, except that an event whose
-new staging token has already ended (committed or dropped) is a stale duplicate and leaves the
-record alone, and a ``branch_deleted`` only removes the record if it drops the branch's current
-staging token: a retried publish delivered late never moves a branch back or deletes a branch
-created again since. Commits are immutable (first record wins).
+Refs (branch and tag records) converge by version when the event carries ``ref_version`` (the
+service KV's version of the ref after the change): per ref the machine keeps the highest version
+it applied, deletes included (a versioned tombstone), and an event whose version is not higher
+changes nothing of the ref (its token effects still apply: they commute). So any order and any
+duplication ends in the state of in-order delivery. A versioned ``branch_reset`` carries the
+whole record (``head`` null means no commit). Events without a version keep the v1 rule: branch
+records are last-writer-wins by arrival, except that an event whose new staging token has
+already ended (committed or dropped) is a stale duplicate and leaves the record alone, and a
+``branch_deleted`` only removes the record if it drops the branch's current staging token; tags
+are last-writer-wins. Commits are immutable (first record wins).
 
-Admission: an event of an unknown repository, or naming an address outside the repository's
-namespace or under a reserved prefix (``layout.namespace_key``), is rejected with a reason (the
-tracker sends it to the dead-letter topic) and never applied.
+Repositories: the :class:`World` keeps the namespace registry (``hd:namespaces``). A
+``repository_created`` whose namespace equals, contains or lies inside a live repository's, or
+that names a retired repository id, is refused (an incident). ``repository_deleted`` retires a
+repository: its reaper queue is dropped, every later event of it is refused, and its namespace
+is freed once the retirement is applied (:meth:`World.settle`, the end of the tracker's batch).
+
+Admission: an event of an unknown or retired repository, or naming an address outside the
+repository's namespace or under a reserved prefix (``layout.namespace_key``), is rejected with a
+reason (the tracker sends it to the dead-letter topic) and never applied.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from schemas.layout import (
     TokenState,
     namespace_key,
 )
+from schemas.namespaces import namespace_problem, registration_problem
 
 HELD_BY_REAPER = frozenset({AddressState.REAPING, AddressState.REAPED})
 
@@ -110,6 +122,8 @@ class RepoState:
     tags: dict[str, str] = field(default_factory=dict)
     incidents: list[Incident] = field(default_factory=list)
     unreferenced: dict[str, int] = field(default_factory=dict)  # address -> since (or iu)
+    ref_versions: dict[str, int] = field(default_factory=dict)  # 'b:<branch>'/'t:<tag>' -> v
+    retired_at: int | None = None  # ms the repository_deleted was applied
 
     def token_state(self, token: str) -> TokenState | None:
         cur = self.tokens.get(token)
@@ -143,13 +157,32 @@ def addresses_of(event: ev.Event) -> list[str]:
 
 
 def admission_problem(repository: str, event_type: str, addresses: list[str],
-                      known_namespace: str | None, new_namespace: str | None = None) -> str | None:
+                      known_namespace: str | None, new_namespace: str | None = None,
+                      retired: bool = False) -> str | None:
     """Why an event must not be applied (it goes to the dead-letter topic), or None.
 
     ``known_namespace`` is the repository's namespace if the repository exists;
-    ``new_namespace`` is the namespace a ``repository_created`` event declares.
+    ``new_namespace`` is the namespace a ``repository_created`` or ``repository_deleted``
+    event declares (for a retired repository ``known_namespace`` is still its namespace);
+    ``retired`` whether the repository was retired (``repository_deleted``). Overlap with other
+    repositories' namespaces is the registry's part (:func:`registration_problem`).
     """
+    if event_type == ev.RepositoryDeleted.TYPE:  # (a duplicate is fine: retiring is idempotent)
+        if known_namespace is None:
+            return f"unknown repository {repository!r}"
+        if new_namespace != known_namespace:
+            return (f"repository {repository!r} has storage namespace {known_namespace!r}, "
+                    f"not {new_namespace!r}")
+        return None
+    if retired:
+        if event_type == ev.RepositoryCreated.TYPE:
+            return (f"repository {repository!r} was retired: a repository id is never used "
+                    "again")
+        return f"repository {repository!r} is retired"
     if event_type == ev.RepositoryCreated.TYPE:
+        problem = namespace_problem(new_namespace or "")
+        if problem:
+            return problem
         if known_namespace is not None and new_namespace != known_namespace:
             return (f"repository {repository!r} already exists with storage namespace "
                     f"{known_namespace!r}, not {new_namespace!r}")
@@ -245,6 +278,18 @@ def _set_token(state: RepoState, token: str, new: TokenState, event: ev.Event, n
         _derive(state, address, rec, now)
 
 
+def _newer(state: RepoState, ref: str, version: int | None) -> bool | None:
+    """Versioned refs: True if ``version`` is above the ref's recorded one (and record it),
+    False if not (a stale or duplicate event: the ref does not change), None if unversioned."""
+    if version is None:
+        return None
+    cur = state.ref_versions.get(ref)
+    if cur is not None and version <= cur:
+        return False
+    state.ref_versions[ref] = version
+    return True
+
+
 def _ended(state: RepoState, token: str) -> bool:
     """A branch update naming a token that already ended is a stale (duplicate, late) event:
     it must not move the branch record back."""
@@ -256,17 +301,26 @@ def apply(state: RepoState, event: ev.Event, now_ms: int) -> Outcome:
     """Apply one event to one repository's state at tracker time ``now_ms``."""
     out = Outcome()
     known = state.meta.namespace if state.meta else None
-    new_ns = event.storage_namespace if isinstance(event, ev.RepositoryCreated) else None
-    problem = admission_problem(event.repository, event.TYPE, addresses_of(event), known, new_ns)
+    new_ns = (event.storage_namespace
+              if isinstance(event, ev.RepositoryCreated | ev.RepositoryDeleted) else None)
+    problem = admission_problem(event.repository, event.TYPE, addresses_of(event), known, new_ns,
+                                state.retired_at is not None)
     if problem:
         out.rejected = problem
         return out
     now = now_ms
+    if state.retired_at is not None:
+        return out  # (only a duplicate repository_deleted gets here: nothing changes)
     if isinstance(event, ev.RepositoryCreated):
         if state.meta is None:
             state.meta = RepoMeta(event.storage_namespace, event.default_branch,
                                   event.default_retention_days,
                                   dict(event.branch_retention_days))
+    elif isinstance(event, ev.RepositoryDeleted):
+        # Nothing of a retired repository may be deleted online: its queue goes (the reaper's
+        # claims too, in Redis). Its records stay, for explain.
+        state.retired_at = now
+        state.unreferenced.clear()
     elif isinstance(event, ev.ObjectWritten | ev.ObjectCopied):
         _add(state, event.address, event.ref_id, event.staging_token, event.size, event, now,
              out)
@@ -281,12 +335,16 @@ def apply(state: RepoState, event: ev.Event, now_ms: int) -> Outcome:
             rec.issued_until = now + ttl_ms(event)
         _derive(state, event.address, rec, now)
     elif isinstance(event, ev.BranchCreated):
-        fresh = not _ended(state, event.staging_token)
+        fresh = _newer(state, "b:" + event.branch, event.ref_version)
+        if fresh is None:
+            fresh = not _ended(state, event.staging_token)
         _set_token(state, event.staging_token, TokenState.OPEN, event, now, out)
         if fresh:
             state.branches[event.branch] = BranchRecord(event.source_commit, event.staging_token)
     elif isinstance(event, ev.CommitCreated):
-        fresh = not _ended(state, event.staging_token)
+        fresh = _newer(state, "b:" + event.branch, event.ref_version)
+        if fresh is None:
+            fresh = not _ended(state, event.staging_token)
         for token in event.sealed_tokens:
             _set_token(state, token, TokenState.COMMITTED, event, now, out)
         _set_token(state, event.staging_token, TokenState.OPEN, event, now, out)
@@ -295,43 +353,97 @@ def apply(state: RepoState, event: ev.Event, now_ms: int) -> Outcome:
         if fresh:
             state.branches[event.branch] = BranchRecord(event.commit_id, event.staging_token)
     elif isinstance(event, ev.BranchReset):
-        fresh = not _ended(state, event.staging_token)
+        versioned = _newer(state, "b:" + event.branch, event.ref_version)
+        fresh = versioned if versioned is not None else not _ended(state, event.staging_token)
         for token in event.dropped_tokens:
             _set_token(state, token, TokenState.DROPPED, event, now, out)
         _set_token(state, event.staging_token, TokenState.OPEN, event, now, out)
         if fresh:
             prev = state.branches.get(event.branch)
-            head = event.head if event.head is not None else (prev.head if prev else None)
+            head = event.head
+            if head is None and versioned is None:  # v1: no head means "unchanged"
+                head = prev.head if prev else None
             state.branches[event.branch] = BranchRecord(head, event.staging_token)
     elif isinstance(event, ev.BranchDeleted):
+        versioned = _newer(state, "b:" + event.branch, event.ref_version)
         for token in event.dropped_tokens:
             _set_token(state, token, TokenState.DROPPED, event, now, out)
         prev = state.branches.get(event.branch)
-        if prev is not None and prev.staging_token in event.dropped_tokens:
-            del state.branches[event.branch]
+        if versioned is None:
+            if prev is not None and prev.staging_token in event.dropped_tokens:
+                del state.branches[event.branch]
+        elif versioned:
+            state.branches.pop(event.branch, None)
     elif isinstance(event, ev.TagCreated):
-        state.tags[event.tag] = event.commit_id
+        if _newer(state, "t:" + event.tag, event.ref_version) is not False:
+            state.tags[event.tag] = event.commit_id
     elif isinstance(event, ev.TagDeleted):
-        state.tags.pop(event.tag, None)
+        if _newer(state, "t:" + event.tag, event.ref_version) is not False:
+            state.tags.pop(event.tag, None)
     else:  # pragma: no cover - decode() only produces the types above
         raise TypeError(f"unhandled event type {event.TYPE}")
     state.incidents.extend(out.incidents)
     return out
 
 
+@dataclass(frozen=True, order=True)
+class RefusedRepository:
+    """An incident without a live repository: a ``repository_created`` the tracker refused
+    (namespace overlap, retired id, another namespace...). Kept in ``hd:incidents``."""
+
+    repository: str
+    namespace: str
+    reason: str
+    event_id: str
+    at_ms: int
+
+
 @dataclass
 class World:
-    """Every repository's state: what the whole tracker maintains (for tests and the model)."""
+    """Every repository's state and the namespace registry: what the whole tracker maintains
+    (for tests and the model)."""
 
     repos: dict[str, RepoState] = field(default_factory=dict)
+    namespaces: dict[str, str] = field(default_factory=dict)  # hd:namespaces: ns -> live repo
+    refused: list[RefusedRepository] = field(default_factory=list)  # hd:incidents
+    retiring: list[tuple[str, str]] = field(default_factory=list)  # (repo, ns) until settle()
 
     def apply(self, event: ev.Event, now_ms: int) -> Outcome:
         state = self.repos.get(event.repository)
+        if isinstance(event, ev.RepositoryCreated):
+            return self._create(state, event, now_ms)
         if state is None:
-            if not isinstance(event, ev.RepositoryCreated):
-                return Outcome(rejected=f"unknown repository {event.repository!r}")
-            state = self.repos[event.repository] = RepoState(event.repository)
+            return Outcome(rejected=f"unknown repository {event.repository!r}")
+        live = state.retired_at is None
+        out = apply(state, event, now_ms)
+        if (isinstance(event, ev.RepositoryDeleted) and live and out.rejected is None
+                and state.meta is not None):
+            self.retiring.append((event.repository, state.meta.namespace))
+        return out
+
+    def _create(self, state: RepoState | None, event: ev.RepositoryCreated,
+                now_ms: int) -> Outcome:
+        repo, ns = event.repository, event.storage_namespace
+        known = state.meta.namespace if state and state.meta else None
+        problem = admission_problem(repo, event.TYPE, [], known, ns,
+                                    state is not None and state.retired_at is not None)
+        if problem is None:
+            problem = registration_problem(self.namespaces, repo, ns)
+        if problem is not None:
+            self.refused.append(RefusedRepository(repo, ns, problem, event.event_id, now_ms))
+            return Outcome(rejected=problem)
+        self.namespaces[ns] = repo
+        if state is None:
+            state = self.repos[repo] = RepoState(repo)
         return apply(state, event, now_ms)
+
+    def settle(self) -> None:
+        """The tracker finished applying a batch: retired repositories' namespaces are free.
+        (Until then a ``repository_created`` on such a namespace is refused: the safe side.)"""
+        for repo, ns in self.retiring:
+            if self.namespaces.get(ns) == repo:
+                del self.namespaces[ns]
+        self.retiring.clear()
 
 
 def live_refs(state: RepoState, address: str) -> dict[str, str]:

@@ -9,6 +9,8 @@ For the reaper, the reconciler, ``status`` and the tests:
   (``None`` while any partition has no progress yet: then nothing may be reaped).
 - :func:`await_horizon`: wait (with a deadline) until the horizon passes a time.
 - :class:`ApplyScript`: loads ``apply.lua`` and applies batches (pipelined, NOSCRIPT-safe).
+- :func:`register_namespace` / :func:`free_namespace` (and ``a``-prefixed async versions): the
+  namespace registry ``hd:namespaces``, one atomic script call each.
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ import orjson
 import redis.asyncio as aredis
 from redis.exceptions import NoScriptError, ResponseError
 
-from schemas.layout import PROGRESS, PROGRESS_META, REPOS, AddressState, RepoKeys, TokenState
+from schemas.layout import (
+    NAMESPACES,
+    PROGRESS,
+    PROGRESS_META,
+    REPOS,
+    AddressState,
+    RepoKeys,
+    TokenState,
+)
+from schemas.namespaces import conflict_reason
 from tracker.references import (
     AddressRecord,
     BranchRecord,
@@ -44,6 +55,70 @@ for i = 1, #ARGV, 2 do
 end
 return 1
 """
+
+
+# The namespace registry (schemas.namespaces.registration_problem, atomically): register
+# ARGV[2] = namespace (canonical) for ARGV[1] = repository unless it equals, contains or lies
+# inside another live repository's, or the repository owns another one; reports the first
+# conflict in namespace order. {1} registered (or already was), {0, namespace, owner} refused.
+# With ARGV[3] == "free": remove the namespace if ARGV[1] owns it (retirement).
+NAMESPACES_LUA = """
+local repo, ns = ARGV[1], ARGV[2]
+if ARGV[3] == 'free' then
+  if redis.call('HGET', KEYS[1], ns) == repo then redis.call('HDEL', KEYS[1], ns) end
+  return {1}
+end
+local function inside(a, b) return #a >= #b and string.sub(a, 1, #b) == b end
+local function before(a, b)  -- byte order, like Python's (Lua's < follows the locale)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+local h = redis.call('HGETALL', KEYS[1])
+local found, owner
+for i = 1, #h, 2 do
+  local other, who = h[i], h[i + 1]
+  local clash
+  if who == repo then clash = other ~= ns else clash = inside(ns, other) or inside(other, ns) end
+  if clash and (found == nil or before(other, found)) then found, owner = other, who end
+end
+if found then return {0, found, owner} end
+redis.call('HSET', KEYS[1], ns, repo)
+return {1}
+"""
+
+
+def _registered(repo: str, namespace: str, res: Any) -> str | None:
+    if int(res[0]) == 1:
+        return None
+    return conflict_reason(repo, namespace, str(res[1]), str(res[2]))
+
+
+def register_namespace(r: Any, repo: str, namespace: str) -> str | None:
+    """Register a repository's (canonical) namespace; the refusal reason, or None."""
+    return _registered(repo, namespace, r.eval(NAMESPACES_LUA, 1, NAMESPACES, repo, namespace,
+                                               "register"))
+
+
+async def aregister_namespace(r: Any, repo: str, namespace: str) -> str | None:
+    return _registered(repo, namespace, await r.eval(NAMESPACES_LUA, 1, NAMESPACES, repo,
+                                                     namespace, "register"))
+
+
+def free_namespace(r: Any, repo: str, namespace: str) -> None:
+    """A retired repository's namespace may be registered again (only if it still owns it)."""
+    r.eval(NAMESPACES_LUA, 1, NAMESPACES, repo, namespace, "free")
+
+
+async def afree_namespace(r: Any, repo: str, namespace: str) -> None:
+    await r.eval(NAMESPACES_LUA, 1, NAMESPACES, repo, namespace, "free")
+
+
+def namespace_registry(r: Any) -> dict[str, str]:
+    """``hd:namespaces``: live namespace -> repository (for ``ownership_problem``)."""
+    return dict(r.hgetall(NAMESPACES))
 
 
 def _sha(text: str) -> str:
@@ -153,7 +228,8 @@ def _pairs(z: Any) -> dict[str, int]:
 def _assemble(repo: str, meta: dict[str, str], addr_hashes: dict[str, dict[str, str]],
               token_sets: dict[str, Iterable[str]], tokens: dict[str, str],
               branches: dict[str, str], commits: dict[str, str], tags: dict[str, str],
-              incidents: list[str], unref: Any) -> RepoState:
+              incidents: list[str], unref: Any,
+              ref_versions: dict[str, str] | None = None) -> RepoState:
     st = RepoState(repo)
     if meta.get("namespace"):
         st.meta = RepoMeta(meta["namespace"], meta.get("default_branch", ""),
@@ -172,6 +248,8 @@ def _assemble(repo: str, meta: dict[str, str], addr_hashes: dict[str, dict[str, 
     st.tags = dict(tags)
     st.incidents = [Incident(**orjson.loads(j)) for j in incidents]
     st.unreferenced = _pairs(unref)
+    st.ref_versions = {f: int(v) for f, v in (ref_versions or {}).items()}
+    st.retired_at = _int(meta.get("retired_at"))
     return st
 
 
@@ -194,12 +272,14 @@ def read_repo_state(r: Any, repo: str) -> RepoState:
         pipe.hgetall(key)
     pipe.lrange(k.incidents, 0, -1)
     pipe.zrange(k.unreferenced, 0, -1, withscores=True)
+    pipe.hgetall(k.ref_versions)
     res = pipe.execute()
     na, nt = len(addr_keys), len(tok_keys)
     addr = {key[len(a_pre):]: h for key, h in zip(addr_keys, res[:na], strict=True)}
     toks = {key[len(t_pre):]: m for key, m in zip(tok_keys, res[na:na + nt], strict=True)}
-    meta, tokens, branches, commits, tags, incidents, unref = res[na + nt:]
-    return _assemble(repo, meta, addr, toks, tokens, branches, commits, tags, incidents, unref)
+    meta, tokens, branches, commits, tags, incidents, unref, versions = res[na + nt:]
+    return _assemble(repo, meta, addr, toks, tokens, branches, commits, tags, incidents, unref,
+                     versions)
 
 
 def repositories(r: Any) -> set[str]:

@@ -11,10 +11,10 @@ from typing import Any
 import orjson
 
 from schemas import events as ev
-from schemas.layout import AddressState, RepoKeys
+from schemas.layout import INCIDENTS, REPOS, RETIRED, AddressState, RepoKeys
 from tracker import codec
-from tracker.references import RepoState, World
-from tracker.state import ApplyScript
+from tracker.references import RefusedRepository, RepoState, World
+from tracker.state import ApplyScript, free_namespace, register_namespace
 
 
 def timeless(st: RepoState) -> RepoState:
@@ -51,6 +51,65 @@ def lua_batches(events: Sequence[ev.Event], gate: codec.Gate, first_offset: int 
         else:
             per_repo[body["repository"]].append(codec.compact(body, first_offset + i))
     return per_repo, rejected
+
+
+class LuaTracker:
+    """The daemon's steps for one batch, synchronously, without Kafka: gate, namespace
+    registration, one ``apply.lua`` call per repository, then retirements (``REPOS``,
+    ``RETIRED``, registry). For differential tests against :class:`World` (then call
+    ``World.settle()`` after each batch)."""
+
+    def __init__(self, r: Any) -> None:
+        self.r = r
+        self.gate = codec.Gate()
+
+    def batch(self, events: Sequence[ev.Event], now_ms: int | None, first_offset: int = 0,
+              partition: int = 0) -> tuple[list[tuple[int, str]], list[Any]]:
+        """Apply; returns (rejected (offset, reason), script results)."""
+        per_repo: dict[str, list[list[Any]]] = defaultdict(list)
+        rejected: list[tuple[int, str]] = []
+        new, retired, refused = set(), {}, []
+        for i, e in enumerate(events):
+            body = codec.parse(ev.encode(e))
+            problem = self.gate.check(body)
+            repo, t = body["repository"], body["type"]
+            if t == "repository_created":
+                if problem is None:
+                    problem = register_namespace(self.r, repo, body["storage_namespace"])
+                    if problem is not None:
+                        self.gate.forget(repo)
+                if problem is None:
+                    new.add(repo)
+                else:
+                    refused.append(RefusedRepository(repo, body["storage_namespace"], problem,
+                                                     body["event_id"], now_ms or 0))
+            elif t == "repository_deleted" and problem is None:
+                retired[repo] = self.gate.retired[repo]
+            if problem:
+                rejected.append((first_offset + i, problem))
+            else:
+                per_repo[repo].append(codec.compact(body, first_offset + i))
+        for inc in refused:
+            self.r.rpush(INCIDENTS, orjson.dumps({"kind": "repository_refused",
+                                                  **inc.__dict__}))
+        if new:
+            self.r.sadd(REPOS, *new)
+        results = apply_lua(self.r, per_repo, now_ms, partition)
+        for repo, ns in retired.items():
+            self.r.srem(REPOS, repo)
+            self.r.hsetnx(RETIRED, repo, orjson.dumps({"namespace": ns, "at_ms": now_ms}))
+            free_namespace(self.r, repo, ns)
+        return rejected, results
+
+
+def refused_incidents(r: Any) -> list[RefusedRepository]:
+    """``hd:incidents`` read back as the pure World's ``refused`` list."""
+    out = []
+    for raw in r.lrange(INCIDENTS, 0, -1):
+        d = orjson.loads(raw)
+        d.pop("kind", None)
+        out.append(RefusedRepository(**d))
+    return out
 
 
 def apply_lua(r: Any, batch: dict[str, list[list[Any]]], now_ms: int | None,
