@@ -54,6 +54,7 @@ from schemas.events import (
     ObjectDeleted,
     ObjectWritten,
     RepositoryCreated,
+    RepositoryDeleted,
     TagCreated,
     TagDeleted,
 )
@@ -218,6 +219,13 @@ class Repository:
     branches: dict[str, Branch] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     commit_ids: list[str] = field(default_factory=list)  # creation order
+    # The KV's version of each ref ('b:<branch>', 't:<tag>'): every change bumps it, deletes
+    # too, and it survives a delete (seed 004's SetIf). Published as ref_version.
+    ref_versions: dict[str, int] = field(default_factory=dict)
+
+    def bump(self, ref: str) -> int:
+        v = self.ref_versions[ref] = self.ref_versions.get(ref, 0) + 1
+        return v
 
     @property
     def bucket(self) -> str:
@@ -419,6 +427,7 @@ class Model:
         self.events: list[Event] = []
         # Upload token ids not yet linked: linking forgets the id, which makes a token single use.
         self._unused_upload_tokens: dict[str, str] = {}
+        self.retired: dict[str, str] = {}  # deleted repository id -> namespace (never reused)
 
     @classmethod
     def from_settings(cls, settings: Settings, **kwargs: Any) -> Model:
@@ -482,6 +491,8 @@ class Model:
         _check_name("branch", default_branch, _REF_RE)
         if repo in self.repositories:
             raise ModelError(f"repository {repo!r} exists")
+        if repo in self.retired:
+            raise ModelError(f"repository id {repo!r} was deleted; ids are never reused")
         ns = storage_namespace
         if not ns.startswith("s3://") or not ns.endswith("/") or not split_s3_uri(ns)[0]:
             raise ModelError(f"storage namespace must look like s3://bucket/prefix/, got {ns!r}")
@@ -504,8 +515,17 @@ class Model:
                               default_retention_days=r.default_retention_days,
                               branch_retention_days=dict(r.branch_retention_days)),
             BranchCreated(repository=repo, emitted_at=now, branch=default_branch,
-                          staging_token=token.id),
+                          staging_token=token.id, ref_version=r.bump("b:" + default_branch)),
         ])
+
+    def delete_repository(self, repo: str) -> OpEvents:
+        """Retire a repository: its namespace may serve a new repository, its id never again.
+        Its data stays where it is (nothing of a retired repository is deleted online)."""
+        r = self.repository(repo)
+        del self.repositories[repo]
+        self.retired[repo] = r.storage_namespace
+        return self._emit([RepositoryDeleted(repository=repo, emitted_at=self.clock(),
+                                             storage_namespace=r.storage_namespace)])
 
     def create_branch(self, repo: str, branch: str, source: str | None = None) -> OpEvents:
         """A branch starting at ``source`` (branch, tag or commit; default branch by default).
@@ -519,7 +539,8 @@ class Model:
         token = self._new_token(repo, branch, now)
         r.branches[branch] = Branch(branch, head, token.id)
         return self._emit([BranchCreated(repository=repo, emitted_at=now, branch=branch,
-                                         staging_token=token.id, source_commit=head)])
+                                         staging_token=token.id, source_commit=head,
+                                         ref_version=r.bump("b:" + branch))])
 
     def reset_branch(self, repo: str, branch: str) -> OpEvents:
         """Throw the uncommitted changes away: open and sealed tokens are dropped."""
@@ -530,7 +551,8 @@ class Model:
         b.staging_token, b.sealed_tokens = token.id, []
         return self._emit([BranchReset(repository=repo, emitted_at=now, branch=branch,
                                        dropped_tokens=dropped, staging_token=token.id,
-                                       head=b.head)])
+                                       head=b.head,
+                                       ref_version=self.repository(repo).bump("b:" + branch))])
 
     def delete_branch(self, repo: str, branch: str) -> OpEvents:
         r = self.repository(repo)
@@ -541,7 +563,8 @@ class Model:
         dropped = self._end_tokens(b, TokenState.DROPPED, now)
         del r.branches[branch]
         return self._emit([BranchDeleted(repository=repo, emitted_at=now, branch=branch,
-                                         dropped_tokens=dropped, last_head=b.head)])
+                                         dropped_tokens=dropped, last_head=b.head,
+                                         ref_version=r.bump("b:" + branch))])
 
     def create_tag(self, repo: str, tag: str, ref: str) -> OpEvents:
         r = self.repository(repo)
@@ -553,13 +576,14 @@ class Model:
             raise ModelError(f"{repo}: {ref!r} has no commit to tag")
         r.tags[tag] = commit_id
         return self._emit([TagCreated(repository=repo, emitted_at=self.clock(), tag=tag,
-                                      commit_id=commit_id)])
+                                      commit_id=commit_id, ref_version=r.bump("t:" + tag))])
 
     def delete_tag(self, repo: str, tag: str) -> OpEvents:
         r = self.repository(repo)
         if r.tags.pop(tag, None) is None:
             raise ModelError(f"{repo}: no tag {tag!r}")
-        return self._emit([TagDeleted(repository=repo, emitted_at=self.clock(), tag=tag)])
+        return self._emit([TagDeleted(repository=repo, emitted_at=self.clock(), tag=tag,
+                                      ref_version=r.bump("t:" + tag))])
 
     # -- addresses and uploads --
 
@@ -715,6 +739,7 @@ class Model:
         self.tokens[b.staging_token].state = TokenState.SEALED
         b.sealed_tokens.append(b.staging_token)
         b.staging_token = self._new_token(repo, branch, now).id
+        self.repository(repo).bump("b:" + branch)  # the KV changed the branch (no event)
         return self._emit([])
 
     def merge(self, repo: str, source: str, dest: str, *, at: float | None = None) -> OpEvents:
@@ -895,7 +920,7 @@ class Model:
         return self._emit([CommitCreated(
             repository=repo, emitted_at=now, branch=b.name, commit_id=cid,
             parents=list(parents), sealed_tokens=sealed, staging_token=token.id,
-            committed_at=commit.time, manifest=commit.manifest,
+            committed_at=commit.time, manifest=commit.manifest, ref_version=r.bump("b:" + b.name),
         )], commit=commit)
 
     def _merge_base(self, a: str | None, b: str) -> str | None:

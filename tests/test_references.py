@@ -5,13 +5,14 @@ truth for random model workloads."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hardelete.model import ManualClock, Model, Workload, run_workload, seeded_ids
+from hardelete.model import ManualClock, Model, ModelError, Workload, run_workload, seeded_ids
 from schemas import events as ev
 from schemas.layout import AddressState, TokenState
 from tracker.gen import workload
@@ -122,15 +123,13 @@ def test_reordering_within_segments_is_harmless_even_for_contract_violations(see
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10_000), dup_seed=st.integers(0, 10_000))
 def test_duplicates_change_nothing(seed, dup_seed):
-    """A retried publish may deliver an event again, any time later (tags excluded: a late
-    duplicate tag_deleted after the tag was re-created is a documented limitation)."""
+    """A retried publish may deliver an event again, any time later (tags included: the
+    workload's ref events carry ref_version)."""
     events = workload(seed, 600, repos=2)
     rng = random.Random(dup_seed)
     with_dups = list(events)
     for _ in range(60):
         i = rng.randrange(len(events))
-        if isinstance(events[i], ev.TagCreated | ev.TagDeleted):
-            continue
         j = rng.randrange(i, len(with_dups) + 1)
         # insert after the original's position in with_dups
         pos = with_dups.index(events[i])
@@ -284,3 +283,129 @@ def test_a_duplicate_address_issued_does_not_extend_the_protection():
     w.apply(issued, NOW + 10_000)  # expired: a touch makes it unreferenced from now
     assert rec.state is AddressState.UNREFERENCED and rec.since == NOW + 10_000
     assert w.repos["r"].unreferenced[ns + "data/u"] == NOW + 10_000
+
+
+# --- refs converge like references do (ref_version) --------------------------------------------
+
+REF_NS = "s3://b/r/"
+
+
+def ref_operations(seed: int, n: int) -> list[ev.Event]:
+    """The model service's events for random ref-heavy operations over small name pools, so
+    branches and tags are deleted and created again under the same names (versions continue)."""
+    rng = random.Random(seed)
+    m = Model(clock=ManualClock(step=0.01), new_id=seeded_ids(seed))
+    events: list[ev.Event] = list(m.create_repository("r", REF_NS))
+    branches, tags, paths = ["main", "dev", "feat"], ["v1", "v2"], ["a", "b", "c"]
+    ops = [
+        lambda: m.write("r", rng.choice(branches), rng.choice(paths), 1),
+        lambda: m.write("r", rng.choice(branches), rng.choice(paths), 1),
+        lambda: m.delete("r", rng.choice(branches), rng.choice(paths)),
+        lambda: m.commit("r", rng.choice(branches)),
+        lambda: m.seal("r", rng.choice(branches)),
+        lambda: m.merge("r", rng.choice(branches), rng.choice(branches)),
+        lambda: m.reset_branch("r", rng.choice(branches)),
+        lambda: m.create_branch("r", rng.choice(branches), rng.choice([None, *branches])),
+        lambda: m.delete_branch("r", rng.choice(branches)),
+        lambda: m.create_tag("r", rng.choice(tags), rng.choice(branches)),
+        lambda: m.delete_tag("r", rng.choice(tags)),
+    ]
+    for _ in range(n):
+        try:
+            events += rng.choice(ops)()
+        except ModelError:
+            continue
+    return events
+
+
+def permuted_with_duplicates(events: list[ev.Event], rng: random.Random,
+                             dups: int) -> list[ev.Event]:
+    """Any order of everything after repository_created, with ``dups`` extra copies (a retried
+    publish) anywhere."""
+    rest = list(events[1:])
+    rest += [rng.choice(rest) for _ in range(dups if rest else 0)]
+    rng.shuffle(rest)
+    return events[:1] + rest
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10_000), order_seed=st.integers(0, 10_000), n=st.integers(0, 60),
+       dups=st.integers(0, 15))
+def test_refs_converge_to_the_in_order_state_under_any_order_and_duplication(seed, order_seed,
+                                                                             n, dups):
+    events = ref_operations(seed, n)
+    in_order = apply_all(events).repos["r"]
+    shuffled = apply_all(permuted_with_duplicates(events, random.Random(order_seed), dups))
+    got = shuffled.repos["r"]
+    assert got.branches == in_order.branches
+    assert got.tags == in_order.tags
+    assert got.ref_versions == in_order.ref_versions
+    sticky_only_difference(in_order, got)
+
+
+def test_the_model_publishes_a_version_on_every_ref_event():
+    events = ref_operations(5, 200)
+    ref_events = (ev.BranchCreated, ev.CommitCreated, ev.BranchReset, ev.BranchDeleted,
+                  ev.TagCreated, ev.TagDeleted)
+    seen: dict[str, int] = {}
+    kinds = set()
+    for e in events:
+        if isinstance(e, ref_events):
+            kinds.add(type(e))
+            assert e.ref_version is not None, e
+            ref = ("t:" + e.tag) if isinstance(e, ev.TagCreated | ev.TagDeleted) \
+                else "b:" + e.branch
+            assert e.ref_version > seen.get(ref, 0), e  # strictly increasing per ref
+            seen[ref] = e.ref_version
+    assert kinds == set(ref_events)
+
+
+def _repo() -> ev.RepositoryCreated:
+    return ev.RepositoryCreated(repository="r", storage_namespace=REF_NS, default_branch="main",
+                                default_retention_days=1.0)
+
+
+def test_a_late_duplicate_tag_deleted_does_not_delete_the_tag_created_again():
+    created = ev.TagCreated(repository="r", tag="v1", commit_id="c1", ref_version=1)
+    deleted = ev.TagDeleted(repository="r", tag="v1", ref_version=2)
+    again = ev.TagCreated(repository="r", tag="v1", commit_id="c2", ref_version=3)
+    assert apply_all([_repo(), created, deleted, again, deleted]).repos["r"].tags == {"v1": "c2"}
+    # a late create cannot resurrect a deleted tag (the delete left a versioned tombstone)
+    st_ = apply_all([_repo(), deleted, created]).repos["r"]
+    assert st_.tags == {} and st_.ref_versions == {"t:v1": 2}
+    # v1 (no version): last writer by arrival, as documented
+    unversioned = [_repo(), ev.TagCreated(repository="r", tag="v1", commit_id="c1"),
+                   ev.TagDeleted(repository="r", tag="v1"),
+                   ev.TagCreated(repository="r", tag="v1", commit_id="c2"),
+                   ev.TagDeleted(repository="r", tag="v1")]
+    assert apply_all(unversioned).repos["r"].tags == {}
+
+
+def test_commit_and_branch_delete_reordered_end_as_in_order():
+    """In order the branch is gone; delivered delete-then-commit, v1 kept a stale record."""
+    created = ev.BranchCreated(repository="r", branch="dev", staging_token="t1", ref_version=1)
+    commit = ev.CommitCreated(repository="r", branch="dev", commit_id="c1", parents=[],
+                              sealed_tokens=["t1"], staging_token="t2", committed_at=1.0,
+                              manifest=REF_NS + "m", ref_version=2)
+    deleted = ev.BranchDeleted(repository="r", branch="dev", dropped_tokens=["t2"],
+                               ref_version=3)
+    in_order = apply_all([_repo(), created, commit, deleted]).repos["r"]
+    reordered = apply_all([_repo(), created, deleted, commit]).repos["r"]
+    assert "dev" not in in_order.branches
+    assert canonical(reordered) == canonical(in_order)
+    strip = [dataclasses.replace(e, ref_version=None) for e in (created, deleted, commit)]
+    assert "dev" in apply_all([_repo(), *strip]).repos["r"].branches  # the v1 hole
+
+
+def test_a_versioned_reset_carries_the_whole_record():
+    """A reset delivered before the commit it follows keeps the head it names (v1 would keep
+    the previous head, and the later commit would be ignored as stale)."""
+    created = ev.BranchCreated(repository="r", branch="main", staging_token="t1", ref_version=1)
+    commit = ev.CommitCreated(repository="r", branch="main", commit_id="c1", parents=[],
+                              sealed_tokens=["t1"], staging_token="t2", committed_at=1.0,
+                              manifest=REF_NS + "m", ref_version=2)
+    reset = ev.BranchReset(repository="r", branch="main", dropped_tokens=["t2"],
+                           staging_token="t3", head="c1", ref_version=3)
+    for order in ([created, commit, reset], [created, reset, commit], [reset, commit, created]):
+        b = apply_all([_repo(), *order]).repos["r"].branches["main"]
+        assert (b.head, b.staging_token) == ("c1", "t3"), order

@@ -16,6 +16,13 @@ from schemas import events as ev
 from schemas.layout import NAMESPACES as REGISTRY
 from schemas.layout import REPOS as REPO_SET
 from schemas.layout import RepoKeys
+from tests.test_references import (
+    NOW,
+    apply_all,
+    permuted_with_duplicates,
+    ref_operations,
+    sticky_only_difference,
+)
 from tracker import codec
 from tracker.gen import workload
 from tracker.references import World
@@ -217,3 +224,30 @@ def test_redelivered_offsets_are_skipped_and_noscript_recovers(redis_client):
     (res,) = apply_lua(r, batch, 9_000)
     assert res[0] == 0 and res[1] == len(events)
     assert read_repo_state(r, "repo0") == snapshot
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), order_seed=st.integers(0, 10_000), n=st.integers(0, 60),
+       dups=st.integers(0, 15))
+def test_lua_refs_converge_to_the_in_order_state(redis_client, seed, order_seed, n, dups):
+    """The model service's ref events, in any order with duplicates, through the script (in
+    random batches) end in the state the pure machine reaches in order."""
+    r = redis_client
+    r.flushall()
+    events = ref_operations(seed, n)
+    expected = apply_all(events, NOW).repos["r"]
+    rng = random.Random(order_seed)
+    shuffled = permuted_with_duplicates(events, rng, dups)
+    lua = LuaTracker(r)
+    i = 0
+    while i < len(shuffled):
+        k = rng.randint(1, 10)
+        rejected, _ = lua.batch(shuffled[i:i + k], NOW, i)
+        assert not rejected
+        i += k
+    got = read_repo_state(r, "r")
+    assert got.branches == expected.branches
+    assert got.tags == expected.tags
+    assert got.ref_versions == expected.ref_versions
+    sticky_only_difference(expected, got)

@@ -35,6 +35,11 @@ class ServiceSim:
         self.pending: list[str] = []  # issued, not yet linked
         self.commits: list[str] = []
         self.tags: set[str] = set()
+        self.versions: dict[str, int] = {}  # the KV's per-ref version ('b:x', 't:x')
+
+    def _v(self, ref: str) -> int:
+        v = self.versions[ref] = self.versions.get(ref, 0) + 1
+        return v
 
     def _id(self, kind: str) -> str:
         self.n += 1
@@ -55,7 +60,8 @@ class ServiceSim:
         tok = self._id("tok")
         self.branches[name] = _Branch(tok, source)
         return [ev.BranchCreated(repository=self.repo, branch=name, staging_token=tok,
-                                 source_commit=source, event_id=self._id("e"))]
+                                 source_commit=source, event_id=self._id("e"),
+                                 ref_version=self._v("b:" + name))]
 
     def _write(self, b: str, address: str, copy: bool = False) -> list[ev.Event]:
         br = self.branches[b]
@@ -114,22 +120,26 @@ class ServiceSim:
             br.token = self._id("tok")
             br.staged.clear()
             return [ev.BranchReset(repository=self.repo, branch=b, dropped_tokens=[old],
-                                   staging_token=br.token, head=None, event_id=self._id("e"))]
+                                   staging_token=br.token, head=br.head, event_id=self._id("e"),
+                                   ref_version=self._v("b:" + b))]
         if x < 0.88 and len(self.branches) < 6:
             return self._create_branch(self._id("br"), br.head)
         if x < 0.89 and b != "main":
             del self.branches[b]
             return [ev.BranchDeleted(repository=self.repo, branch=b, dropped_tokens=[br.token],
-                                     last_head=br.head, event_id=self._id("e"))]
+                                     last_head=br.head, event_id=self._id("e"),
+                                     ref_version=self._v("b:" + b))]
         if x < 0.90 and self.commits:
             tag = self._id("v")
             self.tags.add(tag)
             return [ev.TagCreated(repository=self.repo, tag=tag,
-                                  commit_id=rng.choice(self.commits), event_id=self._id("e"))]
+                                  commit_id=rng.choice(self.commits), event_id=self._id("e"),
+                                  ref_version=self._v("t:" + tag))]
         if x < 0.91 and self.tags:
             tag = rng.choice(sorted(self.tags))
             self.tags.discard(tag)
-            return [ev.TagDeleted(repository=self.repo, tag=tag, event_id=self._id("e"))]
+            return [ev.TagDeleted(repository=self.repo, tag=tag, event_id=self._id("e"),
+                                  ref_version=self._v("t:" + tag))]
         return self._write(b, self._address())
 
     def _commit(self, b: str) -> list[ev.Event]:
@@ -147,7 +157,7 @@ class ServiceSim:
                                  sealed_tokens=[sealed], staging_token=br.token,
                                  committed_at=float(self.n),
                                  manifest=f"{self.namespace}_hardelete/manifests/{cid}.parquet",
-                                 event_id=self._id("e"))]
+                                 event_id=self._id("e"), ref_version=self._v("b:" + b))]
 
 
 def workload(seed: int, n_events: int, repos: int = 4, ttl_seconds: float = 3600.0
