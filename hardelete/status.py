@@ -19,7 +19,15 @@ from rich.table import Table
 from hardelete import UserError
 from hardelete.clients import redis_sync, s3_client
 from hardelete.settings import Settings
-from schemas.layout import PROGRESS, PROGRESS_META, REPOS, AddressState, RepoKeys
+from schemas.layout import (
+    INCIDENTS,
+    PROGRESS,
+    PROGRESS_META,
+    REPOS,
+    RETIRED,
+    AddressState,
+    RepoKeys,
+)
 from tracker.state import horizon_from, parse_address, parse_token, redis_time_ms
 
 
@@ -46,6 +54,11 @@ class Status:
     horizon_ms: int | None
     progress_lag_s: dict[str, float]
     repositories: list[RepoStatus]
+    # Incidents of no live repository (a refused repository_created: namespace overlap,
+    # retired id ...), the most recent last; and the retired repositories.
+    global_incidents: list[dict[str, Any]] = field(default_factory=list)
+    global_incidents_total: int = 0
+    retired: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def collect_status(r: Any) -> Status:
@@ -66,7 +79,9 @@ def collect_status(r: Any) -> Status:
         repos.append(RepoStatus(repo, ns or "?", queued, claims, tomb, inc,
                                 {f: int(float(v)) for f, v in (stats or {}).items()}))
     lag = {p: max(0.0, (now - int(v)) / 1000) for p, v in sorted(progress.items())}
-    return Status(now, horizon, lag, repos)
+    incidents = [orjson.loads(j) for j in r.lrange(INCIDENTS, -100, -1)]
+    retired = {repo: orjson.loads(j) for repo, j in sorted(r.hgetall(RETIRED).items())}
+    return Status(now, horizon, lag, repos, incidents, r.llen(INCIDENTS), retired)
 
 
 def _print_status(st: Status) -> None:
@@ -81,6 +96,14 @@ def _print_status(st: Status) -> None:
         t.add_row(r.repository, r.namespace, str(r.queued), str(r.claims), str(r.tombstones),
                   str(r.incidents), counters, style=style)
     con.print(t)
+    if st.retired:
+        con.print("retired repositories (nothing of them is deleted online): "
+                  + ", ".join(f"{k} ({v.get('namespace', '?')})" for k, v in st.retired.items()))
+    if st.global_incidents_total:
+        con.print(f"[bold red]{st.global_incidents_total} incident(s) outside any live "
+                  "repository[/bold red], the latest:")
+        for inc in st.global_incidents[-5:]:
+            con.print(f"  [red]{inc.get('repository')}: {inc.get('reason')}[/red]")
     lag = ", ".join(f"p{p}: {s:.1f}s" for p, s in st.progress_lag_s.items()) or "none"
     con.print(f"tracker progress lag per partition: {lag}")
     if st.horizon_ms is None:
@@ -160,6 +183,13 @@ def explain_address(r: Any, settings: Settings, address: str,
             repo = candidate
             break
     if repo is None:
+        for old, raw in sorted(r.hgetall(RETIRED).items()):
+            ns = orjson.loads(raw).get("namespace", "")
+            if ns and address.startswith(ns):
+                return Explanation(address, old, "retired", "kept online: repository retired", [
+                    f"Repository {old!r} owned this namespace and was retired "
+                    f"({_when(orjson.loads(raw).get('at_ms'))}): nothing of a retired "
+                    "repository is deleted online."])
         return Explanation(address, None, "unknown", "outside every tracked namespace",
                            ["No tracked repository's namespace contains this address: "
                             "hardelete never deletes it."])

@@ -1,0 +1,316 @@
+"""Namespace ownership and the repository lifecycle (SPEC safety 8): the pure rules, the
+registry script, and end to end on the real stack (Tansu, Redis, moto) with the reaper.
+
+A repository whose namespace equals, contains or lies inside a live repository's is refused
+(dead letter with the reason, and an incident); ``repository_deleted`` retires a repository:
+its queue and claims go, later events of it are refused, its id is never reused, and only
+then is its namespace free for a new repository."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from hardelete.clients import redis_async, redis_sync
+from hardelete.settings import Settings
+from hardelete.status import collect_status, explain_address
+from reaper.daemon import Reaper
+from schemas import events as ev
+from schemas.layout import INCIDENTS, NAMESPACES, REPOS, RETIRED, RepoKeys
+from schemas.namespaces import overlaps, registration_problem
+from schemas.publisher import Publisher, ensure_topics
+from tracker.daemon import running_tracker
+from tracker.references import World
+from tracker.state import aredis_time_ms, await_horizon, read_repo_state, register_namespace
+
+NOW = 1_000_000
+
+
+def created(repo: str, ns: str, **kw: Any) -> ev.RepositoryCreated:
+    return ev.RepositoryCreated(repository=repo, storage_namespace=ns, default_branch="main",
+                                default_retention_days=1.0, **kw)
+
+
+def written(repo: str, token: str, address: str, ref: str) -> ev.ObjectWritten:
+    return ev.ObjectWritten(repository=repo, branch="main", staging_token=token, path="p",
+                            address=address, size=1, ref_id=ref)
+
+
+def deleted(repo: str, token: str, address: str, ref: str) -> ev.ObjectDeleted:
+    return ev.ObjectDeleted(repository=repo, branch="main", staging_token=token, path="p",
+                            address=address, ref_id=ref)
+
+
+# --- the pure rules -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("other", "how"), [("s3://b/R/", "equals"), ("s3://b/", "contains"),
+                                            ("s3://b/R/x/", "lies inside")])
+def test_an_overlapping_namespace_is_refused_with_an_incident(other, how):
+    w = World()
+    assert w.apply(created("R", "s3://b/R/"), NOW).rejected is None
+    out = w.apply(created("P", other, event_id="p1"), NOW)
+    assert out.rejected is not None and how in out.rejected and "'R'" in out.rejected
+    assert "P" not in w.repos and w.namespaces == {"s3://b/R/": "R"}
+    assert [(i.repository, i.event_id) for i in w.refused] == [("P", "p1")]
+    # P's later events are refused as unknown: nothing of it is tracked
+    assert w.apply(written("P", "t", "s3://b/R/data/x", "r1"), NOW).rejected \
+        == "unknown repository 'P'"
+    # neighbours that share only a string prefix are not nested
+    assert w.apply(created("Q", "s3://b/Rx/"), NOW).rejected is None
+
+
+def test_a_namespace_is_free_only_once_its_repository_is_retired():
+    w = World()
+    w.apply(created("R", "s3://b/R/"), NOW)
+    w.apply(written("R", "t", "s3://b/R/data/a", "r1"), NOW)
+    w.apply(deleted("R", "t", "s3://b/R/data/a", "r1"), NOW)
+    assert w.repos["R"].unreferenced  # queued for the reaper
+    bad = ev.RepositoryDeleted(repository="R", storage_namespace="s3://b/other/")
+    assert "not 's3://b/other/'" in (w.apply(bad, NOW).rejected or "")
+    retire = ev.RepositoryDeleted(repository="R", storage_namespace="s3://b/R/")
+    assert w.apply(retire, NOW + 1).rejected is None
+    st = w.repos["R"]
+    assert st.retired_at == NOW + 1 and st.unreferenced == {}
+    # before the retirement is applied (end of the batch) the namespace is still taken
+    assert "namespace overlap" in (w.apply(created("S", "s3://b/R/"), NOW).rejected or "")
+    w.settle()
+    assert w.apply(retire, NOW + 2).rejected is None  # a duplicate changes nothing
+    assert st.retired_at == NOW + 1
+    assert w.apply(written("R", "t", "s3://b/R/data/b", "r2"), NOW).rejected \
+        == "repository 'R' is retired"
+    assert "never used again" in (w.apply(created("R", "s3://b/R/"), NOW).rejected or "")
+    assert w.apply(created("S", "s3://b/R/"), NOW).rejected is None
+    assert w.namespaces == {"s3://b/R/": "S"}
+    assert w.apply(ev.RepositoryDeleted(repository="X", storage_namespace="s3://b/X/"),
+                   NOW).rejected == "unknown repository 'X'"
+
+
+@pytest.mark.parametrize("ns", ["s3://b//x/", "s3://b/./", "s3:///x/", "s3://b/x//"])
+def test_a_namespace_must_be_canonical(ns):
+    out = World().apply(created("R", ns), NOW)
+    assert out.rejected is not None
+
+
+def test_registration_reports_the_same_conflict_as_the_script(redis_client):
+    registry = {"s3://b/a/": "A", "s3://b/c/": "C", "s3://b/é/": "E"}
+    for ns, repo in registry.items():
+        assert register_namespace(redis_client, repo, ns) is None
+    for ns in ["s3://b/", "s3://b/c/d/", "s3://b/é/x/", "s3://b/z/"]:
+        assert register_namespace(redis_client, "P", ns) \
+            == registration_problem(registry, "P", ns)
+        redis_client.hdel(NAMESPACES, "s3://b/z/")
+    assert register_namespace(redis_client, "A", "s3://b/a/") is None  # idempotent
+    assert "already owns" in (register_namespace(redis_client, "A", "s3://b/q/") or "")
+
+
+@pytest.mark.integration
+def test_registration_is_atomic_across_concurrent_trackers(settings, redis_client):
+    """Many clients register nested and equal namespaces at once: the registry never holds
+    two overlapping namespaces, and each call's verdict is what the registry shows."""
+    spaces = ["s3://b/", "s3://b/x/", "s3://b/x/y/", "s3://b/x/y/z/", "s3://b/w/", "s3://c/"]
+    jobs = [(f"repo{i}", spaces[i % len(spaces)]) for i in range(48)]
+
+    def register(job: tuple[str, str]) -> tuple[str, str, str | None]:
+        r = redis_sync(settings)
+        try:
+            return job[0], job[1], register_namespace(r, *job)
+        finally:
+            r.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(register, jobs))
+    registry = redis_client.hgetall(NAMESPACES)
+    assert {(repo, ns) for repo, ns, problem in results if problem is None} \
+        == {(repo, ns) for ns, repo in registry.items()}
+    for a, b in itertools.combinations(registry, 2):
+        assert not overlaps(a, b), (a, b)
+    assert registry  # somebody won
+
+
+# --- end to end ----------------------------------------------------------------------------------
+
+async def _publish(settings: Settings, events: list[ev.Event]) -> int:
+    await ensure_topics(settings)
+    async with Publisher(settings) as pub:
+        await pub.publish_many(events)
+    r = redis_async(settings)
+    try:
+        return await aredis_time_ms(r)
+    finally:
+        await r.aclose()
+
+
+async def _wait(cond: Any, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def _past_grace(settings: Settings, target_ms: int) -> None:
+    """Wait until the tracker's proven progress passes target + grace (no sleep)."""
+    r = redis_async(settings)
+    try:
+        await await_horizon(r, target_ms + int(settings.grace_seconds * 1000) + 50, 60)
+    finally:
+        await r.aclose()
+
+
+async def _reap(settings: Settings) -> Any:
+    reaper = Reaper(settings)
+    try:
+        return await reaper.run_once()
+    finally:
+        await reaper.close()
+
+
+async def _dead_letters(settings: Settings, n: int) -> dict[str, str]:
+    """event_id -> reason of the first n dead letters."""
+    consumer = AIOKafkaConsumer(settings.dlq_topic, bootstrap_servers=settings.kafka_bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    got: dict[str, str] = {}
+    try:
+        deadline = time.monotonic() + 30
+        while len(got) < n and time.monotonic() < deadline:
+            for recs in (await consumer.getmany(timeout_ms=200)).values():
+                for rec in recs:
+                    got[orjson.loads(rec.value)["event_id"]] = dict(rec.headers)[
+                        "reason"].decode()
+    finally:
+        await consumer.stop()
+    return got
+
+
+def _exists(s3: Any, bucket: str, key: str) -> bool:
+    return bool(s3.list_objects_v2(Bucket=bucket, Prefix=key).get("KeyCount"))
+
+
+@pytest.mark.integration
+async def test_a_repository_over_a_live_namespace_is_refused_and_reaps_nothing_of_it(
+        settings: Settings, s3: Any, bucket: str) -> None:
+    """P claims s3://b/ while R owns s3://b/R/: refused (dead letter + incident), and P's write
+    and delete of R's committed object never reach any reaper queue."""
+    r_ns, p_ns = f"s3://{bucket}/R/", f"s3://{bucket}/"
+    x = r_ns + "data/x"
+    s3.put_object(Bucket=bucket, Key="R/data/x", Body=b"committed in R")
+    r_events: list[ev.Event] = [
+        created("R", r_ns),
+        ev.BranchCreated(repository="R", branch="main", staging_token="t1", ref_version=1),
+        written("R", "t1", x, "rx"),
+        ev.CommitCreated(repository="R", branch="main", commit_id="c1", parents=[],
+                         sealed_tokens=["t1"], staging_token="t2", committed_at=1.0,
+                         manifest=r_ns + "_hardelete/manifests/c1.parquet", ref_version=2),
+    ]
+    p_events: list[ev.Event] = [
+        created("P", p_ns, event_id="p-create"),
+        ev.BranchCreated(repository="P", branch="main", staging_token="tp", event_id="p-branch"),
+        ev.ObjectWritten(repository="P", branch="main", staging_token="tp", path="q",
+                         address=x, size=1, ref_id="rp", event_id="p-write"),
+        ev.ObjectDeleted(repository="P", branch="main", staging_token="tp", path="q",
+                         address=x, ref_id="rp", event_id="p-delete"),
+    ]
+    r = redis_async(settings)
+    try:
+        async with running_tracker(settings) as tracker:
+            await _publish(settings, r_events)
+
+            async def registered() -> bool:
+                return bool(await r.hget(NAMESPACES, r_ns) == "R")
+
+            await _wait(registered, "R's namespace registered")
+            target = await _publish(settings, p_events)
+            await _past_grace(settings, target)
+            report = await _reap(settings)
+            dead_lettered = tracker.dead_lettered
+        assert _exists(s3, bucket, "R/data/x"), "R's committed object was deleted"
+        assert dead_lettered == len(p_events)
+        assert await r.smembers(REPOS) == {"R"}
+        assert await r.hgetall(NAMESPACES) == {r_ns: "R"}
+        assert not await r.exists(RepoKeys("P").unreferenced)
+    finally:
+        await r.aclose()
+    assert report.total("deleted") == 0
+    reasons = await _dead_letters(settings, len(p_events))
+    assert "namespace overlap" in reasons["p-create"] and "'R'" in reasons["p-create"]
+    assert reasons["p-write"] == "unknown repository 'P'"
+    rs = redis_sync(settings)
+    try:
+        st = collect_status(rs)
+        assert st.global_incidents_total == 1
+        (inc,) = st.global_incidents
+        assert (inc["repository"], inc["event_id"]) == ("P", "p-create")
+        assert "namespace overlap" in inc["reason"] and inc["namespace"] == p_ns
+        assert read_repo_state(rs, "R").addresses[x].committed
+    finally:
+        rs.close()
+
+
+@pytest.mark.integration
+async def test_a_retired_repositorys_queue_is_not_reaped_under_a_new_repository(
+        settings: Settings, s3: Any, bucket: str) -> None:
+    """R1 queues address a (written, deleted), is retired, and R2 is created on the same
+    namespace and references a: nothing of R1 deletes it; R1's late events and a re-use of its
+    id are refused."""
+    ns = f"s3://{bucket}/repo/"
+    a = ns + "data/a"
+    s3.put_object(Bucket=bucket, Key="repo/data/a", Body=b"referenced by R2")
+    phase1: list[ev.Event] = [
+        created("R1", ns),
+        written("R1", "t1", a, "r1"),
+        deleted("R1", "t1", a, "r1"),
+        ev.RepositoryDeleted(repository="R1", storage_namespace=ns, event_id="r1-retire"),
+    ]
+    phase2: list[ev.Event] = [
+        created("R2", ns),
+        ev.BranchCreated(repository="R2", branch="main", staging_token="u1", ref_version=1),
+        written("R2", "u1", a, "r2"),
+        ev.ObjectWritten(repository="R1", branch="main", staging_token="t1", path="z",
+                         address=ns + "data/late", size=1, ref_id="late", event_id="r1-late"),
+        created("R1", f"s3://{bucket}/again/", event_id="r1-again"),
+    ]
+    r = redis_async(settings)
+    try:
+        async with running_tracker(settings):
+            await _publish(settings, phase1)
+
+            async def retired() -> bool:  # the service waits for the retirement to land
+                return bool(await r.hexists(RETIRED, "R1")
+                            and not await r.hexists(NAMESPACES, ns))
+
+            await _wait(retired, "R1 retired")
+            queue_dropped = not await r.exists(RepoKeys("R1").unreferenced)
+            target = await _publish(settings, phase2)
+            await _past_grace(settings, target)
+            report = await _reap(settings)
+        assert _exists(s3, bucket, "repo/data/a"), "R1's stale queue deleted R2's object"
+        assert queue_dropped
+        assert await r.hgetall(NAMESPACES) == {ns: "R2"}
+        assert await r.smembers(REPOS) == {"R2"}
+    finally:
+        await r.aclose()
+    assert report.total("deleted") == 0
+    reasons = await _dead_letters(settings, 2)
+    assert reasons["r1-late"] == "repository 'R1' is retired"
+    assert "never used again" in reasons["r1-again"]
+    rs = redis_sync(settings)
+    try:
+        assert read_repo_state(rs, "R2").addresses[a].state == "staged"
+        old = read_repo_state(rs, "R1")
+        assert old.retired_at is not None and ns + "data/late" not in old.addresses
+        assert orjson.loads(rs.hget(RETIRED, "R1"))["event_id"] == "r1-retire"
+        assert [orjson.loads(j)["event_id"] for j in rs.lrange(INCIDENTS, 0, -1)] == [
+            "r1-again"]
+        assert explain_address(rs, settings, a).repository == "R2"
+        gone = explain_address(rs, settings, f"s3://{bucket}/again/x")
+        assert gone.repository is None
+    finally:
+        rs.close()
