@@ -26,7 +26,7 @@ from schemas import events as ev
 from schemas.layout import INCIDENTS, NAMESPACES, REPOS, RETIRED, RepoKeys
 from schemas.namespaces import overlaps, registration_problem
 from schemas.publisher import Publisher, ensure_topics
-from tracker.daemon import running_tracker
+from tracker.daemon import Tracker, running_tracker
 from tracker.references import World
 from tracker.state import aredis_time_ms, await_horizon, read_repo_state, register_namespace
 
@@ -314,3 +314,43 @@ async def test_a_retired_repositorys_queue_is_not_reaped_under_a_new_repository(
         assert gone.repository is None
     finally:
         rs.close()
+
+
+@pytest.mark.integration
+async def test_two_trackers_admit_no_overlapping_repositories(settings: Settings) -> None:
+    """Two trackers of one group, each with its own partitions, admit repository_created events
+    whose namespaces nest: the registry ends without overlaps, exactly its owners are live, and
+    every refused one is a dead letter with an incident."""
+    spaces = ["s3://b/", "s3://b/x/", "s3://b/x/y/", "s3://b/w/", "s3://c/", "s3://c/d/"]
+    events = [created(f"repo{i}", spaces[i % len(spaces)], event_id=f"c{i}") for i in range(36)]
+    first, second = Tracker(settings, name="one"), Tracker(settings, name="two")
+    first.start()
+    second.start()
+    try:
+        await _wait(lambda: _both(first, second), "both trackers assigned", 60)
+        target = await _publish(settings, events)
+        r = redis_async(settings)
+        try:
+            await await_horizon(r, target, 60)
+        finally:
+            await r.aclose()
+    finally:
+        await first.stop()
+        await second.stop()
+    rs = redis_sync(settings)
+    try:
+        registry = rs.hgetall(NAMESPACES)
+        incidents = [orjson.loads(j) for j in rs.lrange(INCIDENTS, 0, -1)]
+        live = rs.smembers(REPOS)
+    finally:
+        rs.close()
+    for a, b in itertools.combinations(registry, 2):
+        assert not overlaps(a, b), (a, b)
+    assert live == set(registry.values()) and live
+    refused = {inc["repository"] for inc in incidents}
+    assert refused | live == {e.repository for e in events} and not refused & live
+    assert first.dead_lettered + second.dead_lettered == len(refused)
+
+
+async def _both(first: Tracker, second: Tracker) -> bool:
+    return first.assigned_event.is_set() and second.assigned_event.is_set()
