@@ -354,3 +354,30 @@ async def test_two_trackers_admit_no_overlapping_repositories(settings: Settings
 
 async def _both(first: Tracker, second: Tracker) -> bool:
     return first.assigned_event.is_set() and second.assigned_event.is_set()
+
+
+@pytest.mark.integration
+async def test_a_tracker_registers_repositories_that_predate_the_registry(
+        settings: Settings) -> None:
+    """An upgrade: live repositories without a registry entry are registered at start; two
+    legacy repositories that overlap leave an incident for the one refused."""
+    rs = redis_sync(settings)
+    try:
+        for repo, ns in [("L1", "s3://b/L/"), ("L2", "s3://b/L/x/"), ("L3", "s3://b/M/")]:
+            rs.hset(RepoKeys(repo).meta, mapping={"namespace": ns})
+            rs.sadd(REPOS, repo)
+        rs.hset(RepoKeys("old").meta, mapping={"namespace": "s3://b/o/", "retired_at": "1"})
+        async with running_tracker(settings):
+            r = redis_async(settings)
+            try:
+                async def registered() -> bool:
+                    return bool(await r.hlen(NAMESPACES) == 2 and await r.llen(INCIDENTS))
+
+                await _wait(registered, "legacy repositories registered")
+            finally:
+                await r.aclose()
+        assert rs.hgetall(NAMESPACES) == {"s3://b/L/": "L1", "s3://b/M/": "L3"}
+        (inc,) = [orjson.loads(j) for j in rs.lrange(INCIDENTS, 0, -1)]
+        assert inc["kind"] == "registry_conflict" and inc["repository"] == "L2"
+    finally:
+        rs.close()

@@ -52,7 +52,15 @@ from hardelete import UserError
 from hardelete.clients import redis_async
 from hardelete.settings import Settings
 from schemas.events import EventError
-from schemas.layout import INCIDENTS, PROGRESS, PROGRESS_META, REPOS, RETIRED, RepoKeys
+from schemas.layout import (
+    INCIDENTS,
+    NAMESPACES,
+    PROGRESS,
+    PROGRESS_META,
+    REPOS,
+    RETIRED,
+    RepoKeys,
+)
 from schemas.publisher import ensure_topics
 from tracker import codec
 from tracker.state import (
@@ -258,6 +266,7 @@ class Tracker:
         self._redis = redis_async(s)
         await self._redis.script_load(ApplyScript.lua)
         self._progress_sha = await self._redis.script_load(PROGRESS_LUA)
+        await self._backfill_registry()
         consumer = self._consumer = AIOKafkaConsumer(
             bootstrap_servers=s.kafka_bootstrap, group_id=s.consumer_group,
             client_id=f"hardelete-{self.name}", enable_auto_commit=False,
@@ -428,6 +437,29 @@ class Tracker:
         self.log.error("incident: repository refused", repository=repo, namespace=ns,
                        reason=problem, event_id=eid)
         return problem
+
+    async def _backfill_registry(self) -> None:
+        """Register live repositories that predate the registry (an upgrade): every delete
+        path requires its repository to own its namespace there. A conflict is an incident
+        (the repository's reaper then deletes nothing until an operator resolves it)."""
+        repos = sorted(await self._redis.smembers(REPOS))
+        if not repos:
+            return
+        registry = await self._redis.hgetall(NAMESPACES)
+        pipe = self._redis.pipeline(transaction=False)
+        for repo in repos:
+            pipe.hmget(RepoKeys(repo).meta, ["namespace", "retired_at"])
+        for repo, (ns, retired_at) in zip(repos, await pipe.execute(), strict=True):
+            if not ns or retired_at or registry.get(ns) == repo:
+                continue
+            problem = await aregister_namespace(self._redis, repo, ns)
+            if problem is not None:
+                now = await aredis_time_ms(self._redis)
+                await self._redis.rpush(INCIDENTS, orjson.dumps({
+                    "kind": "registry_conflict", "repository": repo, "namespace": ns,
+                    "reason": problem, "event_id": "", "at_ms": now}))
+                self.log.error("incident: live repository not registered", repository=repo,
+                               namespace=ns, reason=problem)
 
     async def _retire(self, retired: dict[str, tuple[str, str]]) -> None:
         """After the chunks are applied (queue and claims dropped, later events ignored): the
