@@ -19,6 +19,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from hardelete.clients import redis_async, redis_sync
+from hardelete.model import ManualClock, Model, ModelError, seeded_ids
 from hardelete.settings import Settings
 from hardelete.status import collect_status, explain_address
 from reaper.daemon import Reaper
@@ -90,6 +91,27 @@ def test_a_namespace_is_free_only_once_its_repository_is_retired():
     assert w.namespaces == {"s3://b/R/": "S"}
     assert w.apply(ev.RepositoryDeleted(repository="X", storage_namespace="s3://b/X/"),
                    NOW).rejected == "unknown repository 'X'"
+
+
+def test_the_model_service_retires_repositories_and_never_reuses_an_id():
+    m = Model(clock=ManualClock(step=0.01), new_id=seeded_ids(1))
+    events = list(m.create_repository("R", "s3://b/R/"))
+    with pytest.raises(ModelError, match="overlaps"):
+        m.create_repository("P", "s3://b/")
+    events += m.write("R", "main", "a", 1)
+    events += m.delete_repository("R")
+    assert events[-1] == ev.RepositoryDeleted(repository="R", storage_namespace="s3://b/R/",
+                                              event_id=events[-1].event_id,
+                                              emitted_at=events[-1].emitted_at)
+    with pytest.raises(ModelError, match="never reused"):
+        m.create_repository("R", "s3://b/R/")
+    w = World()
+    for e in events:
+        assert w.apply(e, NOW).rejected is None
+    w.settle()
+    again = m.create_repository("S", "s3://b/R/")
+    assert all(w.apply(e, NOW).rejected is None for e in again)
+    assert w.namespaces == {"s3://b/R/": "S"}
 
 
 @pytest.mark.parametrize("ns", ["s3://b//x/", "s3://b/./", "s3:///x/", "s3://b/x//"])
@@ -381,3 +403,30 @@ async def test_a_tracker_registers_repositories_that_predate_the_registry(
         assert inc["kind"] == "registry_conflict" and inc["repository"] == "L2"
     finally:
         rs.close()
+
+
+@pytest.mark.integration
+async def test_a_tracker_with_a_stale_cache_cannot_revive_a_retired_repository(
+        settings: Settings) -> None:
+    """Another tracker retired X after this one cached X as live: a repository_created for X
+    is still refused (Redis is asked), and X's namespace is not registered again."""
+    from tracker import codec
+    from tracker.daemon import _Batch
+
+    t = Tracker(settings)
+    t._redis = redis_async(settings)
+    try:
+        await t._redis.hset(RepoKeys("X").meta,
+                            mapping={"namespace": "s3://b/X/", "retired_at": "5"})
+        t.gate.namespaces["X"] = "s3://b/X/"  # the stale cache
+        body = codec.event_body(created("X", "s3://b/X/"))
+        assert t.gate.check(body) is None
+        batch = _Batch()
+        problem = await t._lifecycle(batch, body, None)
+        assert problem is not None and "never used again" in problem
+        assert [inc["repository"] for inc in batch.refused] == ["X"]
+        assert not batch.new_repos and not await t._redis.hlen(NAMESPACES)
+        assert "is retired" in (t.gate.check(codec.event_body(
+            written("X", "t", "s3://b/X/data/a", "r"))) or "")
+    finally:
+        await t._redis.aclose()

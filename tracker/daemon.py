@@ -63,6 +63,7 @@ from schemas.layout import (
 )
 from schemas.publisher import ensure_topics
 from tracker import codec
+from tracker.references import admission_problem
 from tracker.state import (
     PROGRESS_LUA,
     ApplyScript,
@@ -425,6 +426,14 @@ class Tracker:
                 batch.retired[repo] = (self.gate.retired[repo], eid)
             return problem
         ns = body["storage_namespace"]
+        if problem is None:  # retired by another tracker since this gate cached it?
+            old_ns, retired_at = await self._retrying(
+                lambda: self._redis.hmget(RepoKeys(repo).meta, ["namespace", "retired_at"]))
+            if retired_at:
+                self.gate.forget(repo)
+                self.gate.retired[repo] = old_ns
+                problem = admission_problem(repo, "repository_created", [], old_ns, ns,
+                                            retired=True)
         if problem is None:
             problem = await self._retrying(
                 lambda: aregister_namespace(self._redis, repo, ns))
