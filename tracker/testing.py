@@ -114,6 +114,14 @@ def refused_incidents(r: Any) -> list[RefusedRepository]:
 
 def apply_lua(r: Any, batch: dict[str, list[list[Any]]], now_ms: int | None,
               partition: int = 0) -> list[Any]:
+    """Apply each repository's chunk; a chunk that creates its repository first registers the
+    namespace in ``hd:namespaces`` (as the daemon does; raises if the registry refuses)."""
+    for repo, chunk in batch.items():
+        for e in chunk:
+            if e[1] == codec.OP_REPO:
+                problem = register_namespace(r, repo, e[2])
+                if problem is not None:
+                    raise AssertionError(f"test set-up: {problem}")
     return [ApplyScript.apply_sync(r, repo, partition, chunk, now_ms)
             for repo, chunk in batch.items()]
 
