@@ -430,3 +430,37 @@ async def test_a_tracker_with_a_stale_cache_cannot_revive_a_retired_repository(
             written("X", "t", "s3://b/X/data/a", "r"))) or "")
     finally:
         await t._redis.aclose()
+
+
+@pytest.mark.integration
+async def test_a_retirement_interrupted_after_its_apply_completes_on_redelivery(
+        settings: Settings) -> None:
+    """A tracker died after the script retired R (queue dropped) but before it freed the
+    namespace: the redelivered repository_deleted finishes the job, and only then is the
+    namespace free."""
+    ns = "s3://b/R/"
+    retire = ev.RepositoryDeleted(repository="R", storage_namespace=ns, event_id="retire")
+    rs = redis_sync(settings)
+    try:
+        # the state such a crash leaves: retired in the repository's slot, still live globally
+        rs.hset(RepoKeys("R").meta, mapping={"namespace": ns, "retired_at": "7",
+                                             "retired_event": "retire"})
+        rs.sadd(REPOS, "R")
+        rs.hset(NAMESPACES, ns, "R")
+        async with running_tracker(settings) as tracker:
+            target = await _publish(settings, [retire, created("S", ns, event_id="s")])
+            r = redis_async(settings)
+            try:
+                await await_horizon(r, target, 60)
+            finally:
+                await r.aclose()
+            dead_lettered = tracker.dead_lettered
+        assert "R" not in rs.smembers(REPOS)
+        assert orjson.loads(rs.hget(RETIRED, "R"))["event_id"] == "retire"
+        # S arrived while R still owned the namespace (same batch or not): refused, or, if
+        # processed after the retirement completed, registered. Never both owners.
+        registry = rs.hgetall(NAMESPACES)
+        assert registry in ({}, {ns: "S"})
+        assert (registry == {}) == (dead_lettered == 1)
+    finally:
+        rs.close()
