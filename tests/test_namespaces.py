@@ -464,3 +464,15 @@ async def test_a_retirement_interrupted_after_its_apply_completes_on_redelivery(
         assert (registry == {}) == (dead_lettered == 1)
     finally:
         rs.close()
+
+
+def test_status_prints_refusals_and_retired_repositories(capsys):
+    from hardelete.status import Status, _print_status
+
+    _print_status(Status(now_ms=0, horizon_ms=None, progress_lag_s={}, repositories=[],
+                         global_incidents=[{"repository": "P", "reason": "namespace overlap"}],
+                         global_incidents_total=1,
+                         retired={"R1": {"namespace": "s3://b/R1/", "at_ms": 1}}))
+    out = capsys.readouterr().out
+    assert "1 incident(s) outside any live repository" in out
+    assert "P: namespace overlap" in out and "R1 (s3://b/R1/)" in out
