@@ -108,7 +108,7 @@ def _keep(reason: Keep, kind: str, detail: str = "", eligible: int | None = None
 def judge(rec: DecodedAddress | None, token_states: Mapping[str, str | None], *,
           now_ms: int, horizon_ms: int | None, grace_ms: int, path: Path = "online",
           cutoff_ms: int | None = None, claimed: bool = False,
-          guards: Guards = NO_GUARDS) -> Judgment:
+          claimer: str | None = None, guards: Guards = NO_GUARDS) -> Judgment:
     """May ``rec`` be deleted now (see the module docstring for the rules).
 
     ``token_states``: token -> state text (``'open'``...; the ``:<ms>`` suffix is ignored),
@@ -117,6 +117,8 @@ def judge(rec: DecodedAddress | None, token_states: Mapping[str, str | None], *,
     earlier bound of the caller (the reconciler run's cutoff); with ``horizon_ms`` None on the
     reconciler path it is the only bound (callers that do not know the horizon yet).
     ``claimed``: the address is in the claims set (reconciler: someone else's delete in flight).
+    ``claimer``: online, the reaper asking; its own live lease does not keep the address (it
+    re-validates its claim right before the delete request).
     """
     for reason, text in ((Keep.NOT_OWNER, guards.not_owner),
                          (Keep.FAIL_CLOSED, guards.fail_closed),
@@ -132,6 +134,7 @@ def judge(rec: DecodedAddress | None, token_states: Mapping[str, str | None], *,
         return _keep(Keep.DOUBT, "unknown", f"unreadable fields {', '.join(rec.malformed)}")
 
     committed_tokens = False
+    unknown: str | None = None
     for ref, token in sorted(rec.unremoved().items()):
         raw = token_states.get(token)
         ts = None if raw is None else raw.split(":", 1)[0]
@@ -140,8 +143,10 @@ def judge(rec: DecodedAddress | None, token_states: Mapping[str, str | None], *,
                          f"reference {ref} in {ts or 'unknown'} token {token}")
         if ts == TokenState.COMMITTED:
             committed_tokens = True
-        elif ts != TokenState.DROPPED:
-            return _keep(Keep.DOUBT, "staged", f"token {token} has unknown state {ts!r}")
+        elif ts != TokenState.DROPPED and unknown is None:
+            unknown = f"token {token} has unknown state {ts!r}"
+    if unknown is not None:
+        return _keep(Keep.DOUBT, "staged", unknown)
 
     state = rec.state
     if rec.committed or committed_tokens or state == AddressState.COMMITTED:
@@ -152,7 +157,8 @@ def judge(rec: DecodedAddress | None, token_states: Mapping[str, str | None], *,
 
     lease_live = rec.lease_until is not None and rec.lease_until > now_ms
     if online:
-        if state == AddressState.REAPING and lease_live:
+        ours = claimer is not None and rec.claimer == claimer
+        if state == AddressState.REAPING and lease_live and not ours:
             return _keep(Keep.CLAIMED, "claimed", f"claimed by {rec.claimer}")
     elif claimed or state == AddressState.REAPING or lease_live:
         return _keep(Keep.CLAIMED, "claimed", f"claimed by {rec.claimer}")

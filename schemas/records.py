@@ -49,9 +49,9 @@ def _text(v: Any) -> str:
 
 
 def _int_or_none(value: str | None) -> int | None:
-    """Integer ms (or bytes); raises ValueError on anything else. ``'1.0'`` is accepted
-    (Lua writes integers, older writers floats)."""
-    if value is None or value == "":
+    """Integer ms (or bytes); raises ValueError on anything else (an empty value too).
+    ``'1.0'`` is accepted (Lua writes integers, older writers floats)."""
+    if value is None:
         return None
     f = float(value)
     if f != f or f in (float("inf"), float("-inf")):
