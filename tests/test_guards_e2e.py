@@ -69,7 +69,7 @@ def setup_repo(r: Any, s3: Any, repo: str, namespace: str, rels: list[str],
 
 def exists(s3: Any, address: str) -> bool:
     bucket, _, key = address[5:].partition("/")
-    return s3.list_objects_v2(Bucket=bucket, Prefix=key).get("KeyCount", 0) > 0
+    return bool(s3.list_objects_v2(Bucket=bucket, Prefix=key).get("KeyCount", 0) > 0)
 
 
 def reap_once(s: Settings, s3: Any, *, dry_run: bool = False) -> Any:
