@@ -363,3 +363,19 @@ def test_plan_retention_expiration_modes_on_seed001():
     assert plan_retention(state, NOW, expire_older_than_days=days).expired_commits == 2
     assert plan_retention(state, NOW, expire_older_than_days=days,
                           mode="icechunk").expired_commits == 5
+
+
+def test_reconcile_cli_takes_the_expiration_mode():
+    import argparse
+
+    from reconciler.job import configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    args = parser.parse_args(["--repo", "r", "--expire-older-than-days", "3",
+                              "--expiration-mode", "icechunk", "--delete-expired-refs"])
+    assert args.expiration_mode == "icechunk" and args.delete_expired_refs
+    args = parser.parse_args(["--repo", "r"])
+    assert args.expiration_mode == "seed" and not args.delete_expired_refs
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--repo", "r", "--expiration-mode", "bogus"])
