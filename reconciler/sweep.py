@@ -154,17 +154,15 @@ def recheck_for(r: Any, repo: str, ns: Namespace, *, cutoff_ms: int,
                 grace_ms: int = 0) -> Callable[[list[str]], dict[str, str]]:
     """The recheck :func:`delete_batch` runs right before each request (Redis clock).
 
-    Without ``horizon_ms`` the tracker's horizon is read afresh before each request (an
-    address unreferenced less than ``grace_ms`` before it is kept; unknown progress: the
-    cutoff alone bounds, as the run was told with ``--ignore-tracker-progress``)."""
-    from tracker.state import tracker_horizon_ms
+    ``horizon_ms``/``grace_ms`` make the re-check grace-aware (an address unreferenced less
+    than ``grace_ms`` before the horizon is kept, ``young``); without them only ``cutoff_ms``
+    bounds (the mark's own reading, until the job passes the horizon it used)."""
 
     def run(rels: list[str]) -> dict[str, str]:
         sec, usec = r.time()
         now_ms = int(sec) * 1000 + int(usec) // 1000
-        horizon = horizon_ms if horizon_ms is not None else tracker_horizon_ms(r)
         return judge_rels(r, repo, ns, rels, cutoff_ms=cutoff_ms, now_ms=now_ms,
-                          horizon_ms=horizon, grace_ms=grace_ms)
+                          horizon_ms=horizon_ms, grace_ms=grace_ms)
 
     return run
 
