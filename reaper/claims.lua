@@ -124,9 +124,9 @@ end
 local function num(f, name)
   local v = f[name]
   if v == nil then return nil end
-  local n = tonumber(v)
-  if n == nil or n ~= n then return false end
-  return n
+  -- the same grammar as schemas/records.py (no inf, exponents, hex or spaces)
+  if not string.match(v, '^%-?%d+%.?%d*$') then return false end
+  return tonumber(v)
 end
 
 local KNOWN = { staged = true, committed = true, issued = true, unreferenced = true,

@@ -17,6 +17,7 @@ address (SPEC safety 6: every doubt keeps the object).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,15 +49,18 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+_NUMBER = re.compile(r"-?[0-9]+\.?[0-9]*")  # the grammar claims.lua accepts, exactly
+
+
 def _int_or_none(value: str | None) -> int | None:
-    """Integer ms (or bytes); raises ValueError on anything else (an empty value too).
-    ``'1.0'`` is accepted (Lua writes integers, older writers floats)."""
+    """Integer ms (or bytes); raises ValueError on anything else (an empty value, ``inf``,
+    ``1e3``, ``0x10``, spaces: the same grammar as ``claims.lua``'s reader). ``'1.0'`` is
+    accepted (Lua writes integers, older writers floats)."""
     if value is None:
         return None
-    f = float(value)
-    if f != f or f in (float("inf"), float("-inf")):
+    if not _NUMBER.fullmatch(value):
         raise ValueError(value)
-    return int(f)
+    return int(float(value))
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ def _shift(rec: DecodedAddress, base: int) -> DecodedAddress:
 
 
 GARBAGE = st.sampled_from([None, None, None, ("since", "abc"), ("iu", "x1"),
-                           ("lease_until", "?"), ("size", "big")])
+                           ("lease_until", "?"), ("size", "big"), ("lease_until", "inf"),
+                           ("since", "1e3"), ("iu", "0x10"), ("size", "1.0")])
 TOKEN_STATES = st.sampled_from([None, "open:1", "sealed:1", "committed:1", "dropped:1",
                                 "weird:1"])
 
@@ -105,6 +106,12 @@ def test_claim_script_is_the_judgment_on_every_rule(settings, redis_client):
         {**dropped, "state": "unreferenced"},  # no since: doubt
         {**dropped, "state": "unreferenced", "since": "abc"},  # unreadable: doubt
         {**dropped, "state": "unreferenced", "since": old, "lease_until": "?"},
+        {**dropped, "state": "unreferenced", "since": old, "lease_until": "inf"},
+        {**dropped, "state": "unreferenced", "since": "0x10"},
+        {**dropped, "state": "unreferenced", "since": "1e3"},
+        {**dropped, "state": "unreferenced", "since": " 12"},
+        {**dropped, "state": "unreferenced", "since": old + ".0"},
+        {**dropped, "state": "unreferenced", "since": old, "size": "1_000"},
         {"+r": "to", "state": "unreferenced", "since": old},  # open token: staged
         {"+r": "tx", "state": "unreferenced", "since": old},  # unknown token: staged
         {"+r": "tw", "state": "unreferenced", "since": old},  # weird token state: doubt
