@@ -49,6 +49,9 @@ REAPED_BYTES = PCounter("hardelete_reaper_bytes_reaped_total", "bytes of reaped 
                         ["repository"])
 FAILURES = PCounter("hardelete_reaper_failures_total", "deletes that failed after retries",
                     ["repository"])
+KEPT = PCounter("hardelete_reaper_kept_total",
+                "addresses the reaper looked at and kept, by reason (schemas.liveness.Keep)",
+                ["repository", "reason"])
 LATENCY = Histogram("hardelete_reaper_unreferenced_to_deleted_seconds",
                     "time from unreferenced (tracker clock) to confirmed delete",
                     buckets=(1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf")))
@@ -145,6 +148,7 @@ class Reaper:
         if problem is not None:
             result.skipped = problem[0]
             result.kept[problem[0]] += 1
+            KEPT.labels(repo, problem[0]).inc()
             rlog.warning("repository skipped: nothing is claimed or deleted", reason=problem[0],
                          detail=problem[1])
             return result
@@ -159,6 +163,8 @@ class Reaper:
         while True:
             batch = await pending
             result.kept.update(reason for _, reason in batch.kept)
+            for _, reason in batch.kept:
+                KEPT.labels(repo, reason).inc()
             if batch.refused:
                 result.skipped = batch.refused
                 result.kept[batch.refused] += 1
@@ -213,6 +219,8 @@ class Reaper:
         result.failed += len(outcome.failed)
         result.refused += len(outcome.refused)
         result.kept.update(outcome.kept.values())
+        for why in outcome.kept.values():
+            KEPT.labels(repo, why).inc()
         for address, why in outcome.kept.items():
             # The claim stays until its lease expires; the claim script then judges it again.
             rlog.warning("kept right before the delete request", address=address, reason=why)

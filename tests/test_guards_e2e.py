@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from hardelete.clients import redis_async
 from hardelete.settings import Settings
@@ -97,7 +98,10 @@ def test_held_addresses_are_never_reaped(settings, redis_client, s3, bucket):
     k = RepoKeys("repo")
     r.hset(k.holds, held, HOLD)
     r.hset(k.hold_prefixes, ns + "data/2/", HOLD)
+    labels = {"repository": "repo", "reason": "held"}
+    before = REGISTRY.get_sample_value("hardelete_reaper_kept_total", labels) or 0.0
     report = by_repo(reap_once(s, s3))["repo"]
+    assert REGISTRY.get_sample_value("hardelete_reaper_kept_total", labels) == before + 2
     assert exists(s3, held) and exists(s3, prefixed)
     assert not exists(s3, gone)  # the control: the reaper did run
     assert report.deleted == 1 and report.kept["held"] == 2
