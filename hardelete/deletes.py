@@ -31,7 +31,7 @@ from typing import Any
 
 from schemas.layout import FAIL_CLOSED, NAMESPACES, OutsideNamespace, RepoKeys, namespace_key
 from schemas.liveness import Guards
-from schemas.namespaces import ownership_problem
+from schemas.namespaces import canonical_namespace, ownership_problem
 
 S3_MAX_KEYS = 1000
 TRANSIENT_CODES = frozenset({
@@ -75,6 +75,16 @@ class Gate:
     holds: Mapping[str, str] = field(default_factory=dict)  # address -> reason (asked ones)
     hold_prefixes: Mapping[str, str] = field(default_factory=dict)  # prefix -> reason
 
+    def _registered(self, namespace: str) -> str:
+        """The namespace as the registry spells it (canonical form: ``schemas.namespaces``)."""
+        if namespace in self.registry:
+            return namespace
+        try:
+            canonical = canonical_namespace(namespace)
+        except OutsideNamespace:
+            return namespace
+        return canonical if canonical in self.registry else namespace
+
     def repo_problem(self, repo: str, namespace: str) -> tuple[str, str] | None:
         """(reason, detail) when nothing of the repository may be deleted now."""
         if self.global_fail_closed:
@@ -83,15 +93,16 @@ class Gate:
             return "fail_closed", f"repository fail-closed: {self.repo_fail_closed}"
         if self.paused:
             return "paused", f"repository paused: {self.paused}"
-        if self.registry and self.registry.get(namespace) != repo:
-            owner = self.registry.get(namespace)
+        if self.registry and self.registry.get(self._registered(namespace)) != repo:
+            owner = self.registry.get(self._registered(namespace))
             return "not_owner", (f"namespace {namespace!r} is not owned by live repository "
                                  f"{repo!r}" + (f" (owner: {owner!r})" if owner else ""))
         return None
 
     def guards(self, repo: str, namespace: str, address: str) -> Guards:
         if self.registry:
-            not_owner = ownership_problem(self.registry, repo, namespace, address)
+            not_owner = ownership_problem(self.registry, repo, self._registered(namespace),
+                                          address)
         else:  # legacy: no registry yet, only the namespace check
             try:
                 namespace_key(namespace, address)

@@ -211,3 +211,25 @@ def test_records_verdict_is_the_judgment(rec, tokens, horizon, grace, claimed):
               cutoff_ms=150_000, claimed=claimed)
     assert v.live == (not j.may_delete) and v.kind == j.kind
     assert v.reason == j.reason
+
+
+def test_gate_guards_and_the_legacy_registry():
+    from hardelete.deletes import Gate
+
+    ns, inner = "s3://b/p/", "s3://b/p/r/"
+    legacy = Gate()
+    assert legacy.guards("P", ns, ns + "r/x") == Guards()  # no registry: namespace only
+    assert legacy.guards("P", ns, "s3://b/q/x").not_owner
+    assert legacy.guards("P", ns, ns + "_hardelete/m").not_owner
+    reg = Gate(registry={ns: "P", inner: "R"})
+    assert reg.repo_problem("P", ns) is None
+    assert reg.guards("P", ns, ns + "r/x").not_owner  # inside R's namespace
+    assert reg.guards("P", ns, ns + "x") == Guards()
+    assert reg.repo_problem("R", "s3://b/p/r") is None  # spelled without the slash
+    assert reg.repo_problem("Q", "s3://b/q/")[0] == "not_owner"  # type: ignore[index]
+    held = Gate(holds={ns + "x": "legal"}, hold_prefixes={ns + "d/": "dlq"},
+                global_fail_closed="lost", paused="ops")
+    g = held.guards("P", ns, ns + "d/1")
+    assert g.held == f"dlq (prefix {ns}d/)" and g.fail_closed == "lost" and g.paused == "ops"
+    assert held.guards("P", ns, ns + "x").held == "legal"
+    assert held.repo_problem("P", ns)[0] == "fail_closed"  # type: ignore[index]
