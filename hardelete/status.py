@@ -18,6 +18,7 @@ from rich.table import Table
 
 from hardelete import UserError
 from hardelete.clients import redis_sync, s3_client
+from hardelete.deletes import read_gate
 from hardelete.settings import Settings
 from schemas.layout import (
     INCIDENTS,
@@ -25,10 +26,11 @@ from schemas.layout import (
     PROGRESS_META,
     REPOS,
     RETIRED,
-    AddressState,
     RepoKeys,
 )
-from tracker.state import horizon_from, parse_address, parse_token, redis_time_ms
+from schemas.liveness import Keep, judge
+from schemas.records import decode_address, token_state
+from tracker.state import horizon_from, redis_time_ms
 
 
 def _when(ms: int | None) -> str:
@@ -173,8 +175,76 @@ def reconciler_history(s3: Any, namespace: str, address: str, runs: int = 5) -> 
     return lines
 
 
+def _retention_lines(r: Any, s3: Any, repo: str, address: str, now_ms: int,
+                     max_manifests: int = 50) -> list[str]:
+    """When the reconciler may take a committed address: the retained commits whose manifests
+    list it (read only with ``s3``), and when retention stops holding them if nothing changes
+    (retention is monotone in time for a fixed history, so a bisection finds the moment)."""
+    from reconciler.committed import manifest_location, plan_retention
+    from reconciler.errors import ReconcileError
+    from reconciler.s3io import read_parquet_rows
+    from reconciler.state import load_repo
+
+    try:
+        state = load_repo(r, repo)
+        plan = plan_retention(state, now_ms / 1000.0)
+    except (ReconcileError, ValueError) as exc:
+        return [f"retention cannot be computed ({exc}): the reconciler's mark would fail and "
+                "delete nothing"]
+    rel = state.namespace.rel_of_address(address)
+    lines: list[str] = []
+    holders: list[str] = []
+    if s3 is None:
+        lines.append(f"{len(plan.retained)} commits are retained; read their manifests (drop "
+                     "--no-reports) to know which hold this address")
+        return lines
+    checked = 0
+    for cid in sorted(plan.retained, key=lambda c: -state.commits[c].time
+                      if c in state.commits else 0):
+        rec = state.commits.get(cid)
+        if rec is None or not rec.manifest or checked >= max_manifests:
+            continue
+        checked += 1
+        bucket, key = manifest_location(state.namespace, rec.manifest)
+        try:
+            rows = read_parquet_rows(s3, bucket, key, ["address"])
+            if any(str(a) in (address, rel) for (a,) in rows):
+                holders.append(cid)
+        except Exception as exc:  # an unreadable manifest: the mark would fail, keeping all
+            lines.append(f"manifest of retained commit {cid} unreadable ({type(exc).__name__}):"
+                         " the reconciler's mark would fail and delete nothing")
+    if not holders:
+        lines.append(f"no retained commit's manifest lists it ({checked} read): the next "
+                     "reconciler run may delete it once it is older than the run's cutoff")
+        return lines
+    lines.append("held by retained commits: " + ", ".join(holders))
+    year_ms = 100 * 365 * 86_400_000
+
+    def retained_at(t_ms: int) -> bool:
+        try:
+            kept = plan_retention(state, t_ms / 1000.0).retained
+        except (ReconcileError, ValueError):
+            return True
+        return any(c in kept for c in holders)
+
+    if retained_at(now_ms + year_ms):
+        lines.append("they stay retained as long as nothing changes (a branch head or tag "
+                     "points at one, or retention is unbounded)")
+        return lines
+    lo, hi = now_ms, now_ms + year_ms
+    while hi - lo > 60_000:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if retained_at(mid) else (lo, mid)
+    lines.append(f"collectable by the reconciler from {_when(hi)} if nothing changes (its "
+                 "commits leave every retention window; later commits may list it too)")
+    return lines
+
+
 def explain_address(r: Any, settings: Settings, address: str,
                     repository: str | None = None, s3: Any = None) -> Explanation:
+    """Why an address is alive, when it may go, or why it was deleted: the one judgment
+    (``schemas.liveness.judge``) over its record, with the guards read now, plus retention
+    for a committed address and the reconciler's reports."""
     repos = [repository] if repository else sorted(r.smembers(REPOS))
     repo = None
     for candidate in repos:
@@ -194,23 +264,29 @@ def explain_address(r: Any, settings: Settings, address: str,
                            ["No tracked repository's namespace contains this address: "
                             "hardelete never deletes it."])
     k = RepoKeys(repo)
+    namespace = r.hget(k.meta, "namespace")
     h = r.hgetall(k.address(address))
     history: list[str] = []
     if s3 is not None:
-        history = reconciler_history(s3, r.hget(k.meta, "namespace"), address)
+        history = reconciler_history(s3, namespace, address)
+    gate = read_gate(r, repo, [address])
+    guards = gate.guards(repo, namespace, address)
+    guard_lines = [f"{name.replace('_', '-')}: {why}" for name, why in (
+        ("held", guards.held), ("fail_closed", guards.fail_closed), ("paused", guards.paused),
+        ("not_owner", guards.not_owner)) if why]
     if not h:
         return Explanation(address, repo, "untracked", "only the reconciler decides", [
             "The tracker never saw a reference to this address (a leak, an object from before "
             "tracking started, or its tombstone was pruned).",
             "The online path never deletes it; the nightly reconciler deletes it if no retained "
             "commit, staging token or issued upload references it and it is older than the "
-            "cutoff.", *history])
-    rec = parse_address(h)
+            "cutoff.", *guard_lines, *history])
+    rec = decode_address(h)
     now = redis_time_ms(r)
     tokens = r.hgetall(k.tokens)
-    lines = []
+    lines = list(guard_lines)
     for ref, tok in sorted(rec.adds.items()):
-        tstate = parse_token(tokens[tok])[0].value if tok in tokens else "unknown"
+        tstate = token_state(tokens.get(tok)) or "unknown"
         removed = ref in rec.removes
         lines.append(f"reference {ref} in token {tok} ({tstate})"
                      + (": removed" if removed else ": live" if tstate in (
@@ -218,29 +294,38 @@ def explain_address(r: Any, settings: Settings, address: str,
     for ref, tok in sorted(rec.removes.items()):
         if ref not in rec.adds:
             lines.append(f"reference {ref} (token {tok}) removed before its add arrived")
-    state = rec.state.value if rec.state else "none"
+    state = rec.state or "none"
     horizon = horizon_from(r.hgetall(PROGRESS_META), r.hgetall(PROGRESS))
     grace_ms = int(settings.grace_for(repo) * 1000)
-    if rec.committed:
-        verdict = "alive: a commit took it (only the reconciler may delete it, by retention)"
-    elif rec.state == AddressState.STAGED:
-        verdict = "alive: a live reference in an open or sealed staging token"
-    elif rec.state == AddressState.ISSUED:
-        verdict = f"alive: issued upload address, protected until {_when(rec.issued_until)}"
-    elif rec.state == AddressState.UNREFERENCED:
-        eligible = max(rec.since or 0, rec.issued_until or 0) + grace_ms
-        wait = ("now" if horizon is not None and horizon >= eligible
-                else f"once the tracker's proven progress passes {_when(eligible)}")
-        verdict = (f"garbage: unreferenced since {_when(rec.since)}; may be reaped {wait} "
+    j = judge(rec, tokens, now_ms=now, horizon_ms=horizon, grace_ms=grace_ms, path="online",
+              guards=guards)
+    if j.may_delete:
+        verdict = (f"garbage: unreferenced since {_when(rec.since)}; may be reaped now "
                    f"(grace {grace_ms / 1000:g}s)")
-    elif rec.state == AddressState.REAPING:
+    elif j.reason == Keep.COMMITTED:
+        verdict = "alive: a commit took it (only the reconciler may delete it, by retention)"
+        lines.extend(_retention_lines(r, s3, repo, address, now))
+    elif j.reason == Keep.STAGED:
+        verdict = "alive: a live reference in an open or sealed staging token"
+        if rec.committed:
+            lines.extend(_retention_lines(r, s3, repo, address, now))
+    elif j.reason == Keep.ISSUED:
+        verdict = f"alive: issued upload address, protected until {_when(rec.issued_until)}"
+    elif j.reason in (Keep.YOUNG, Keep.NO_HORIZON):
+        eligible = j.eligible_at_ms or max(rec.since or 0, rec.issued_until or 0) + grace_ms
+        verdict = (f"garbage: unreferenced since {_when(rec.since)}; may be reaped once the "
+                   f"tracker's proven progress passes {_when(eligible)} "
+                   f"(grace {grace_ms / 1000:g}s)")
+    elif j.reason == Keep.CLAIMED:
         verdict = f"being reaped by {rec.claimer}, lease until {_when(rec.lease_until)}"
-    elif rec.state == AddressState.REAPED:
+    elif j.reason == Keep.REAPED:
         verdict = (f"deleted by the reaper at {_when(rec.reaped_at)}: every reference had ended "
                    f"by {_when(rec.since)} and the grace window had passed")
+    elif j.reason in (Keep.HELD, Keep.FAIL_CLOSED, Keep.PAUSED, Keep.NOT_OWNER):
+        verdict = f"kept ({j.reason}): {j.detail}"
     else:
-        verdict = f"state {state}"
-    incidents = [orjson.loads(j) for j in r.lrange(k.incidents, -1000, -1)]
+        verdict = f"kept ({j.reason}): {j.detail or 'state ' + state}"
+    incidents = [orjson.loads(x) for x in r.lrange(k.incidents, -1000, -1)]
     for inc in incidents:
         if inc.get("address") == address:
             lines.append(f"INCIDENT: {inc}")

@@ -1,12 +1,17 @@
 -- Reaper claims, atomic per repository (all keys share the {repo} hash tag).
 -- Every decision is re-checked here, at claim time, on the Redis clock: the queue (unref zset)
--- only says where to look, never what to delete.
+-- only says where to look, never what to delete. The decision is schemas/liveness.py's
+-- judgment (path "online"), rule for rule and reason for reason; a differential test on a
+-- real Redis proves they agree (tests/test_liveness_lua.py).
 --
 -- KEYS[1] unref zset, KEYS[2] claims zset, KEYS[3] tokens hash, KEYS[4] reaped zset,
--- KEYS[5] stats hash
--- ARGV[1] op: 'claim' | 'complete' | 'prune'
+-- KEYS[5] stats hash, KEYS[6] holds hash, KEYS[7] hold prefixes hash,
+-- KEYS[8] repository fail-closed hash, KEYS[9] repository paused string
+-- ARGV[1] op: 'claim' | 'complete' | 'prune' | 'restore'
 -- claim:    ARGV[2] address key prefix, ARGV[3] cutoff ms (horizon - grace), ARGV[4] limit,
 --           ARGV[5] lease ms, ARGV[6] claimer id, ARGV[7] '1' = dry run (write nothing)
+--           A fail-closed or paused repository claims nothing (4th result: the reason); the
+--           global fail-closed key is not in this slot: the reaper checks it in Python.
 -- complete: ARGV[2] prefix, ARGV[3..] addresses whose delete the store confirmed
 -- prune:    ARGV[2] prefix, ARGV[3] tombstone ms, ARGV[4] limit
 -- restore:  ARGV[2] prefix, ARGV[3] address restored from quarantine
@@ -104,24 +109,64 @@ local lease = tonumber(ARGV[5])
 local claimer = ARGV[6]
 local dry = ARGV[7] == '1'
 
--- Returns 'ok', size, since  or a reason to keep.
+-- holds: an exact address, or any prefix of the (few) hold prefixes
+local hold_prefixes = nil
+local function held(addr)
+  if redis.call('HEXISTS', KEYS[6], addr) == 1 then return true end
+  if hold_prefixes == nil then hold_prefixes = redis.call('HKEYS', KEYS[7]) end
+  for _, p in ipairs(hold_prefixes) do
+    if string.sub(addr, 1, #p) == p then return true end
+  end
+  return false
+end
+
+-- a number field: nil when absent, false when present but not a number (doubt keeps)
+local function num(f, name)
+  local v = f[name]
+  if v == nil then return nil end
+  -- the same grammar as schemas/records.py (no inf, exponents, hex or spaces)
+  if not string.match(v, '^%-?%d+%.?%d*$') then return false end
+  return tonumber(v)
+end
+
+local KNOWN = { staged = true, committed = true, issued = true, unreferenced = true,
+                reaping = true, reaped = true }
+
+-- Returns 'ok', size, since  or a reason to keep (schemas/liveness.py, path online).
 local function check(addr)
   local f, adds, removes = read_record(addr)
   if f == nil then return 'gone' end
-  if f['committed'] == '1' then return 'committed' end
-  local st = f['state']
-  if st == 'reaping' then
-    if tonumber(f['lease_until'] or '0') > now then return 'claimed' end
-  elseif st ~= 'unreferenced' and st ~= 'issued' then
-    return st or 'no-state'
+  if held(addr) then return 'held' end
+  local since, iu, size, lease = num(f, 'since'), num(f, 'iu'), num(f, 'size'),
+                                 num(f, 'lease_until')
+  if since == false or iu == false or size == false or lease == false
+      or num(f, 'reaped_at') == false then
+    return 'doubt'
   end
-  if has_live_ref(adds, removes) then return 'referenced' end
-  if f['since'] == nil then return 'no-since' end
-  local since = tonumber(f['since'])
+  local live, comm_tok, unknown = false, false, false
+  for ref, tok in pairs(adds) do
+    if not removes[ref] then
+      local ts = token_state(tok)
+      if ts == 'unknown' or ts == 'open' or ts == 'sealed' then live = true
+      elseif ts == 'committed' then comm_tok = true
+      elseif ts ~= 'dropped' then unknown = true end
+    end
+  end
+  if live then return 'staged' end
+  if unknown then return 'doubt' end
+  local st = f['state']
+  local flag = f['committed']
+  if (flag ~= nil and flag ~= '' and flag ~= '0') or comm_tok or st == 'committed' then
+    return 'committed'
+  end
+  if st == 'reaping' and lease ~= nil and lease > now then return 'claimed' end
+  if st == nil or st == '' or not KNOWN[st] or st == 'staged' then return 'doubt' end
+  if st == 'issued' and iu == nil then return 'doubt' end
+  if st == 'reaped' then return 'reaped' end
+  if iu ~= nil and (iu > now or iu > cutoff) then return 'issued' end
+  if since == nil then return 'doubt' end
   if since > cutoff then return 'young' end
-  local iu = tonumber(f['iu'] or '0')
-  if iu > now or iu > cutoff then return 'issued' end
-  return 'ok', tonumber(f['size'] or '0') or 0, since
+  return 'ok', size or 0, since
 end
 
 local claimed, kept = {}, {}
@@ -137,13 +182,23 @@ local function consider(addr)
     table.insert(claimed, {addr, size, since})
   else
     table.insert(kept, {addr, verdict})
-    -- Stale queue entries (now live, committed, reaped, gone) leave the queue so they cannot
-    -- clog its head; the tracker queues an address again whenever it becomes unreferenced.
-    if not dry and verdict ~= 'young' and verdict ~= 'issued' and verdict ~= 'claimed' then
-      redis.call('ZREM', KEYS[1], addr)
+    -- Stale queue entries (now live, committed, reaped, gone, doubtful) leave the queue so
+    -- they cannot clog its head; the tracker queues an address again whenever it becomes
+    -- unreferenced. A held address is looked at again after a lease (its record keeps its
+    -- own since: the queue's score only says when to look).
+    if not dry then
+      if verdict == 'held' then
+        redis.call('ZADD', KEYS[1], now + lease, addr)
+      elseif verdict ~= 'young' and verdict ~= 'issued' and verdict ~= 'claimed' then
+        redis.call('ZREM', KEYS[1], addr)
+      end
     end
   end
 end
+
+-- A fail-closed or paused repository: nothing is claimed, nothing is touched.
+if redis.call('EXISTS', KEYS[8]) == 1 then return {now, {}, {}, 'fail_closed'} end
+if redis.call('EXISTS', KEYS[9]) == 1 then return {now, {}, {}, 'paused'} end
 
 -- Claims whose reaper died (lease expired) are taken again first.
 -- A claim that no longer passes the checks (a late reference arrived, which the tracker recorded
@@ -156,7 +211,7 @@ for _, addr in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT',
     if redis.call('HGET', key, 'state') == 'reaping' then
       local verdict = kept[#kept][2]
       local next_state = 'unreferenced'
-      if verdict == 'referenced' then next_state = 'staged' end
+      if verdict == 'staged' then next_state = 'staged' end
       if verdict == 'committed' then next_state = 'committed' end
       redis.call('HSET', key, 'state', next_state)
       redis.call('HDEL', key, 'lease_until', 'claimer')

@@ -1,9 +1,11 @@
 """Atomic claims in Redis (``claims.lua``): the reaper's only way to decide what to delete.
 
-A claim re-checks the address record at claim time on the Redis clock (no live reference, never
+A claim re-checks the address record at claim time on the Redis clock with the one judgment of
+liveness (``schemas/liveness.py``, path ``online``: not held, no live reference, never
 committed, no unexpired issued upload, unreferenced since before ``horizon - grace``), marks it
-``reaping`` with a lease, and moves it from the queue to the claims set. A reaper that dies
-leaves its claims to expire; they are then taken again (deleting twice is harmless).
+``reaping`` with a lease, and moves it from the queue to the claims set. A fail-closed or paused
+repository claims nothing. A reaper that dies leaves its claims to expire; they are then taken
+again (deleting twice is harmless).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class ClaimBatch:
     now_ms: int
     claimed: list[Claim]
     kept: list[tuple[str, str]]  # (address, reason it was kept)
+    refused: str | None = None  # the repository claims nothing: fail_closed | paused
 
 
 def _text(v: Any) -> str:
@@ -45,7 +48,8 @@ class ClaimStore:
     @staticmethod
     def _keys(repo: str) -> list[str]:
         k = RepoKeys(repo)
-        return [k.unreferenced, k.claims, k.tokens, k.reaped, k.stats]
+        return [k.unreferenced, k.claims, k.tokens, k.reaped, k.stats, k.holds, k.hold_prefixes,
+                k.fail_closed, k.paused]
 
     async def claim(self, repo: str, *, cutoff_ms: int, limit: int, lease_ms: int,
                     claimer: str, dry_run: bool = False) -> ClaimBatch:
@@ -54,11 +58,12 @@ class ClaimStore:
             args=["claim", RepoKeys(repo).address_prefix, cutoff_ms, limit, lease_ms, claimer,
                   "1" if dry_run else "0"],
         )
-        now, claimed, kept = raw
+        now, claimed, kept = raw[0], raw[1], raw[2]
         return ClaimBatch(
             now_ms=int(now),
             claimed=[Claim(_text(a), int(s), int(t)) for a, s, t in claimed],
             kept=[(_text(a), _text(r)) for a, r in kept],
+            refused=_text(raw[3]) if len(raw) > 3 else None,
         )
 
     async def complete(self, repo: str, addresses: list[str]) -> int:

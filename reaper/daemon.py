@@ -4,6 +4,13 @@ One clear loop (after arq): for each repository, claim what the tracker proves u
 since before ``horizon - grace`` (the horizon is the tracker's proven progress, never the wall
 clock), delete it in bulk (or quarantine it), mark what the store confirmed as reaped, prune old
 tombstones. ``--once`` runs one pass, ``--dry-run`` claims nothing and deletes nothing.
+
+Right before every delete request the reaper judges each claimed address again
+(``schemas.liveness.judge``, path ``online``, its own lease excepted) with the guards read from
+Redis at that moment (``hardelete.deletes.Gate``: namespace ownership, holds, fail-closed,
+pause): whatever the judgment keeps is not sent, and is counted under its reason. A repository
+that is fail-closed (its own flag or the global one), paused or not the live owner of its
+namespace is skipped before anything is claimed.
 """
 
 from __future__ import annotations
@@ -23,13 +30,16 @@ from prometheus_client import Counter as PCounter
 from prometheus_client import Gauge, Histogram, start_http_server
 
 from hardelete.clients import redis_async, s3_client
+from hardelete.deletes import aread_gate
 from hardelete.logs import get_logger
 from hardelete.settings import Settings
 from reaper.claims import ClaimBatch, ClaimStore
-from reaper.deleter import DeleteOutcome, S3Deleter
+from reaper.deleter import AddressRecheck, DeleteOutcome, S3Deleter
 from reaper.quarantine import purge_expired, quarantine, quarantine_size
 from schemas.layout import REPOS, RepoKeys
-from tracker.state import atracker_horizon_ms
+from schemas.liveness import judge
+from schemas.records import decode_address
+from tracker.state import aredis_time_ms, atracker_horizon_ms
 
 log = get_logger(__name__)
 
@@ -39,6 +49,9 @@ REAPED_BYTES = PCounter("hardelete_reaper_bytes_reaped_total", "bytes of reaped 
                         ["repository"])
 FAILURES = PCounter("hardelete_reaper_failures_total", "deletes that failed after retries",
                     ["repository"])
+KEPT = PCounter("hardelete_reaper_kept_total",
+                "addresses the reaper looked at and kept, by reason (schemas.liveness.Keep)",
+                ["repository", "reason"])
 LATENCY = Histogram("hardelete_reaper_unreferenced_to_deleted_seconds",
                     "time from unreferenced (tracker clock) to confirmed delete",
                     buckets=(1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf")))
@@ -57,6 +70,7 @@ class RepoPass:
     failed: int = 0
     refused: int = 0
     kept: Counter[str] = field(default_factory=Counter)
+    skipped: str | None = None  # the whole repository was skipped: why
     would_delete: list[str] = field(default_factory=list)
     latencies_s: list[float] = field(default_factory=list)
 
@@ -78,7 +92,7 @@ class PassReport:
             "repositories": [
                 {"repository": r.repository, "claimed": r.claimed, "deleted": r.deleted,
                  "bytes": r.bytes, "failed": r.failed, "refused": r.refused,
-                 "kept": dict(r.kept), "would_delete": r.would_delete}
+                 "kept": dict(r.kept), "would_delete": r.would_delete, "skipped": r.skipped}
                 for r in self.repos
             ],
         }
@@ -123,10 +137,22 @@ class Reaper:
         if not namespace:
             self.log.warning("repository has no namespace; skipped", repository=repo)
             return result
-        cutoff = horizon - int(self.settings.grace_for(repo) * 1000)
+        grace_ms = int(self.settings.grace_for(repo) * 1000)
+        cutoff = horizon - grace_ms
         per_claim = self.settings.reaper_batch_keys * self.settings.reaper_concurrency
         lease_ms = int(self.settings.lease_seconds * 1000)
         rlog = self.log.bind(repository=repo)
+        # The global fail-closed flag and the registry are not in the repository's slot: they
+        # are checked here before any claim (and again right before every request).
+        problem = (await aread_gate(self.redis, repo)).repo_problem(repo, namespace)
+        if problem is not None:
+            result.skipped = problem[0]
+            result.kept[problem[0]] += 1
+            KEPT.labels(repo, problem[0]).inc()
+            rlog.warning("repository skipped: nothing is claimed or deleted", reason=problem[0],
+                         detail=problem[1])
+            return result
+        recheck = self._recheck(repo, namespace, horizon, grace_ms)
 
         def claim() -> asyncio.Future[ClaimBatch]:
             return asyncio.ensure_future(self.claims.claim(
@@ -137,17 +163,29 @@ class Reaper:
         while True:
             batch = await pending
             result.kept.update(reason for _, reason in batch.kept)
+            for _, reason in batch.kept:
+                KEPT.labels(repo, reason).inc()
+            if batch.refused:
+                result.skipped = batch.refused
+                result.kept[batch.refused] += 1
+                rlog.warning("repository refused by the claim script", reason=batch.refused)
+                break
             if self.dry_run:
-                result.would_delete = [c.address for c in batch.claimed]
+                addresses = [c.address for c in batch.claimed]
+                keep = await self._judge_now(repo, namespace, addresses, horizon, grace_ms)
+                result.kept.update(keep.values())
+                result.would_delete = [a for a in addresses if a not in keep]
                 for c in batch.claimed:
-                    rlog.info("would delete", address=c.address, size=c.size)
+                    if c.address not in keep:
+                        rlog.info("would delete", address=c.address, size=c.size)
                 break
             if not batch.claimed:
                 break
             result.claimed += len(batch.claimed)
             # Claim the next batch while this one is deleted: Redis and S3 work overlap.
             pending = claim()
-            outcome = await self._remove(namespace, repo, [c.address for c in batch.claimed])
+            outcome = await self._remove(namespace, repo, [c.address for c in batch.claimed],
+                                         recheck)
             await self.claims.complete(repo, outcome.deleted)
             self._account(result, batch, outcome, rlog)
             if not outcome.deleted:
@@ -180,6 +218,12 @@ class Reaper:
         result.deleted += len(outcome.deleted)
         result.failed += len(outcome.failed)
         result.refused += len(outcome.refused)
+        result.kept.update(outcome.kept.values())
+        for why in outcome.kept.values():
+            KEPT.labels(repo, why).inc()
+        for address, why in outcome.kept.items():
+            # The claim stays until its lease expires; the claim script then judges it again.
+            rlog.warning("kept right before the delete request", address=address, reason=why)
         REAPED.labels(repo).inc(len(outcome.deleted))
         REAPED_BYTES.labels(repo).inc(reaped_bytes)
         FAILURES.labels(repo).inc(len(outcome.failed) + len(outcome.refused))
@@ -191,11 +235,49 @@ class Reaper:
                   refused=len(outcome.refused), requests=outcome.requests,
                   retries=outcome.retries)
 
-    async def _remove(self, namespace: str, repo: str, addresses: list[str]) -> DeleteOutcome:
+    async def _judge_now(self, repo: str, namespace: str, addresses: list[str], horizon: int,
+                         grace_ms: int) -> dict[str, str]:
+        """address -> reason to keep, judged now (records, tokens, guards, Redis clock)."""
+        if not addresses:
+            return {}
+        keys = RepoKeys(repo)
+        gate = await aread_gate(self.redis, repo, addresses)
+        pipe = self.redis.pipeline(transaction=False)
+        for address in addresses:
+            pipe.hgetall(keys.address(address))
+        raw = await pipe.execute()
+        records = [decode_address(h) if h else None for h in raw]
+        tokens = sorted({t for rec in records if rec is not None for t in rec.adds.values()})
+        states = dict(zip(tokens, await self.redis.hmget(keys.tokens, tokens), strict=True)) \
+            if tokens else {}
+        now = await aredis_time_ms(self.redis)
+        keep: dict[str, str] = {}
+        for address, rec in zip(addresses, records, strict=True):
+            j = judge(rec, states, now_ms=now, horizon_ms=horizon, grace_ms=grace_ms,
+                      path="online", claimer=self.id,
+                      guards=gate.guards(repo, namespace, address))
+            if not j.may_delete:
+                keep[address] = j.reason
+        return keep
+
+    def _recheck(self, repo: str, namespace: str, horizon: int,
+                 grace_ms: int) -> AddressRecheck:
+        """The judgment, run from the deleter's threads right before each request."""
+        loop = asyncio.get_running_loop()
+
+        def run(addresses: list[str]) -> dict[str, str]:
+            fut = asyncio.run_coroutine_threadsafe(
+                self._judge_now(repo, namespace, addresses, horizon, grace_ms), loop)
+            return fut.result(timeout=60)
+
+        return run
+
+    async def _remove(self, namespace: str, repo: str, addresses: list[str],
+                      recheck: AddressRecheck | None = None) -> DeleteOutcome:
         if self.settings.quarantine_days > 0:
             return await quarantine(self.s3, self.deleter, namespace, repo, addresses,
-                                    self.settings.quarantine_days)
-        return await self.deleter.delete(namespace, addresses)
+                                    self.settings.quarantine_days, recheck)
+        return await self.deleter.delete(namespace, addresses, recheck)
 
     async def _quarantine_housekeeping(self, repo: str, namespace: str) -> None:
         if self.settings.quarantine_days <= 0 or time.time() - self._last_purge < 300:
@@ -236,7 +318,7 @@ def print_report(report: PassReport) -> None:
     title = "reaper pass (dry run)" if report.dry_run else "reaper pass"
     table = Table(title=title)
     for col in ("repository", "claimed", "deleted", "bytes", "failed", "refused",
-                "would delete", "kept (why)"):
+                "would delete", "kept (why)"):  # a skipped repository shows kept <reason>=1
         table.add_column(col, justify="left" if col in ("repository", "kept (why)") else "right")
     for r in report.repos:
         kept = ", ".join(f"{k}={v}" for k, v in sorted(r.kept.items()))

@@ -1,9 +1,10 @@
-"""Bulk deletes from S3: ``delete_objects`` with at most 1,000 keys per request, several requests
-in flight, per-key errors and throttling retried with jittered exponential backoff.
+"""The reaper's bulk deleter: the one deleter core (``hardelete.deletes.delete_keys``) run in
+threads, several requests in flight.
 
-The outcome separates what the store *confirmed* deleted from what failed, so reports count only
-confirmed deletes. Every key passes :func:`schemas.layout.namespace_key` first: a key outside the
-namespace or under a reserved prefix is refused here, whatever the caller asked.
+The outcome separates what the store *confirmed* deleted (listed under ``Deleted``) from what
+failed, what was refused (outside the namespace or under a reserved prefix: never attempted)
+and what the caller's recheck kept right before the request (held, fail-closed, paused, not
+owned, or no longer garbage by the judgment), so reports count only confirmed deletes.
 """
 
 from __future__ import annotations
@@ -11,18 +12,18 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from hardelete.clients import split_s3_uri
+from hardelete.deletes import S3_MAX_KEYS, TRANSIENT_CODES, RetryPolicy, delete_keys
 from hardelete.logs import get_logger
 from schemas.layout import OutsideNamespace, namespace_key
 
-S3_MAX_KEYS = 1000  # real S3 refuses more (moto accepts 1,001: enforce it ourselves)
-RETRYABLE = frozenset({"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout",
-                       "503", "500", "Throttling", "ThrottlingException", "RequestLimitExceeded"})
+RETRYABLE = TRANSIENT_CODES
+# addresses -> {address: reason to keep}; called right before every request (in a thread)
+AddressRecheck = Callable[[list[str]], Mapping[str, str]]
 log = get_logger(__name__)
 
 
@@ -31,6 +32,7 @@ class DeleteOutcome:
     deleted: list[str] = field(default_factory=list)  # addresses the store confirmed
     failed: dict[str, str] = field(default_factory=dict)  # address -> last error code
     refused: dict[str, str] = field(default_factory=dict)  # address -> why it was not attempted
+    kept: dict[str, str] = field(default_factory=dict)  # address -> reason the recheck kept it
     requests: int = 0
     retries: int = 0
 
@@ -38,6 +40,7 @@ class DeleteOutcome:
         self.deleted += other.deleted
         self.failed.update(other.failed)
         self.refused.update(other.refused)
+        self.kept.update(other.kept)
         self.requests += other.requests
         self.retries += other.retries
 
@@ -50,16 +53,15 @@ class S3Deleter:
         self._client = client
         self._sem = asyncio.Semaphore(concurrency)
         self._batch = batch_keys
-        self._attempts = max_attempts
-        self._base = base_delay
-        self._max = max_delay
+        self._policy = RetryPolicy(max_attempts, base_delay, max_delay)
+        self._rng = random.Random()
 
-    def _backoff(self, attempt: int) -> float:
-        # Full jitter: spreads retries of many reapers hitting one throttled prefix.
-        return random.uniform(0, min(self._max, self._base * 2**attempt))
+    async def delete(self, namespace: str, addresses: list[str],
+                     recheck: AddressRecheck | None = None) -> DeleteOutcome:
+        """Delete addresses of one namespace; return what was confirmed, failed, refused, kept.
 
-    async def delete(self, namespace: str, addresses: list[str]) -> DeleteOutcome:
-        """Delete addresses of one namespace; return what was confirmed, failed, refused."""
+        ``recheck`` (addresses -> reasons to keep) runs right before every request.
+        """
         outcome = DeleteOutcome()
         by_bucket: dict[str, dict[str, str]] = defaultdict(dict)  # bucket -> key -> address
         for address in addresses:
@@ -75,51 +77,25 @@ class S3Deleter:
         for bucket, keys in by_bucket.items():
             items = list(keys.items())
             for i in range(0, len(items), self._batch):
-                tasks.append(self._delete_batch(bucket, dict(items[i:i + self._batch])))
+                tasks.append(self._delete_batch(bucket, dict(items[i:i + self._batch]), recheck))
         for part in await asyncio.gather(*tasks):
             outcome.merge(part)
         return outcome
 
-    async def _delete_batch(self, bucket: str, keys: dict[str, str]) -> DeleteOutcome:
-        outcome = DeleteOutcome()
-        pending = dict(keys)
-        last_error: dict[str, str] = {}
-        for attempt in range(self._attempts):
-            if not pending:
-                break
-            if attempt:
-                outcome.retries += 1
-                await asyncio.sleep(self._backoff(attempt))
-            outcome.requests += 1
-            try:
-                async with self._sem:
-                    resp = await asyncio.to_thread(
-                        self._client.delete_objects, Bucket=bucket,
-                        Delete={"Objects": [{"Key": k} for k in pending], "Quiet": True},
-                    )
-            except ClientError as exc:
-                code = str(exc.response.get("Error", {}).get("Code", "ClientError"))
-                for k in pending:
-                    last_error[k] = code
-                if code in RETRYABLE:
-                    continue
-                break
-            except BotoCoreError as exc:  # connection trouble: retry the whole request
-                for k in pending:
-                    last_error[k] = type(exc).__name__
-                continue
-            # Quiet mode: S3 answers a 200 listing only the keys it failed to delete; every
-            # other key of the request is confirmed deleted by the store.
-            errors = {e.get("Key", ""): e.get("Code", "Error") for e in resp.get("Errors", [])}
-            for k in list(pending):
-                if k not in errors:
-                    outcome.deleted.append(pending.pop(k))
-                else:
-                    last_error[k] = errors[k]
-                    if errors[k] not in RETRYABLE:
-                        outcome.failed[pending.pop(k)] = errors[k]
-            if not pending:
-                break
-        for k, address in pending.items():
-            outcome.failed[address] = last_error.get(k, "unconfirmed")
-        return outcome
+    async def _delete_batch(self, bucket: str, keys: dict[str, str],
+                            recheck: AddressRecheck | None) -> DeleteOutcome:
+        key_recheck = None
+        if recheck is not None:
+            def key_recheck(batch: list[str]) -> dict[str, str]:
+                keep = recheck([keys[k] for k in batch])
+                return {k: keep[keys[k]] for k in batch if keys[k] in keep}
+
+        async with self._sem:
+            res = await asyncio.to_thread(delete_keys, self._client, bucket, list(keys),
+                                          policy=self._policy, recheck=key_recheck,
+                                          rng=self._rng)
+        return DeleteOutcome(
+            deleted=[keys[k] for k in res.deleted],
+            failed={keys[k]: code for k, code in res.codes.items()},
+            kept={keys[k]: why for k, why in res.kept.items()},
+            requests=res.requests, retries=res.retries)

@@ -17,7 +17,7 @@ from hardelete.clients import redis_async, s3_client, split_s3_uri
 from hardelete.logs import get_logger
 from hardelete.settings import Settings
 from reaper.claims import ClaimStore
-from reaper.deleter import DeleteOutcome, S3Deleter
+from reaper.deleter import AddressRecheck, DeleteOutcome, S3Deleter
 from schemas.layout import QUARANTINE_PREFIX, RepoKeys, namespace_key
 
 log = get_logger(__name__)
@@ -28,9 +28,11 @@ def quarantine_address(namespace: str, address: str) -> str:
 
 
 async def quarantine(client: Any, deleter: S3Deleter, namespace: str, repo: str,
-                     addresses: list[str], keep_days: float) -> DeleteOutcome:
+                     addresses: list[str], keep_days: float,
+                     recheck: AddressRecheck | None = None) -> DeleteOutcome:
     """Copy each address into quarantine, then delete the original through the deleter (so the
-    same namespace guard and confirmation rules apply). A failed copy deletes nothing."""
+    same namespace guard, re-check right before the request and confirmation rules apply).
+    A failed copy deletes nothing."""
     copied: list[str] = []
     failed: dict[str, str] = {}
     expires = time.time() + keep_days * 86400
@@ -60,7 +62,7 @@ async def quarantine(client: Any, deleter: S3Deleter, namespace: str, repo: str,
             failed[address] = str(exc)
 
     await asyncio.gather(*(one(a) for a in addresses))
-    outcome = await deleter.delete(namespace, copied)
+    outcome = await deleter.delete(namespace, copied, recheck)
     outcome.failed.update(failed)
     return outcome
 

@@ -20,7 +20,12 @@ from hardelete.clients import split_s3_uri
 from hardelete.settings import Settings
 from reconciler.errors import ReconcileError
 from reconciler.mark import KEYS_SCHEMA
-from reconciler.retention import SECONDS_PER_DAY, expire_snapshots, retained_commits
+from reconciler.retention import (
+    SECONDS_PER_DAY,
+    ExpirationMode,
+    expire_snapshots,
+    retained_commits,
+)
 from reconciler.s3io import Namespace, cached_s3, read_parquet_rows
 from reconciler.sparkio import distributed
 from reconciler.state import RepoState
@@ -52,7 +57,9 @@ def manifest_location(ns: Namespace, manifest: str) -> tuple[str, str]:
 
 
 def plan_retention(state: RepoState, now_s: float, *,
-                   expire_older_than_days: float | None = None) -> RetentionPlan:
+                   expire_older_than_days: float | None = None,
+                   mode: ExpirationMode = "seed",
+                   delete_expired_refs: bool = False) -> RetentionPlan:
     """Which commits are retained and which manifests to read (pure, no I/O)."""
     graph = state.graph
     days = (expire_older_than_days if expire_older_than_days is not None
@@ -60,11 +67,13 @@ def plan_retention(state: RepoState, now_s: float, *,
     expire_at = None if days is None else now_s - days * SECONDS_PER_DAY
     try:
         retained = retained_commits(graph, state.branch_heads, state.tags, state.policy, now_s,
-                                    expire_older_than=expire_at)
+                                    expire_older_than=expire_at, mode=mode,
+                                    delete_refs_to_expired=delete_expired_refs)
         expired_refs: list[tuple[str, str]] = []
         expired = 0
         if expire_at is not None:
-            result = expire_snapshots(graph, state.branch_heads, state.tags, expire_at)
+            result = expire_snapshots(graph, state.branch_heads, state.tags, expire_at,
+                                      mode=mode)
             expired_refs = [(k, n) for k, n in result.refs_pointing_to_expired]
             expired = len(result.expired)
     except ValueError as exc:  # a corrupt graph (first-parent cycle, ...)

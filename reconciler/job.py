@@ -79,6 +79,8 @@ class RunOptions:
     cutoff_ms: int | None = None
     inventory: str | None = None
     expire_older_than_days: float | None = None
+    expiration_mode: str = "seed"  # seed 001 reading: "seed" | "icechunk" (retention.py)
+    delete_expired_refs: bool = False  # refs at expired snapshots no longer retain (Icechunk)
     ignore_tracker_progress: bool = False
     max_mark_age_hours: float = 24.0
     lease_ttl_ms: int = 60_000
@@ -382,13 +384,17 @@ class Run:
         t0 = time.monotonic()
         state = load_repo(self.r, o.repo)
         plan = plan_retention(state, now_ms / 1000.0,
-                              expire_older_than_days=o.expire_older_than_days)
+                              expire_older_than_days=o.expire_older_than_days,
+                              mode=o.expiration_mode,  # type: ignore[arg-type]
+                              delete_expired_refs=o.delete_expired_refs)
         s["retention"] = {**plan.as_dict(), "policy": {
             "default_days": state.policy.default_days,
             "branch_days": dict(state.policy.branch_days)},
             "expire_older_than_days": (o.expire_older_than_days
                                        if o.expire_older_than_days is not None
-                                       else state.expire_older_than_days)}
+                                       else state.expire_older_than_days),
+            "expiration_mode": o.expiration_mode,
+            "delete_expired_refs": o.delete_expired_refs}
         known = export_df(self.spark, self.settings, ns.bucket, export.parts)
         known = known.persist(StorageLevel.MEMORY_AND_DISK)
         with self.ui.phase(f"read {len(plan.manifests)} manifests of "
@@ -538,6 +544,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "of listing: s3://bucket/prefix/ or a local directory")
     parser.add_argument("--expire-older-than-days", type=float,
                         help="snapshot expiration (seed 001) before retention")
+    parser.add_argument("--expiration-mode", choices=("seed", "icechunk"), default="seed",
+                        help="seed: refs at expired snapshots keep their ancestry (the seed's "
+                             "sample run); icechunk: every ref's snapshot is re-parented to "
+                             "the root (Icechunk 1.1)")
+    parser.add_argument("--delete-expired-refs", action="store_true",
+                        help="with --expire-older-than-days: branches and tags that point at "
+                             "expired snapshots no longer retain anything (Icechunk's "
+                             "delete-expired-tags/branches)")
     parser.add_argument("--ignore-tracker-progress", action="store_true",
                         help="DANGEROUS: do not hold the cutoff back to the tracker's progress")
     parser.add_argument("--max-mark-age-hours", type=float, default=24.0,
@@ -587,6 +601,7 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
             optimized=args.optimized,
             cutoff_ms=parse_cutoff(args.cutoff) if args.cutoff else None,
             inventory=args.inventory, expire_older_than_days=args.expire_older_than_days,
+            expiration_mode=args.expiration_mode, delete_expired_refs=args.delete_expired_refs,
             ignore_tracker_progress=args.ignore_tracker_progress,
             max_mark_age_hours=args.max_mark_age_hours)
         # One repository's failure (reported in its summary) does not stop the others.

@@ -8,7 +8,8 @@ reaper's lease (see ``schemas/README.md``). :func:`verdict` turns one such hash 
   ``staged`` (a live reference: added, never removed, its token open, sealed or unknown),
   ``issued`` (an upload address whose ``iu`` is after the run's cutoff), ``claimed`` (a reaper's
   claim in flight), ``doubt`` (the record is inconsistent or has a state we do not know:
-  ambiguity keeps, SPEC safety 6);
+  ambiguity keeps, SPEC safety 6), ``young`` (unreferenced less than the grace window before
+  the tracker horizon, when the caller gives the horizon), ``held``;
 * otherwise a ``kind`` for the report: ``committed`` (committed once; the job keeps it if a
   retained commit took it), ``reaped``, ``issued`` (expired, never linked) or ``unreferenced``;
 * ``commit``: when known, the id of a commit that took the address (the flag's value, if it is a
@@ -21,18 +22,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from schemas.layout import (
-    F_COMMITTED,
-    F_ISSUED_UNTIL,
-    F_LEASE_UNTIL,
-    F_STATE,
-    REF_ADD,
-    REF_REMOVE,
-    AddressState,
-    TokenState,
-)
-
-_KNOWN_STATES = {s.value for s in AddressState}
+from schemas.layout import TokenState
+from schemas.liveness import Guards, judge
+from schemas.records import decode_address
+from schemas.records import token_state as token_state  # re-exported: the one token codec
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,79 +36,39 @@ class Verdict:
     commit: str | None = None
 
 
-def token_state(raw: str | None) -> str | None:
-    """``'<state>:<ms>'`` (or a bare state) -> state; None when unknown."""
-    if not raw:
-        return None
-    return raw.split(":", 1)[0]
-
-
-def _int(value: str | None) -> int | None:
-    if value is None or value == "":
-        return None
-    try:
-        return int(float(value))
-    except ValueError:
-        return None
-
-
 def verdict(fields: Mapping[str, str], *, token_states: Mapping[str, str | None],
             cutoff_ms: int, now_ms: int, claimed: bool = False,
             token_commits: Mapping[str, str] | None = None,
-            commit_ids: frozenset[str] | set[str] | None = None) -> Verdict:
-    """The reconciler's reading of one address hash (see the module docstring).
+            commit_ids: frozenset[str] | set[str] | None = None,
+            horizon_ms: int | None = None, grace_ms: int = 0,
+            held: str | None = None) -> Verdict:
+    """The reconciler's reading of one address hash (see the module docstring): a thin
+    wrapper over the one judgment, ``schemas.liveness.judge`` (path ``reconciler``).
 
     ``token_states``: token -> state (``open``...), None/absent when the tracker has no state
     for it (kept: unknown tokens count as live). ``claimed``: the address is in the claims zset.
     ``token_commits``: token -> commit id that committed it (when the commit records say).
     ``commit_ids``: known commit ids (to tell whether the ``committed`` flag names a commit).
+    ``horizon_ms``/``grace_ms``: the tracker's proven progress and the repository's grace;
+    given, an address unreferenced less than ``grace`` before the horizon is kept (``young``,
+    SPEC safety 2); None keeps the old reading (only ``cutoff_ms`` bounds an issued upload).
+    ``held``: the reason of a hold on the address (kept).
     """
-    adds = {k[1:]: v for k, v in fields.items() if k.startswith(REF_ADD)}
-    removes = {k[1:] for k in fields if k.startswith(REF_REMOVE)}
-    state = fields.get(F_STATE)
-    flag = fields.get(F_COMMITTED)
+    rec = decode_address(fields)
+    flag = rec.committed_value
     commit: str | None = None
     if flag and commit_ids is not None and flag in commit_ids:
         commit = flag
-    committed_tokens: list[str] = []
-    for ref, token in adds.items():
-        if ref in removes:
-            continue
-        ts = token_states.get(token)
-        if ts is None or ts in (TokenState.OPEN, TokenState.SEALED):
-            return Verdict(True, "staged", "staged", commit)
-        if ts == TokenState.COMMITTED:
-            committed_tokens.append(token)
-        elif ts != TokenState.DROPPED:
-            return Verdict(True, "staged", "doubt", commit)  # a token state we do not know
     if commit is None and token_commits:
-        for token in committed_tokens:
-            if token in token_commits:
+        for token in rec.unremoved().values():
+            ts = token_states.get(token)
+            if ts is not None and ts.split(":", 1)[0] == TokenState.COMMITTED \
+                    and token in token_commits:
                 commit = token_commits[token]
                 break
-    lease_until = _int(fields.get(F_LEASE_UNTIL))
-    if claimed or state == AddressState.REAPING or (lease_until is not None
-                                                    and lease_until > now_ms):
-        return Verdict(True, "claimed", "claimed", commit)
-    issued_until = _int(fields.get(F_ISSUED_UNTIL))
-    if issued_until is not None and issued_until > cutoff_ms:
-        # An issued address is protected until its expiry; comparing with the cutoff (not
-        # now) adds the cutoff's margin against a skewed service clock and a late sweep.
-        return Verdict(True, "issued", "issued", commit)
-    if state is not None and state not in _KNOWN_STATES:
-        return Verdict(True, "unknown", "doubt", commit)
-    if state == AddressState.STAGED:
-        # The tracker says staged but no live reference is visible: doubt keeps.
-        return Verdict(True, "staged", "doubt", commit)
-    if state == AddressState.ISSUED and issued_until is None:
-        return Verdict(True, "issued", "doubt", commit)
-    if flag or committed_tokens or state == AddressState.COMMITTED:
-        return Verdict(False, "committed", "", commit)
-    if state == AddressState.REAPED:
-        return Verdict(False, "reaped", "", commit)
-    if issued_until is not None and not adds:
-        return Verdict(False, "issued", "", commit)
-    if state is None and not adds:
-        # No state and no reference: a record we cannot read. Doubt keeps.
-        return Verdict(True, "unknown", "doubt", commit)
-    return Verdict(False, "unreferenced", "", commit)
+    j = judge(rec, token_states, now_ms=now_ms, horizon_ms=horizon_ms, grace_ms=grace_ms,
+              path="reconciler", cutoff_ms=cutoff_ms, claimed=claimed,
+              guards=Guards(held=held))
+    if j.may_delete:
+        return Verdict(False, j.kind, "", commit)
+    return Verdict(True, j.kind, j.reason, commit)

@@ -11,7 +11,13 @@ Two policies are modelled:
   other commits may be hard-deleted.
 * **Expiration** (Icechunk "update A in place") - :func:`expire_snapshots`. History is
   rewritten so that snapshots older than a threshold drop out of the ancestry of every ref;
-  snapshots that become unreachable can then be garbage collected.
+  snapshots that become unreachable can then be garbage collected. Two readings of seed 001
+  (:class:`ExpirationMode`): ``seed`` follows the seed's sample run exactly (a ref that points
+  at an expired snapshot is never edited, so it keeps its whole ancestry: on the seed's
+  history only 6 and 7 are freed); ``icechunk`` follows Icechunk 1.1 (every ref's own snapshot
+  is re-parented to the root, even an expired one: tags lose their expired ancestry and 1, 2,
+  4, 6, 7 are freed). Deleting the refs that point at expired snapshots
+  (:func:`delete_expired_refs`, Icechunk's ``delete_expired_tags``) frees 1-7 in both.
 
 :func:`retained_commits` combines them: expiration rewrites history first, then retention is
 computed on the rewritten graph.
@@ -35,6 +41,7 @@ from typing import Literal, TypeVar
 __all__ = [
     "SECONDS_PER_DAY",
     "Commit",
+    "ExpirationMode",
     "ExpirationResult",
     "FrozenMap",
     "Ref",
@@ -51,6 +58,11 @@ __all__ = [
 SECONDS_PER_DAY = 86400.0
 
 RefKind = Literal["branch", "tag"]
+# "seed": the seed's sample run (refs at expired snapshots are never edited, they keep their
+# ancestry). "icechunk": Icechunk 1.1 (a ref's own snapshot is always the editable one when
+# nothing newer is on its chain, so it is re-parented to the root even when expired).
+ExpirationMode = Literal["seed", "icechunk"]
+EXPIRATION_MODES: tuple[ExpirationMode, ...] = ("seed", "icechunk")
 Ref = tuple[RefKind, str]
 
 K = TypeVar("K")
@@ -251,11 +263,19 @@ def _resolve_order(
     return [(ref, branch_heads[ref[1]] if ref[0] == "branch" else tags[ref[1]]) for ref in refs]
 
 
-def _expire_into(graph: dict[str, Commit], target: str, older_than: float) -> str | None:
+def _check_mode(mode: str) -> None:
+    if mode not in EXPIRATION_MODES:
+        raise ValueError(f"expiration mode must be one of {EXPIRATION_MODES}, got {mode!r}")
+
+
+def _expire_into(graph: dict[str, Commit], target: str, older_than: float,
+                 mode: ExpirationMode = "seed") -> str | None:
     """Apply "update A in place" for one ref to ``graph``; return the edited id, if any."""
     head = graph.get(target)
-    if head is None or head.time < older_than:
-        # Absent, or the ref itself points at an expired snapshot: never edited.
+    if head is None:
+        return None
+    if head.time < older_than and mode == "seed":
+        # The seed: a ref that points at an expired snapshot is never edited.
         return None
     chain = _first_parent_chain(graph, target)
     root = chain[-1]
@@ -351,19 +371,24 @@ def active_commits(
 
 
 def expire_ref(
-    commits: Mapping[str, Commit], target: str, older_than: float
+    commits: Mapping[str, Commit], target: str, older_than: float,
+    mode: ExpirationMode = "seed",
 ) -> FrozenMap[str, Commit]:
     """One step of "update A in place" for the ref pointing at ``target``; returns a new graph.
 
-    If ``target`` is absent or older than ``older_than`` nothing changes. Otherwise, with
+    If ``target`` is absent, or (mode ``seed``) older than ``older_than``, nothing changes.
+    In mode ``icechunk`` an expired ``target`` is itself A when nothing newer is on its
+    chain (Icechunk 1.1: the ref's snapshot keeps its id and loses its expired ancestry).
+    Otherwise, with
     ``root`` the end of ``target``'s first-parent ancestry and ``A`` the deepest commit of
     that ancestry with ``time >= older_than``, A's first parent becomes ``root`` (unless A is
     ``root`` or already points at it); A's merge parents are kept. If the ancestry ends at
     a parent missing from ``commits``, the last present commit acts as ``root``.
     """
     _check_graph(commits)
+    _check_mode(mode)
     graph = dict(commits)
-    _expire_into(graph, target, older_than)
+    _expire_into(graph, target, older_than, mode)
     return FrozenMap(graph)
 
 
@@ -373,6 +398,7 @@ def expire_snapshots(
     tags: Mapping[str, str],
     older_than: float,
     order: Sequence[tuple[str, str]] | None = None,
+    mode: ExpirationMode = "seed",
 ) -> ExpirationResult:
     """Expire snapshots older than ``older_than`` (Icechunk "update A in place").
 
@@ -381,17 +407,19 @@ def expire_snapshots(
     processed but still keep their snapshots reachable. Unknown or repeated refs raise
     ``ValueError``. The resulting graph does not depend on the order.
 
-    Snapshots directly pointed at by a branch or tag are never expired nor edited when they
-    are older than the threshold. With monotone timestamps no commit newer than the
-    threshold that was reachable from a ref becomes unreachable.
+    Snapshots directly pointed at by a branch or tag are never expired. In mode ``seed`` they
+    are not edited either when older than the threshold; in mode ``icechunk`` they are
+    re-parented to the root (:func:`expire_ref`). With monotone timestamps no commit newer
+    than the threshold that was reachable from a ref becomes unreachable.
     """
     _check_graph(commits)
+    _check_mode(mode)
     refs = _resolve_order(branch_heads, tags, order)
     heads = [*branch_heads.values(), *tags.values()]
     graph = dict(commits)
     edited: set[str] = set()
     for _ref, target in refs:
-        cid = _expire_into(graph, target, older_than)
+        cid = _expire_into(graph, target, older_than, mode)
         if cid is not None:
             edited.add(cid)
     before = reachable(commits, heads)
@@ -441,6 +469,7 @@ def retained_commits(
     expire_older_than: float | None = None,
     delete_refs_to_expired: bool = False,
     order: Sequence[tuple[str, str]] | None = None,
+    mode: ExpirationMode = "seed",
 ) -> frozenset[str]:
     """Ids of the commits whose manifests must be kept.
 
@@ -454,7 +483,7 @@ def retained_commits(
     """
     if expire_older_than is None:
         return active_commits(commits, branch_heads, tags, policy, now)
-    result = expire_snapshots(commits, branch_heads, tags, expire_older_than, order)
+    result = expire_snapshots(commits, branch_heads, tags, expire_older_than, order, mode)
     if delete_refs_to_expired:
         branch_heads, tags = delete_expired_refs(branch_heads, tags, result)
     return active_commits(result.commits, branch_heads, tags, policy, now)

@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from hardelete.clients import redis_sync
+from hardelete.deletes import RetryPolicy, delete_keys, read_gate
 from hardelete.settings import Settings
-from reconciler.records import token_state, verdict
 from reconciler.s3io import Namespace, cached_s3, put_parquet, read_parquet_rows
 from schemas.layout import RECONCILER_LEASE, OutsideNamespace, RepoKeys, namespace_key
+from schemas.liveness import judge
+from schemas.records import decode_address
 
 MAX_KEYS_PER_REQUEST = 1000
-TRANSIENT_CODES = frozenset({"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout",
-                             "503", "500", "ThrottlingException"})
 
 CONFIRMED = "deleted"
 FAILED = "failed"
@@ -59,20 +59,24 @@ class BatchResult:
     deleted: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)  # key -> "Code: message"
     refused: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)  # key -> reason the recheck kept it
     requests: int = 0
 
 
 def delete_batch(s3: Any, ns: Namespace, keys: list[str], *, attempts: int = 5,
                  base_delay: float = 0.1, sleep: Callable[[float], None] = time.sleep,
-                 rng: random.Random | None = None) -> BatchResult:
+                 rng: random.Random | None = None,
+                 recheck: Callable[[list[str]], Mapping[str, str]] | None = None) -> BatchResult:
     """Delete up to 1,000 bucket keys of the namespace; confirmed keys in ``deleted``.
 
     The final guard lives here: every key is checked against the namespace and the reserved
-    prefixes before any request, and more than 1,000 keys is a programming error.
+    prefixes before any request, and more than 1,000 keys is a programming error. The request
+    itself is the one deleter core (``hardelete.deletes.delete_keys``: confirmed only from the
+    store's ``Deleted`` entries); ``recheck`` (namespace-relative keys -> reason to keep, see
+    :func:`recheck_for`) runs right before every request, retries included.
     """
     if len(keys) > MAX_KEYS_PER_REQUEST:
         raise ValueError(f"{len(keys)} keys in one delete request (at most 1000)")
-    rng = rng or random.Random()
     result = BatchResult()
     pending: list[str] = []
     for key in keys:
@@ -85,79 +89,82 @@ def delete_batch(s3: Any, ns: Namespace, keys: list[str], *, attempts: int = 5,
             result.refused.append(key)
             continue
         pending.append(key)
-    attempt = 0
-    while pending:
-        attempt += 1
-        result.requests += 1
-        try:
-            resp = s3.delete_objects(
-                Bucket=ns.bucket,
-                Delete={"Objects": [{"Key": k} for k in pending], "Quiet": False})
-        except Exception as exc:  # the whole request failed: retry all of it
-            if attempt >= attempts:
-                for k in pending:
-                    result.errors[k] = f"request: {type(exc).__name__}: {exc}"
-                return result
-            sleep(base_delay * (2 ** (attempt - 1)) * (0.5 + rng.random()))
-            continue
-        asked = set(pending)
-        retry: list[str] = []
-        for d in resp.get("Deleted", ()):
-            if d.get("Key") in asked:
-                result.deleted.append(d["Key"])
-        for e in resp.get("Errors", ()):
-            key, code = e.get("Key", ""), str(e.get("Code", ""))
-            if key not in asked:
-                continue
-            if code in TRANSIENT_CODES and attempt < attempts:
-                retry.append(key)
-            else:
-                result.errors[key] = f"{code}: {e.get('Message', '')}"
-        answered = set(result.deleted) | set(result.errors) | set(retry)
-        # A key the store did not mention is not confirmed: ask again, then call it an error.
-        silent = [k for k in pending if k not in answered]
-        if silent and attempt >= attempts:
-            for k in silent:
-                result.errors[k] = "no answer from the store"
-            silent = []
-        pending = retry + silent
-        if pending:
-            sleep(base_delay * (2 ** (attempt - 1)) * (0.5 + rng.random()))
+    if not pending:
+        return result
+    key_recheck = None
+    if recheck is not None:
+        def key_recheck(batch: list[str]) -> dict[str, str]:
+            rels = {k: k[len(ns.prefix):] for k in batch}
+            keep = recheck(list(rels.values()))
+            return {k: keep[rel] for k, rel in rels.items() if rel in keep}
+
+    res = delete_keys(s3, ns.bucket, pending,
+                      policy=RetryPolicy(attempts=attempts, base_delay=base_delay),
+                      recheck=key_recheck, sleep=sleep, rng=rng)
+    result.deleted = res.deleted
+    result.errors = res.errors
+    result.kept = res.kept
+    result.requests = res.requests
     return result
 
 
 # ------------------------------------------------------------------------ online re-check
 
-def still_referenced(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutoff_ms: int,
-                     now_ms: int) -> set[str]:
-    """The rels whose tracker record is live right now (one pipeline per batch)."""
+def judge_rels(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutoff_ms: int,
+               now_ms: int, horizon_ms: int | None = None,
+               grace_ms: int = 0) -> dict[str, str]:
+    """rel -> reason, for the rels that must be kept right now: the guards (holds,
+    fail-closed, pause, namespace ownership, ``hardelete.deletes.Gate``) and the tracker's
+    record judged again (``schemas.liveness.judge``, path ``reconciler``)."""
     keys = RepoKeys(repo)
+    addresses = [ns.address(rel) for rel in rels]
+    gate = read_gate(r, repo, addresses)
     pipe = r.pipeline(transaction=False)
-    for rel in rels:
-        pipe.hgetall(keys.address(ns.address(rel)))
+    for address in addresses:
+        pipe.hgetall(keys.address(address))
     records = pipe.execute()
-    tokens: set[str] = set()
-    for rec in records:
-        for k, v in (rec or {}).items():
-            if k.startswith("+"):
-                tokens.add(v)
-    token_list = sorted(tokens)
-    states = dict(zip(token_list, r.hmget(keys.tokens, token_list), strict=True)) \
-        if token_list else {}
-    token_states = {t: token_state(v) for t, v in states.items()}
+    decoded = [decode_address(rec) if rec else None for rec in records]
+    tokens = sorted({t for d in decoded if d is not None for t in d.adds.values()})
+    token_states = dict(zip(tokens, r.hmget(keys.tokens, tokens), strict=True)) \
+        if tokens else {}
     claims_pipe = r.pipeline(transaction=False)
-    for rel in rels:
-        claims_pipe.zscore(keys.claims, ns.address(rel))
+    for address in addresses:
+        claims_pipe.zscore(keys.claims, address)
     claimed = claims_pipe.execute()
-    live: set[str] = set()
-    for rel, rec, claim in zip(rels, records, claimed, strict=True):
-        if not rec:
-            continue
-        v = verdict(rec, token_states=token_states, cutoff_ms=cutoff_ms, now_ms=now_ms,
-                    claimed=claim is not None)
-        if v.live:
-            live.add(rel)
-    return live
+    keep: dict[str, str] = {}
+    for rel, address, rec, claim in zip(rels, addresses, decoded, claimed, strict=True):
+        j = judge(rec, token_states, now_ms=now_ms, horizon_ms=horizon_ms, grace_ms=grace_ms,
+                  path="reconciler", cutoff_ms=cutoff_ms, claimed=claim is not None,
+                  guards=gate.guards(repo, ns.uri, address))
+        if not j.may_delete:
+            keep[rel] = j.reason
+    return keep
+
+
+def still_referenced(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutoff_ms: int,
+                     now_ms: int, horizon_ms: int | None = None,
+                     grace_ms: int = 0) -> set[str]:
+    """The rels that must be kept right now (see :func:`judge_rels`)."""
+    return set(judge_rels(r, repo, ns, rels, cutoff_ms=cutoff_ms, now_ms=now_ms,
+                          horizon_ms=horizon_ms, grace_ms=grace_ms))
+
+
+def recheck_for(r: Any, repo: str, ns: Namespace, *, cutoff_ms: int,
+                horizon_ms: int | None = None,
+                grace_ms: int = 0) -> Callable[[list[str]], dict[str, str]]:
+    """The recheck :func:`delete_batch` runs right before each request (Redis clock).
+
+    ``horizon_ms``/``grace_ms`` make the re-check grace-aware (an address unreferenced less
+    than ``grace_ms`` before the horizon is kept, ``young``); without them only ``cutoff_ms``
+    bounds (the mark's own reading, until the job passes the horizon it used)."""
+
+    def run(rels: list[str]) -> dict[str, str]:
+        sec, usec = r.time()
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        return judge_rels(r, repo, ns, rels, cutoff_ms=cutoff_ms, now_ms=now_ms,
+                          horizon_ms=horizon_ms, grace_ms=grace_ms)
+
+    return run
 
 
 @dataclass
@@ -256,8 +263,14 @@ def _sweep_batch(s3: Any, r: Any, repo: str, lease_id: str, ns: Namespace,
         record(rel, info[rel][0], info[rel][1], REFUSED)
     if not ok or not delete:
         return
-    res = delete_batch(s3, ns, ok)
+    res = delete_batch(s3, ns, ok, recheck=None if r is None else recheck_for(
+        r, repo, ns, cutoff_ms=cutoff_ms))
     stats.requests += res.requests
+    for key, why in res.kept.items():  # kept by the re-check right before the request
+        rel = key[len(ns.prefix):]
+        stats.skipped_live += 1
+        stats.sample("skipped_live", f"{rel}: {why}")
+        record(rel, info[rel][0], info[rel][1], SKIPPED_LIVE, why)
     for key in res.refused:
         rel = key[len(ns.prefix):]
         stats.refused += 1

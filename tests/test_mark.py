@@ -338,3 +338,44 @@ def test_spark_classification_agrees_with_the_pure_one(spark, seed):
     assert tally_df(classified).as_dict() == pure.tally.as_dict()
     anti = {r["key"] for r in mark_df(ldf, cdf, kdf.filter("live"), CUTOFF).collect()}
     assert anti == pure.marked_keys
+
+
+def test_plan_retention_expiration_modes_on_seed001():
+    # seed 001's history (commit k is k hours after the first), expiring older than 7.5 h;
+    # retention keeps branch ancestries forever and nothing dangling
+    from tests.test_retention import BRANCHES_001, PARENTS_001, TAGS_001
+
+    t0 = NOW - 15 * 3600
+    commits = [CommitRecord(k, ps, t0 + 3600 * int(k), "main", f"m/{k}")
+               for k, ps in PARENTS_001.items()]
+    policy = RetentionPolicy(0.0, {b: math.inf for b in BRANCHES_001})
+    state = RepoState("r", NS, "main", policy, None, {c.id: c for c in commits},
+                      dict(BRANCHES_001), dict(TAGS_001))
+    days = 7.5 / 24
+    branch_side = {"0", "8", "9", "10", "11", "12", "13", "14"}
+    for mode in ("seed", "icechunk"):
+        plan = plan_retention(state, NOW, expire_older_than_days=days, mode=mode)
+        assert plan.retained == branch_side | {"3", "5"}  # tags keep their own commit
+        assert plan.expired_refs == [("tag", "tag1"), ("tag", "tag2")]
+        plan = plan_retention(state, NOW, expire_older_than_days=days, mode=mode,
+                              delete_expired_refs=True)
+        assert plan.retained == branch_side
+    assert plan_retention(state, NOW, expire_older_than_days=days).expired_commits == 2
+    assert plan_retention(state, NOW, expire_older_than_days=days,
+                          mode="icechunk").expired_commits == 5
+
+
+def test_reconcile_cli_takes_the_expiration_mode():
+    import argparse
+
+    from reconciler.job import configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    args = parser.parse_args(["--repo", "r", "--expire-older-than-days", "3",
+                              "--expiration-mode", "icechunk", "--delete-expired-refs"])
+    assert args.expiration_mode == "icechunk" and args.delete_expired_refs
+    args = parser.parse_args(["--repo", "r"])
+    assert args.expiration_mode == "seed" and not args.delete_expired_refs
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--repo", "r", "--expiration-mode", "bogus"])

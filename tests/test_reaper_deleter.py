@@ -61,3 +61,55 @@ async def test_deleting_twice_is_harmless(settings, s3, bucket):
     second = await deleter.delete(f"s3://{bucket}/repo/", [f"s3://{bucket}/repo/data/1/a"])
     assert first.deleted == second.deleted == [f"s3://{bucket}/repo/data/1/a"]
     assert not second.failed
+
+
+# --- the one deleter core (hardelete.deletes) ---------------------------------------------------
+
+def test_core_enforces_1000_keys_although_the_server_accepts_more(s3, bucket):
+    from hardelete.deletes import delete_keys
+
+    keys = [f"repo/data/1/{i}" for i in range(1001)]
+    with pytest.raises(ValueError, match="at most 1000"):
+        delete_keys(s3, bucket, keys)
+
+
+async def test_wrapper_splits_into_requests_of_at_most_1000(settings, s3, bucket):
+    keys = [f"repo/data/1/{i:05d}" for i in range(1001)]
+    _put_many(s3, bucket, keys)
+    with FaultProxy(settings.s3_endpoint_url) as proxy:
+        client = s3_client(settings.replace(s3_endpoint_url=proxy.url))
+        outcome = await S3Deleter(client).delete(f"s3://{bucket}/repo/",
+                                                 [f"s3://{bucket}/{k}" for k in keys])
+    assert sorted(proxy.faults.keys_per_request) == [1, 1000]
+    assert len(outcome.deleted) == 1001 and _listed(s3, bucket) == set()
+
+
+def test_core_recheck_runs_before_every_request_and_a_failing_one_keeps_all(settings, s3,
+                                                                            bucket):
+    from hardelete.deletes import RetryPolicy, delete_keys
+
+    keys = [f"repo/data/1/{i}" for i in range(4)]
+    _put_many(s3, bucket, keys)
+    seen: list[list[str]] = []
+
+    def recheck(batch: list[str]) -> dict[str, str]:
+        seen.append(list(batch))
+        # a hold arrives between the first request and its retry
+        return {keys[1]: "held"} if len(seen) > 1 else {}
+
+    with FaultProxy(settings.s3_endpoint_url) as proxy:
+        proxy.faults.fail_keys = {keys[0]: ("InternalError", 1), keys[1]: ("SlowDown", 1)}
+        client = s3_client(settings.replace(s3_endpoint_url=proxy.url))
+        out = delete_keys(client, bucket, keys, policy=RetryPolicy(base_delay=0.001),
+                          recheck=recheck)
+    assert seen == [keys, [keys[0], keys[1]]]
+    assert sorted(out.deleted) == sorted([keys[0], keys[2], keys[3]])
+    assert out.kept == {keys[1]: "held"} and out.requests == 2 and out.retries == 1
+    assert _listed(s3, bucket) == {keys[1]}
+
+    def broken(batch: list[str]) -> dict[str, str]:
+        raise ConnectionError("redis down")
+
+    out = delete_keys(s3, bucket, [keys[1]], recheck=broken)
+    assert out.requests == 0 and out.kept[keys[1]].startswith("recheck failed")
+    assert _listed(s3, bucket) == {keys[1]}

@@ -281,6 +281,62 @@ def test_seed001_final_result(order: list[tuple[str, str]] | None) -> None:
     assert delete_expired_refs(BRANCHES_001, TAGS_001, res, delete_tags=False)[1] == TAGS_001
 
 
+def _freed(mode: str, delete_expired_tags: bool) -> set[str]:
+    """Snapshots garbage collection may free after expiring the seed's history."""
+    res = expire_snapshots(G001, BRANCHES_001, TAGS_001, THRESHOLD_001, ORDER_001, mode=mode)
+    branches, tags = BRANCHES_001, TAGS_001
+    if delete_expired_tags:
+        branches, tags = delete_expired_refs(BRANCHES_001, TAGS_001, res, delete_branches=False)
+    return set(G001) - reachable(res.commits, [*branches.values(), *tags.values()])
+
+
+def test_seed001_three_outcomes() -> None:
+    # The seed's sample run: tags keep their ancestry, only 6 and 7 are freed.
+    assert _freed("seed", delete_expired_tags=False) == {"6", "7"}
+    # Icechunk 1.1 re-parents every ref's snapshot, tags included: 1, 2, 4, 6, 7 are freed.
+    assert _freed("icechunk", delete_expired_tags=False) == {"1", "2", "4", "6", "7"}
+    # Deleting the tags that point at expired snapshots (delete-expired-tags): 1..7 freed.
+    assert _freed("seed", delete_expired_tags=True) == {str(i) for i in range(1, 8)}
+    assert _freed("icechunk", delete_expired_tags=True) == {str(i) for i in range(1, 8)}
+
+
+@pytest.mark.parametrize("order", [ORDER_001, None, list(reversed(ORDER_001))])
+def test_seed001_icechunk_reparents_tags(order: list[tuple[str, str]] | None) -> None:
+    res = expire_snapshots(G001, BRANCHES_001, TAGS_001, THRESHOLD_001, order, mode="icechunk")
+    assert parents_of(res.commits) == {
+        **PARENTS_001, "3": ("0",), "5": ("0",), "8": ("0",), "9": ("0",), "10": ("0",),
+        "12": ("0",)}
+    assert res.expired == {"1", "2", "4", "6", "7"}
+    # the tags still point at their (expired) snapshots, whose content is unchanged
+    assert res.refs_pointing_to_expired == (("tag", "tag1"), ("tag", "tag2"))
+    assert expire_ref(res.commits, "3", THRESHOLD_001, mode="icechunk") == res.commits
+
+
+def test_seed001_modes_in_retained_commits() -> None:
+    # Retention sees the rewritten history. Branches keep their whole (rewritten) ancestry;
+    # dangling tips are walked with a default window that opens between snapshots 4 and 5.
+    now = 1000.0 + 3600.0 * 15
+    policy = RetentionPolicy(default_days=10.5 / 24,
+                             branch_days={b: math.inf for b in BRANCHES_001})
+    kept = {mode: retained_commits(G001, BRANCHES_001, TAGS_001, policy, now,
+                                   expire_older_than=THRESHOLD_001, mode=mode)
+            for mode in ("seed", "icechunk")}
+    branch_side = {"0", "8", "9", "10", "11", "12", "13", "14"}
+    # 7 -> 6 -> 3 is a young dangling tip in both readings (the window reaches 3)
+    # seed: tag2's snapshot 5 keeps its parent 4 (the dangling walk from 5 reaches it)
+    assert kept["seed"] == branch_side | {"3", "5", "6", "7", "4"}
+    # icechunk: 5 was re-parented to 0, so 4 is an old dangling tip and goes
+    assert kept["icechunk"] == branch_side | {"3", "5", "6", "7"}
+    dropped = retained_commits(G001, BRANCHES_001, TAGS_001, policy, now,
+                               expire_older_than=THRESHOLD_001, mode="icechunk",
+                               delete_refs_to_expired=True)
+    # without the tags, 5 (a young dangling tip) and 3 (on 7's chain) stay by the window
+    assert dropped == kept["icechunk"]
+    with pytest.raises(ValueError, match="expiration mode"):
+        expire_snapshots(G001, BRANCHES_001, TAGS_001, THRESHOLD_001,
+                         mode="bogus")  # type: ignore[arg-type]
+
+
 def test_seed001_never_edits_or_expires_ref_targets() -> None:
     res = expire_snapshots(G001, BRANCHES_001, TAGS_001, THRESHOLD_001)
     for target in [*BRANCHES_001.values(), *TAGS_001.values()]:
@@ -445,19 +501,19 @@ def test_prop_active_is_within_reach_of_refs_or_dangling(repo, policy) -> None:
 
 
 @settings(max_examples=300)
-@given(repos(), thresholds)
-def test_prop_expiration_safety(repo, older_than) -> None:
+@given(repos(), thresholds, st.sampled_from(["seed", "icechunk"]))
+def test_prop_expiration_safety(repo, older_than, mode) -> None:
     commits, branches, tags = repo
     heads = [*branches.values(), *tags.values()]
-    res = expire_snapshots(commits, branches, tags, older_than)
+    res = expire_snapshots(commits, branches, tags, older_than, mode=mode)
     after = reachable(res.commits, heads)
     before = reachable(commits, heads)
     # ref targets are never expired and never made unreachable
     assert set(heads) <= after
     assert not res.expired & set(heads)
-    # refs pointing at old snapshots keep them untouched
+    # seed mode: refs pointing at old snapshots keep them untouched
     for cid in heads:
-        if cid in commits and commits[cid].time < older_than:
+        if mode == "seed" and cid in commits and commits[cid].time < older_than:
             assert res.commits[cid] == commits[cid]
     # newer commits reachable before remain reachable; only old ones expire
     assert {c for c in before if c in commits and commits[c].time >= older_than} <= after
@@ -472,18 +528,18 @@ def test_prop_expiration_safety(repo, older_than) -> None:
             assert commit.parents[1:] == tuple(p for p in commits[cid].parents[1:] if p != root)
             assert commit.parents[0] != commits[cid].parents[0]
     # expiration is idempotent
-    again = expire_snapshots(res.commits, branches, tags, older_than)
+    again = expire_snapshots(res.commits, branches, tags, older_than, mode=mode)
     assert again.commits == res.commits and again.edited == set()
 
 
 @settings(max_examples=300)
-@given(repos(), thresholds, st.data())
-def test_prop_expiration_independent_of_order(repo, older_than, data) -> None:
+@given(repos(), thresholds, st.data(), st.sampled_from(["seed", "icechunk"]))
+def test_prop_expiration_independent_of_order(repo, older_than, data, mode) -> None:
     commits, branches, tags = repo
     refs = [("branch", b) for b in branches] + [("tag", t) for t in tags]
     order = data.draw(st.permutations(refs))
-    a = expire_snapshots(commits, branches, tags, older_than)
-    b = expire_snapshots(commits, branches, tags, older_than, order)
+    a = expire_snapshots(commits, branches, tags, older_than, mode=mode)
+    b = expire_snapshots(commits, branches, tags, older_than, order, mode=mode)
     assert a == b
 
 

@@ -33,9 +33,9 @@ from schemas.layout import (
     REPOS,
     AddressState,
     RepoKeys,
-    TokenState,
 )
 from schemas.namespaces import conflict_reason
+from schemas.records import decode_address, decode_branch, decode_commit, decode_token
 from tracker.references import (
     AddressRecord,
     BranchRecord,
@@ -186,31 +186,18 @@ class ApplyScript:
 
 # --- reading state back ------------------------------------------------------------------------
 
-def _int(v: Any) -> int | None:
-    return None if v is None else int(v)
-
-
 def parse_address(h: dict[str, str]) -> AddressRecord:
-    rec = AddressRecord()
-    for f, v in h.items():
-        if f[0] == "+":
-            rec.adds[f[1:]] = v
-        elif f[0] == "-":
-            rec.removes[f[1:]] = v
-    rec.state = AddressState(h["state"]) if "state" in h else None
-    rec.since = _int(h.get("since"))
-    rec.committed = h.get("committed") == "1"
-    rec.issued_until = _int(h.get("iu"))
-    rec.size = _int(h.get("size"))
-    rec.lease_until = _int(h.get("lease_until"))
-    rec.claimer = h.get("claimer")
-    rec.reaped_at = _int(h.get("reaped_at"))
-    return rec
+    """An address hash as the machine's dataclass (the one codec: ``schemas.records``).
+    A state the machine does not know raises ValueError."""
+    d = decode_address(h)
+    return AddressRecord(
+        adds=dict(d.adds), removes=dict(d.removes),
+        state=AddressState(d.state) if d.state is not None else None, since=d.since,
+        committed=d.committed, issued_until=d.issued_until, size=d.size,
+        lease_until=d.lease_until, claimer=d.claimer, reaped_at=d.reaped_at)
 
 
-def parse_token(v: str) -> tuple[TokenState, int]:
-    state, _, ms = v.partition(":")
-    return TokenState(state), int(ms)
+parse_token = decode_token  # '<state>:<ms>' -> (TokenState, ms): the one codec
 
 
 def _glob_escape(s: str) -> str:
@@ -239,17 +226,16 @@ def _assemble(repo: str, meta: dict[str, str], addr_hashes: dict[str, dict[str, 
     st.token_addresses = {t: set(m) for t, m in token_sets.items()}
     st.tokens = {t: parse_token(v) for t, v in tokens.items()}
     for b, j in branches.items():
-        d = orjson.loads(j)
-        st.branches[b] = BranchRecord(d["head"], d["staging_token"], tuple(d["sealed_tokens"]))
+        bf = decode_branch(j, b)
+        st.branches[b] = BranchRecord(bf.head, bf.staging_token, bf.sealed_tokens)
     for c, j in commits.items():
-        d = orjson.loads(j)
-        st.commits[c] = CommitRecord(tuple(d["parents"]), float(d["time"]), d["branch"],
-                                     d["manifest"])
+        cf = decode_commit(j, c)
+        st.commits[c] = CommitRecord(cf.parents, cf.time, cf.branch, cf.manifest)
     st.tags = dict(tags)
     st.incidents = [Incident(**orjson.loads(j)) for j in incidents]
     st.unreferenced = _pairs(unref)
     st.ref_versions = {f: int(v) for f, v in (ref_versions or {}).items()}
-    st.retired_at = _int(meta.get("retired_at"))
+    st.retired_at = int(meta["retired_at"]) if meta.get("retired_at") else None
     return st
 
 

@@ -1,0 +1,277 @@
+"""The one deleter core and the guards every delete path re-reads right before its request.
+
+:func:`delete_keys` is the only code that calls ``delete_objects``: at most 1,000 keys per
+request (real S3's limit; moto accepts more, so it is enforced here), jittered exponential
+backoff on transient failures, per-key transient codes retried, and a key counts as
+**confirmed only when the store lists it under ``Deleted``** (never quiet mode: a key the store
+does not mention is asked again, then reported unconfirmed). Before *every* request (retries
+included) it calls the caller's ``recheck``: keys it returns are kept, with their reason, and
+never sent. The reaper wraps it (``reaper.deleter.S3Deleter``: ``asyncio.to_thread`` and a
+concurrency limit); the sweep calls it (``reconciler.sweep.delete_batch``).
+
+:class:`Gate` is what a recheck reads from Redis right before the request (SPEC safety 3, 8,
+and the holds of issue 8): the namespace registry ``hd:namespaces``, the global and the
+repository's fail-closed flags, the repository's pause, and the holds on the addresses asked.
+:meth:`Gate.guards` turns it into the judgment's :class:`schemas.liveness.Guards`.
+
+An **empty registry** is the legacy mode: no repository has been registered yet (a tracker that
+predates the registry), so only the namespace check applies (the address must be a plain key of
+the repository's own namespace, outside the reserved prefixes). As soon as the registry has any
+entry it is authoritative: a namespace not registered to the repository (retired, unknown) or an
+address inside another live repository's namespace is refused.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.layout import FAIL_CLOSED, NAMESPACES, OutsideNamespace, RepoKeys, namespace_key
+from schemas.liveness import Guards
+from schemas.namespaces import canonical_namespace, ownership_problem
+
+S3_MAX_KEYS = 1000
+TRANSIENT_CODES = frozenset({
+    "SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "503", "500",
+    "Throttling", "ThrottlingException", "RequestLimitExceeded"})
+NO_ANSWER = "NoAnswer"  # the store did not mention the key (neither Deleted nor Errors)
+
+Recheck = Callable[[list[str]], Mapping[str, str]]  # keys -> {key: reason to keep}
+
+
+# --- the guards ----------------------------------------------------------------------------------
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _reason(raw: Any, default: str) -> str:
+    """A hold/pause/fail-closed value (json with a reason, or text) -> a short reason."""
+    import orjson
+
+    if raw is None:
+        return default
+    text = _text(raw)
+    try:
+        d = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text or default
+    if isinstance(d, dict) and d.get("reason"):
+        return str(d["reason"])
+    return text or default
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What the delete paths read right before a request (see the module docstring)."""
+
+    registry: Mapping[str, str] = field(default_factory=dict)  # namespace -> repository
+    global_fail_closed: str | None = None
+    repo_fail_closed: str | None = None
+    paused: str | None = None
+    holds: Mapping[str, str] = field(default_factory=dict)  # address -> reason (asked ones)
+    hold_prefixes: Mapping[str, str] = field(default_factory=dict)  # prefix -> reason
+
+    def _registered(self, namespace: str) -> str:
+        """The namespace as the registry spells it (canonical form: ``schemas.namespaces``)."""
+        if namespace in self.registry:
+            return namespace
+        try:
+            canonical = canonical_namespace(namespace)
+        except OutsideNamespace:
+            return namespace
+        return canonical if canonical in self.registry else namespace
+
+    def repo_problem(self, repo: str, namespace: str) -> tuple[str, str] | None:
+        """(reason, detail) when nothing of the repository may be deleted now."""
+        if self.global_fail_closed:
+            return "fail_closed", f"all repositories fail-closed: {self.global_fail_closed}"
+        if self.repo_fail_closed:
+            return "fail_closed", f"repository fail-closed: {self.repo_fail_closed}"
+        if self.paused:
+            return "paused", f"repository paused: {self.paused}"
+        if self.registry and self.registry.get(self._registered(namespace)) != repo:
+            owner = self.registry.get(self._registered(namespace))
+            return "not_owner", (f"namespace {namespace!r} is not owned by live repository "
+                                 f"{repo!r}" + (f" (owner: {owner!r})" if owner else ""))
+        return None
+
+    def guards(self, repo: str, namespace: str, address: str) -> Guards:
+        if self.registry:
+            not_owner = ownership_problem(self.registry, repo, self._registered(namespace),
+                                          address)
+        else:  # legacy: no registry yet, only the namespace check
+            try:
+                namespace_key(namespace, address)
+                not_owner = None
+            except OutsideNamespace as exc:
+                not_owner = str(exc)
+        fail = self.global_fail_closed or self.repo_fail_closed
+        held = self.holds.get(address)
+        if held is None:
+            for prefix, reason in self.hold_prefixes.items():
+                if address.startswith(prefix):
+                    held = f"{reason} (prefix {prefix})"
+                    break
+        return Guards(not_owner=not_owner, fail_closed=fail, paused=self.paused, held=held)
+
+
+def _gate_from(raw: list[Any], addresses: list[str]) -> Gate:
+    registry, gfc, rfc, paused, holds, prefixes = raw
+    return Gate(
+        registry={_text(k): _text(v) for k, v in (registry or {}).items()},
+        global_fail_closed=(_text((gfc or {}).get("reason") or "fail-closed")
+                            if gfc else None),
+        repo_fail_closed=(_text((rfc or {}).get("reason") or "fail-closed") if rfc else None),
+        paused=_reason(paused, "paused") if paused is not None else None,
+        holds={a: _reason(v, "held") for a, v in zip(addresses, holds or [], strict=False)
+               if v is not None},
+        hold_prefixes={_text(k): _reason(v, "held") for k, v in (prefixes or {}).items()},
+    )
+
+
+def _gate_calls(pipe: Any, repo: str, addresses: list[str]) -> None:
+    k = RepoKeys(repo)
+    pipe.hgetall(NAMESPACES)
+    pipe.hgetall(FAIL_CLOSED)
+    pipe.hgetall(k.fail_closed)
+    pipe.get(k.paused)
+    if addresses:
+        pipe.hmget(k.holds, addresses)
+    pipe.hgetall(k.hold_prefixes)
+
+
+def read_gate(r: Any, repo: str, addresses: Iterable[str] = ()) -> Gate:
+    """Read the guards now (synchronous client; Redis Cluster too)."""
+    addrs = list(addresses)
+    pipe = r.pipeline(transaction=False)
+    _gate_calls(pipe, repo, addrs)
+    res = pipe.execute()
+    if not addrs:
+        res.insert(4, [])
+    return _gate_from(res, addrs)
+
+
+async def aread_gate(r: Any, repo: str, addresses: Iterable[str] = ()) -> Gate:
+    """Read the guards now (async client)."""
+    addrs = list(addresses)
+    pipe = r.pipeline(transaction=False)
+    _gate_calls(pipe, repo, addrs)
+    res = await pipe.execute()
+    if not addrs:
+        res.insert(4, [])
+    return _gate_from(res, addrs)
+
+
+# --- the core ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 6  # requests per batch at most (the first included)
+    base_delay: float = 0.05
+    max_delay: float = 5.0
+
+    def backoff(self, retry: int, rng: random.Random) -> float:
+        # Full jitter: spreads the retries of many deleters hitting one throttled prefix.
+        return rng.uniform(0, min(self.max_delay, self.base_delay * 2 ** retry))
+
+
+@dataclass
+class KeysOutcome:
+    """Per bucket key: confirmed by the store, failed (code and text), or kept by the recheck."""
+
+    deleted: list[str] = field(default_factory=list)
+    codes: dict[str, str] = field(default_factory=dict)  # failed key -> last error code
+    errors: dict[str, str] = field(default_factory=dict)  # failed key -> "Code: message"
+    kept: dict[str, str] = field(default_factory=dict)  # key -> reason the recheck kept it
+    requests: int = 0
+    retries: int = 0
+
+
+def delete_keys(s3: Any, bucket: str, keys: list[str], *, policy: RetryPolicy = RetryPolicy(),
+                recheck: Recheck | None = None, sleep: Callable[[float], None] = time.sleep,
+                rng: random.Random | None = None) -> KeysOutcome:
+    """Delete up to 1,000 keys of one bucket; see the module docstring.
+
+    ``recheck`` runs right before every request; if it raises, every pending key is kept
+    (doubt keeps) and the error is the reason.
+    """
+    if len(keys) > S3_MAX_KEYS:
+        raise ValueError(f"{len(keys)} keys in one delete request (at most {S3_MAX_KEYS})")
+    rng = rng or random.Random()
+    out = KeysOutcome()
+    pending = list(dict.fromkeys(keys))
+    last: dict[str, tuple[str, str]] = {}
+    attempt = 0
+    while pending:
+        if recheck is not None:
+            try:
+                keep = recheck(list(pending))
+            except Exception as exc:  # the guards could not be read: nothing is sent
+                keep = {k: f"recheck failed: {type(exc).__name__}: {exc}" for k in pending}
+            for k in pending:
+                if k in keep:
+                    out.kept[k] = keep[k]
+            pending = [k for k in pending if k not in keep]
+            if not pending:
+                break
+        out.requests += 1
+        attempt += 1
+        retry: list[str] = []
+        give_up = False
+        try:
+            resp = s3.delete_objects(
+                Bucket=bucket, Delete={"Objects": [{"Key": k} for k in pending], "Quiet": False})
+        except Exception as exc:  # the whole request failed
+            code, text = _request_error(exc)
+            for k in pending:
+                last[k] = (code, text)
+            retry = pending
+            give_up = code not in TRANSIENT_CODES and _is_client_error(exc)
+        else:
+            asked = set(pending)
+            confirmed = {d.get("Key") for d in resp.get("Deleted", ()) or ()} & asked
+            errors = {e.get("Key", ""): (str(e.get("Code", "Error")), str(e.get("Message", "")))
+                      for e in resp.get("Errors", ()) or () if e.get("Key") in asked}
+            for k in pending:
+                if k in confirmed:
+                    out.deleted.append(k)
+                elif k in errors:
+                    code, msg = errors[k]
+                    last[k] = (code, f"{code}: {msg}")
+                    if code in TRANSIENT_CODES:
+                        retry.append(k)
+                    else:
+                        out.codes[k], out.errors[k] = code, f"{code}: {msg}"
+                else:  # not mentioned: not confirmed; ask again
+                    last[k] = (NO_ANSWER, "no answer from the store")
+                    retry.append(k)
+        pending = retry
+        if not pending:
+            break
+        if give_up or attempt >= policy.attempts:
+            for k in pending:
+                code, text = last[k]
+                out.codes[k], out.errors[k] = code, text
+            break
+        out.retries += 1
+        sleep(policy.backoff(attempt, rng))
+    return out
+
+
+def _is_client_error(exc: BaseException) -> bool:
+    from botocore.exceptions import ClientError
+
+    return isinstance(exc, ClientError)
+
+
+def _request_error(exc: BaseException) -> tuple[str, str]:
+    from botocore.exceptions import ClientError
+
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", "ClientError"))
+        return code, f"{code}: {exc}"
+    return type(exc).__name__, f"request: {type(exc).__name__}: {exc}"

@@ -1,0 +1,215 @@
+"""The one codec of the tracker's Redis records (layout: ``schemas/layout.py``).
+
+Every reader outside Lua (``tracker.state``, the reaper, the reconciler, ``status``/``explain``,
+the tests) decodes through here, so a field means the same thing everywhere:
+
+* the address hash ``hd:{R}:a:<address>`` (:func:`decode_address` / :func:`encode_address`):
+  ``+<ref>`` -> token (added), ``-<ref>`` -> token (removed), ``state``, ``since``,
+  ``committed``, ``iu``, ``size``, ``lease_until``, ``claimer``, ``reaped_at``;
+* a token value ``'<state>:<ms>'`` (:func:`decode_token`, :func:`token_state`,
+  :func:`encode_token`);
+* branch and commit JSON (:func:`decode_branch`, :func:`decode_commit`, and their encoders).
+
+Decoding an address never raises: what cannot be read is kept as text and named in
+``DecodedAddress.malformed``, and the liveness judgment (``schemas/liveness.py``) keeps such an
+address (SPEC safety 6: every doubt keeps the object).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from schemas.layout import (
+    F_CLAIMER,
+    F_COMMITTED,
+    F_ISSUED_UNTIL,
+    F_LEASE_UNTIL,
+    F_REAPED_AT,
+    F_SINCE,
+    F_SIZE,
+    F_STATE,
+    REF_ADD,
+    REF_REMOVE,
+    TokenState,
+)
+
+_INT_FIELDS = (F_SINCE, F_ISSUED_UNTIL, F_SIZE, F_LEASE_UNTIL, F_REAPED_AT)
+
+
+class RecordError(ValueError):
+    """A record that cannot be decoded (names the record and what is wrong)."""
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+_NUMBER = re.compile(r"-?[0-9]+\.?[0-9]*")  # the grammar claims.lua accepts, exactly
+
+
+def _int_or_none(value: str | None) -> int | None:
+    """Integer ms (or bytes); raises ValueError on anything else (an empty value, ``inf``,
+    ``1e3``, ``0x10``, spaces: the same grammar as ``claims.lua``'s reader). ``'1.0'`` is
+    accepted (Lua writes integers, older writers floats)."""
+    if value is None:
+        return None
+    if not _NUMBER.fullmatch(value):
+        raise ValueError(value)
+    return int(float(value))
+
+
+@dataclass(frozen=True)
+class DecodedAddress:
+    """One address hash, decoded. ``state`` is the raw text (possibly a state we do not
+    know); ``committed_value`` the raw flag (``'1'`` or a commit id)."""
+
+    adds: Mapping[str, str] = field(default_factory=dict)  # ref -> token
+    removes: Mapping[str, str] = field(default_factory=dict)  # ref -> token
+    state: str | None = None
+    since: int | None = None
+    committed: bool = False
+    committed_value: str | None = None
+    issued_until: int | None = None
+    size: int | None = None
+    lease_until: int | None = None
+    claimer: str | None = None
+    reaped_at: int | None = None
+    malformed: tuple[str, ...] = ()  # fields that could not be decoded
+
+    def unremoved(self) -> dict[str, str]:
+        """References added and never removed: ref -> token."""
+        return {ref: tok for ref, tok in self.adds.items() if ref not in self.removes}
+
+
+def decode_address(h: Mapping[Any, Any]) -> DecodedAddress:
+    """Decode an address hash (str or bytes fields); never raises."""
+    adds: dict[str, str] = {}
+    removes: dict[str, str] = {}
+    plain: dict[str, str] = {}
+    for k, v in h.items():
+        f, val = _text(k), _text(v)
+        if f.startswith(REF_ADD):
+            adds[f[1:]] = val
+        elif f.startswith(REF_REMOVE):
+            removes[f[1:]] = val
+        else:
+            plain[f] = val
+    ints: dict[str, int | None] = {}
+    bad: list[str] = []
+    for name in _INT_FIELDS:
+        try:
+            ints[name] = _int_or_none(plain.get(name))
+        except ValueError:
+            ints[name] = None
+            bad.append(name)
+    flag = plain.get(F_COMMITTED)
+    return DecodedAddress(
+        adds=adds, removes=removes, state=plain.get(F_STATE) or None,
+        since=ints[F_SINCE], committed=bool(flag) and flag != "0", committed_value=flag,
+        issued_until=ints[F_ISSUED_UNTIL], size=ints[F_SIZE], lease_until=ints[F_LEASE_UNTIL],
+        claimer=plain.get(F_CLAIMER), reaped_at=ints[F_REAPED_AT], malformed=tuple(bad))
+
+
+def encode_address(rec: DecodedAddress) -> dict[str, str]:
+    """The hash fields of a decoded address (tests, tools; the tracker writes in Lua)."""
+    out: dict[str, str] = {}
+    for ref, tok in rec.adds.items():
+        out[REF_ADD + ref] = tok
+    for ref, tok in rec.removes.items():
+        out[REF_REMOVE + ref] = tok
+    if rec.state is not None:
+        out[F_STATE] = rec.state
+    if rec.committed:
+        out[F_COMMITTED] = rec.committed_value or "1"
+    for name, value in ((F_SINCE, rec.since), (F_ISSUED_UNTIL, rec.issued_until),
+                        (F_SIZE, rec.size), (F_LEASE_UNTIL, rec.lease_until),
+                        (F_REAPED_AT, rec.reaped_at)):
+        if value is not None:
+            out[name] = str(value)
+    if rec.claimer is not None:
+        out[F_CLAIMER] = rec.claimer
+    return out
+
+
+# --- tokens ------------------------------------------------------------------------------------
+
+def token_state(raw: Any) -> str | None:
+    """``'<state>:<ms>'`` (or a bare state) -> the state text; None when absent."""
+    if raw is None or raw == "" or raw == b"":
+        return None
+    return _text(raw).split(":", 1)[0]
+
+
+def decode_token(raw: Any) -> tuple[TokenState, int]:
+    """``'<state>:<ms>'`` -> (state, ms); raises :class:`RecordError` on anything else."""
+    text = _text(raw)
+    state, _, ms = text.partition(":")
+    try:
+        return TokenState(state), int(ms)
+    except ValueError:
+        raise RecordError(f"token value {text!r} is not '<state>:<ms>'") from None
+
+
+def encode_token(state: TokenState | str, ms: int) -> str:
+    return f"{TokenState(state).value}:{int(ms)}"
+
+
+# --- branches and commits ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BranchFields:
+    head: str | None
+    staging_token: str
+    sealed_tokens: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CommitFields:
+    parents: tuple[str, ...]
+    time: float
+    branch: str
+    manifest: str
+
+
+def _json_object(kind: str, name: str, raw: Any) -> dict[str, Any]:
+    try:
+        d = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise RecordError(f"{kind} {name!r}: record is not JSON") from None
+    if not isinstance(d, dict):
+        raise RecordError(f"{kind} {name!r}: record is not an object")
+    return d
+
+
+def decode_branch(raw: Any, name: str = "?") -> BranchFields:
+    d = _json_object("branch", name, raw)
+    try:
+        head = d.get("head")
+        return BranchFields(None if head is None else str(head), str(d["staging_token"]),
+                            tuple(str(t) for t in d.get("sealed_tokens") or ()))
+    except (KeyError, TypeError):
+        raise RecordError(f"branch {name!r}: missing staging_token") from None
+
+
+def encode_branch(b: BranchFields) -> str:
+    return orjson.dumps({"head": b.head, "staging_token": b.staging_token,
+                         "sealed_tokens": list(b.sealed_tokens)}).decode()
+
+
+def decode_commit(raw: Any, name: str = "?") -> CommitFields:
+    d = _json_object("commit", name, raw)
+    try:
+        return CommitFields(tuple(str(p) for p in d.get("parents") or ()), float(d["time"]),
+                            str(d.get("branch") or ""), str(d.get("manifest") or ""))
+    except (KeyError, TypeError, ValueError):
+        raise RecordError(f"commit {name!r}: bad or missing time") from None
+
+
+def encode_commit(c: CommitFields) -> str:
+    return orjson.dumps({"parents": list(c.parents), "time": c.time, "branch": c.branch,
+                         "manifest": c.manifest}).decode()
