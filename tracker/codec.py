@@ -95,13 +95,17 @@ class _Spec:
     optional: tuple[tuple[str, Check, Any], ...]  # name, check, default (None: factory)
     allowed: frozenset[str]
     floats: tuple[str, ...]  # fields decode converts to float
+    ranges: tuple[tuple[str, ev.Range], ...]  # numeric fields (dict fields: their values)
 
 
 def _spec(cls: type[ev.Event]) -> _Spec:
     hints = typing.get_type_hints(cls)
-    req_str, req_addr, req, opt, floats = [], [], [], [], []
+    req_str, req_addr, req, opt, floats, ranges = [], [], [], [], [], []
     for f in dataclasses.fields(cls):
         check = _checker(f.name, hints[f.name])
+        scalar = _scalar(hints[f.name])
+        if scalar is int or scalar is float:
+            ranges.append((f.name, ev.field_range(f.name, scalar)))
         if hints[f.name] is float:
             floats.append(f.name)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
@@ -116,7 +120,17 @@ def _spec(cls: type[ev.Event]) -> _Spec:
             opt.append((f.name, check, default))
     allowed = frozenset([f.name for f in dataclasses.fields(cls)] + ["type", "v"])
     return _Spec(tuple(req_str), tuple(req_addr), tuple(req), tuple(opt), allowed,
-                 tuple(floats))
+                 tuple(floats), tuple(ranges))
+
+
+def _scalar(tp: Any) -> Any:
+    """int, float, str... inside Optional[...] / dict[str, ...]."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, __import__("types").UnionType):
+        return _scalar(next(a for a in typing.get_args(tp) if a is not type(None)))
+    if origin is dict:
+        return _scalar(typing.get_args(tp)[1])
+    return tp
 
 
 _SPECS = {name: _spec(cls) for name, cls in EVENT_TYPES.items()}
@@ -125,12 +139,9 @@ _SPECS = {name: _spec(cls) for name, cls in EVENT_TYPES.items()}
 def _semantics_ok(t: str, b: dict[str, Any]) -> bool:
     if t == "object_written" or t == "object_copied":
         rr, ra = b.get("replaces_ref_id"), b.get("replaces_address")
-        return b["size"] >= 0 and (rr is None) == (ra is None) and rr != b["ref_id"]
-    if t == "address_issued":
-        return bool(b["ttl_seconds"] > 0)
+        return (rr is None) == (ra is None) and rr != b["ref_id"]
     if t == "repository_created":
-        return (b["storage_namespace"].endswith("/") and b["default_retention_days"] >= 0
-                and all(d >= 0 for d in b.get("branch_retention_days", {}).values()))
+        return bool(b["storage_namespace"].endswith("/"))
     return True
 
 
@@ -174,6 +185,15 @@ def fast_body(body: Any) -> dict[str, Any] | None:
     if "branch_retention_days" in body:
         body["branch_retention_days"] = {
             str(k): float(v) for k, v in body["branch_retention_days"].items()}
+    for name, rng in spec.ranges:
+        v = body[name]
+        if v is None:
+            continue
+        if type(v) is dict:
+            if any(rng.problem(x) for x in v.values()):
+                return None
+        elif rng.problem(v):
+            return None
     if not _semantics_ok(body["type"], body):
         return None
     return body
