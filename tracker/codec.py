@@ -13,6 +13,7 @@ The compact form is one JSON array per event, ``[offset, op, ...]`` (see ``OP_*`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import typing
@@ -23,7 +24,7 @@ import orjson
 
 from schemas import events as ev
 from schemas.events import ADDRESS_FIELDS, EVENT_TYPES, SCHEMA_VERSION, EventError
-from schemas.layout import RESERVED_PREFIXES
+from schemas.layout import RESERVED_PREFIXES, OutsideNamespace, namespace_key
 from tracker.references import admission_problem
 
 OP_REPO, OP_BRANCH, OP_ISSUE, OP_ADD, OP_DEL, OP_COMMIT = 1, 2, 3, 4, 5, 6
@@ -308,3 +309,56 @@ class Gate:
             if ok and all(_plain_key_fast(known, a) for a in addrs):
                 return None
         return admission_problem(repo, t, addrs, known)
+
+
+_HOLD_FIELDS = ("address", "replaces_address")
+
+
+def hold_targets(value: bytes | None, key: bytes | None,
+                 namespaces: dict[str, str]) -> list[tuple[str, str]]:
+    """(repository, address) pairs a dead-lettered record still names (SPEC safety 10: a lost
+    event never becomes a deletion): a known repository (its ``repository`` field or the record
+    key) and an address field inside that repository's namespace. Lenient on purpose: the
+    record failed validation, so only its JSON shape is assumed."""
+    if not value:
+        return []
+    try:
+        body = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return []
+    if type(body) is not dict:
+        return []
+    repos = []
+    if type(body.get("repository")) is str:
+        repos.append(body["repository"])
+    if key:
+        with contextlib.suppress(UnicodeDecodeError):
+            repos.append(key.decode())
+    out = []
+    for repo in dict.fromkeys(repos):
+        ns = namespaces.get(repo)
+        if ns is None:
+            continue
+        for name in _HOLD_FIELDS:
+            addr = body.get(name)
+            if type(addr) is str and addr.startswith(ns):
+                try:
+                    namespace_key(ns, addr)
+                except OutsideNamespace:
+                    continue
+                out.append((repo, addr))
+    return out
+
+
+def candidate_repos(value: bytes | None, key: bytes | None) -> set[str]:
+    """Repository ids a dead-lettered record may name (to load their namespaces)."""
+    out: set[str] = set()
+    if key:
+        with contextlib.suppress(UnicodeDecodeError):
+            out.add(key.decode())
+    if value:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            body = orjson.loads(value)
+            if type(body) is dict and type(body.get("repository")) is str:
+                out.add(body["repository"])
+    return out
