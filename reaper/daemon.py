@@ -29,7 +29,7 @@ from reaper.claims import ClaimBatch, ClaimStore
 from reaper.deleter import DeleteOutcome, S3Deleter
 from reaper.quarantine import purge_expired, quarantine, quarantine_size
 from schemas.layout import REPOS, RepoKeys
-from tracker.state import atracker_horizon_ms
+from tracker.state import afail_closed_reason, atracker_horizon_ms
 
 log = get_logger(__name__)
 
@@ -122,6 +122,9 @@ class Reaper:
         namespace = await self.redis.hget(keys.meta, "namespace")
         if not namespace:
             self.log.warning("repository has no namespace; skipped", repository=repo)
+            return result
+        if reason := await afail_closed_reason(self.redis, repo):  # Safety I: unproven mirror
+            self.log.warning("repository fail-closed; skipped", repository=repo, reason=reason)
             return result
         cutoff = horizon - int(self.settings.grace_for(repo) * 1000)
         per_claim = self.settings.reaper_batch_keys * self.settings.reaper_concurrency

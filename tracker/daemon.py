@@ -233,6 +233,8 @@ class Tracker:
         self._epochs: dict[int, str] = {}  # partition -> epoch of its log
         self._logrec: dict[int, str] = {}  # partition -> hd:log value Redis must hold
         self._reverify = False  # Redis or the log moved under us: resume from Redis again
+        self._rejoin = False  # the partition count changed: join the group afresh
+        self._seen_count: int | None = None
         self._redis_now = 0
         self.fail_closed = 0
         self.holds = 0
@@ -287,16 +289,7 @@ class Tracker:
         # auto_offset_reset "none": an offset out of range (a log reset under us) is an error
         # we handle, never a silent jump; every assigned partition is sought from Redis.
         # metadata_max_age_ms: new partitions are noticed (and assigned) within a second.
-        consumer = self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.kafka_bootstrap, group_id=s.consumer_group,
-            client_id=f"hardelete-{self.name}", enable_auto_commit=False,
-            auto_offset_reset="none", metadata_max_age_ms=1_000,
-            session_timeout_ms=s.session_timeout_ms,
-            heartbeat_interval_ms=s.heartbeat_interval_ms,
-            fetch_max_wait_ms=min(s.tracker_poll_ms, 500),
-            max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20,
-            max_poll_interval_ms=300_000,
-        )
+        consumer = self._consumer = self._new_consumer()
         producer = self._producer = AIOKafkaProducer(
             bootstrap_servers=s.kafka_bootstrap, acks="all", linger_ms=2,
             max_request_size=1 << 20)
@@ -317,6 +310,8 @@ class Tracker:
                 server = start_http_server(s.metrics_port, registry=self.metrics.registry)
             self.log.info("tracker started", metrics_port=s.metrics_port or None)
             while not self._stop.is_set():
+                if self._rejoin:
+                    consumer = await self._rejoin_group(consumer)
                 await self._cycle(consumer)
             await self._drain()
         finally:
@@ -325,7 +320,7 @@ class Tracker:
                 with contextlib.suppress(BaseException):
                     await meta_task
             with contextlib.suppress(Exception):
-                await consumer.stop()  # leaves the group
+                await self._consumer.stop()  # leaves the group
             with contextlib.suppress(Exception):
                 await producer.stop()
             with contextlib.suppress(Exception):
@@ -336,6 +331,32 @@ class Tracker:
                 server[0].shutdown()
             self.log.info("tracker stopped", applied=self.applied, dlq=self.dead_lettered,
                           incidents=self.incidents)
+
+    def _new_consumer(self) -> AIOKafkaConsumer:
+        s = self.settings
+        return AIOKafkaConsumer(
+            bootstrap_servers=s.kafka_bootstrap, group_id=s.consumer_group,
+            client_id=f"hardelete-{self.name}", enable_auto_commit=False,
+            auto_offset_reset="none", metadata_max_age_ms=1_000,
+            session_timeout_ms=s.session_timeout_ms,
+            heartbeat_interval_ms=s.heartbeat_interval_ms,
+            fetch_max_wait_ms=min(s.tracker_poll_ms, 500),
+            max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20,
+            max_poll_interval_ms=300_000,
+        )
+
+    async def _rejoin_group(self, consumer: AIOKafkaConsumer) -> AIOKafkaConsumer:
+        """The partition count changed: leave the group and join it again as a new member, so
+        the new partitions are assigned (some coordinators, Tansu's among them, re-send the old
+        assignment to a member that merely re-joins)."""
+        self._rejoin = False
+        await self._drain()
+        self.log.info("partition count changed; re-joining the group")
+        await consumer.stop()  # revokes (drained) and leaves the group
+        fresh = self._consumer = self._new_consumer()
+        fresh.subscribe([self.settings.events_topic], listener=_Listener(self))
+        await fresh.start()
+        return fresh
 
     async def _relay(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -362,6 +383,9 @@ class Tracker:
                                           args=[topic, str(len(parts)), str(at)])
         if changed:
             self.log.info("partition count of the events topic", partitions=len(parts))
+        if self._seen_count is not None and self._seen_count != len(parts):
+            self._rejoin = True
+        self._seen_count = len(parts)
         return True
 
     async def _meta_loop(self) -> None:
@@ -513,7 +537,8 @@ class Tracker:
         # A new progress candidate needs the Redis clock; while a batch is in flight TIME would
         # queue behind its script and serialise the two stages, so then only every 100 ms.
         if self._pending is None or time.monotonic() - self._last_time_read > 0.1:
-            redis_now = self._redis_now = await aredis_time_ms(self._redis)
+            redis_now = self._redis_now = await self._retrying(
+                lambda: aredis_time_ms(self._redis))
             self._last_time_read = time.monotonic()
             self._sample(consumer)
             for p, clock in list(self._clocks.items()):
@@ -773,11 +798,15 @@ class Tracker:
             if claimed is not None and p in self._epochs:
                 claims += [str(p), str(claimed)]
                 if not self._cluster:  # keyed by log identity (one slot needed for the check)
-                    claims.append(f"{log_field(topic, p)}|{self._epochs[p]}")
+                    claims.append(f"{log_field(topic, p)}|{self._logrec.get(p, '')}")
                 self.metrics.progress.labels(str(p)).set(claimed)
         if claims:
             keys = [PROGRESS] if self._cluster else [PROGRESS, LOG]
-            await self._retrying(lambda: self._progress_script(keys=keys, args=claims))
+            refused = await self._retrying(lambda: self._progress_script(keys=keys, args=claims))
+            if refused:  # Redis no longer holds what we applied: it went back in time
+                self.log.error("progress refused: the log record moved; resuming from Redis",
+                               partitions=refused)
+                self._reverify = True
 
 
 def _short(key: bytes | None) -> str:

@@ -47,25 +47,28 @@ from tracker.references import (
 APPLY_LUA = (Path(__file__).parent / "apply.lua").read_text()
 
 # hd:progress[p] = max(current, new): progress never moves back, whoever writes it. Keyed by
-# log identity: with KEYS[2] = hd:log and ARGV triples (partition, ms, "<topic>:<p>|<epoch>"), a
-# claim is written only while the partition's log record carries that epoch (a claim made on a
-# log that has since been replaced is dropped).
+# log identity: with KEYS[2] = hd:log and ARGV triples (partition, ms, "<topic>:<p>|<record>"),
+# a claim is written only while the partition's log record is exactly the one the claimer
+# applied up to (a claim on a replaced log, or on a Redis that went back in time, is refused).
+# Returns the refused partitions.
 PROGRESS_LUA = """
 local step = 2
 if KEYS[2] ~= nil then step = 3 end
+local refused = {}
 for i = 1, #ARGV, step do
   local ok = true
   if step == 3 then
-    local f, e = string.match(ARGV[i + 2], '^(.*)|(.*)$')
-    local rec = redis.call('HGET', KEYS[2], f) or ''
-    ok = string.sub(rec, 1, #e + 1) == e .. ':'
+    local f, e = string.match(ARGV[i + 2], '^([^|]*)|(.*)$')
+    ok = (redis.call('HGET', KEYS[2], f) or '') == e
   end
   local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
-  if ok and tonumber(ARGV[i + 1]) > cur then
+  if not ok then
+    refused[#refused + 1] = ARGV[i]
+  elseif tonumber(ARGV[i + 1]) > cur then
     redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
   end
 end
-return 1
+return refused
 """
 
 # After the repository chunks of a batch: hd:log[field] = new, only if it is still what the
