@@ -2,9 +2,17 @@
 
 One cycle: read the Redis clock, ``getmany`` a batch, decode and admit every record (bad ones go
 to the dead-letter topic, produced and acknowledged first), apply the batch with one
-``apply.lua`` call per (repository, partition) in one pipeline, commit the offsets, then record
-per-partition progress. A crash anywhere only causes redelivery, which is harmless: the script
-skips offsets it already applied and the reference sets are idempotent.
+``apply.lua`` call per (repository, partition) in one pipeline, record what was applied from each
+partition's log (``hd:log``), commit the offsets, then record per-partition progress. A crash
+anywhere only causes redelivery, which is harmless: the script skips offsets it already applied
+and the reference sets are idempotent.
+
+Log identity (``tracker/logid.py``): on assignment each partition is sought to what *Redis* says
+it applied (+1), after checking that the log is still the one Redis folded (epoch and the
+fingerprint of the last applied record); a Redis that went back in time is repaired by replay, a
+log that changed or lost what Redis lacks puts the repositories concerned fail-closed. Every
+chunk and progress claim carries the ``hd:log`` value the tracker expects, so a Redis that went
+back in time while running applies nothing past its gap.
 
 Progress (``hd:progress[p]``, Redis-clock ms): "everything the broker held for partition p at
 that time has been applied". At the start of a cycle the tracker reads Redis ``TIME`` = R and
