@@ -86,20 +86,28 @@ def fillers(repo: str, ns: str, n: int) -> list[ev.Event]:
             for i in range(n)]
 
 
-async def _broker_restart_scenario(settings: Settings, s3: Any, bucket: str, server: Server
-                                   ) -> tuple[Settings, Any]:
-    """Track a repository whose 'gone' address is unreferenced, restart the broker, publish a
-    new write, track again. Returns (settings, sync redis)."""
+async def _broker_restart_scenario(settings: Settings, s3: Any, bucket: str, server: Server,
+                                   *, keep_running: bool = False) -> tuple[Settings, Any]:
+    """Track a repository whose 'gone' address is unreferenced, restart the broker (with the
+    tracker stopped, or running through it), publish a new write, track again. Returns
+    (settings, sync redis)."""
     s = settings.replace(kafka_bootstrap=f"127.0.0.1:{server.port}", topic_partitions=1)
     ns = f"s3://{bucket}/repo0/"
     s3.put_object(Bucket=bucket, Key="repo0/data/gone", Body=b"x")
     before = [*repo_events(ns), write("repo0", ns + "data/gone", "g1"),
               delete("repo0", ns + "data/gone", "g1"), *fillers("repo0", ns, 40)]
+    after = [write("repo0", ns + "data/new", "n1")]
+    if keep_running:
+        async with running_tracker(s):
+            await wait_horizon(s, await publish(s, before))
+            await asyncio.to_thread(server.restart)
+            await wait_horizon(s, await publish(s, after), timeout=90)
+        return s, redis_sync(s)
     async with running_tracker(s):
         await wait_horizon(s, await publish(s, before))
     await asyncio.to_thread(server.restart)
     async with running_tracker(s, name="after-restart"):
-        await wait_horizon(s, await publish(s, [write("repo0", ns + "data/new", "n1")]))
+        await wait_horizon(s, await publish(s, after))
     return s, redis_sync(s)
 
 
@@ -132,6 +140,21 @@ async def test_broker_log_lost_new_records_applied_and_repository_fail_closed(
             finally:
                 await reaper.close()
         assert s3.list_objects_v2(Bucket=bucket, Prefix="repo0/data/gone")["KeyCount"] == 0
+        r.close()
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_broker_log_lost_under_a_running_tracker(settings: Settings, s3: Any,
+                                                       bucket: str, tmp_path: Path) -> None:
+    server = tansu_server(tmp_path)
+    await asyncio.to_thread(server.start)
+    try:
+        _, r = await _broker_restart_scenario(settings, s3, bucket, server, keep_running=True)
+        ns = f"s3://{bucket}/repo0/"
+        assert read_repo_state(r, "repo0").addresses[ns + "data/new"].adds == {"n1": "t1"}
+        reason = fail_closed_reason(r, "repo0")
+        assert reason is not None and "log reset" in reason
         r.close()
     finally:
         await asyncio.to_thread(server.stop)

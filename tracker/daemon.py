@@ -84,6 +84,7 @@ log = structlog.get_logger("tracker")
 
 _MAX_CANDIDATES = 64
 _META_INTERVAL_S = 0.25  # how often the partition count is re-verified (horizon lags by this)
+_LOG_CHECK_ROUNDS = 20  # every 5 s: is the record last applied still in the log?
 _DLQ_MAX_VALUE = 900_000  # bytes of a dead-lettered value (the producer's request limit is 1 MB)
 _DLQ_MAX_KEY = 1_024
 _MAX_REASON = 1_000
@@ -242,6 +243,7 @@ class Tracker:
         self._logrec: dict[int, str] = {}  # partition -> hd:log value Redis must hold
         self._reverify = False  # Redis or the log moved under us: resume from Redis again
         self._rejoin = False  # the partition count changed: join the group afresh
+        self._probe_lock = asyncio.Lock()
         self._seen_count: int | None = None
         self._redis_now = 0
         self.fail_closed = 0
@@ -397,6 +399,7 @@ class Tracker:
         return True
 
     async def _meta_loop(self) -> None:
+        rounds = 0
         while not self._stop.is_set():
             try:
                 await self._verify_meta()
@@ -404,6 +407,14 @@ class Tracker:
                 raise
             except Exception as exc:  # broker/Redis trouble: the horizon simply stops
                 self.log.warning("partition count not verified", error=str(exc))
+            rounds += 1
+            if rounds % _LOG_CHECK_ROUNDS == 0:
+                try:
+                    await self._check_logs()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self.log.warning("log identity not checked", error=str(exc))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), _META_INTERVAL_S)
 
@@ -450,12 +461,32 @@ class Tracker:
                 await self._fail_all(d.fail_all, now, p)
             self._epochs[p] = d.record.epoch
             self._logrec[p] = new
+            self._clocks[p] = PartitionClock()  # no claim from samples taken before the seek
             consumer.seek(tp, d.seek)
             (self.log.warning if d.fail_repos or d.fail_all else self.log.info)(
                 "partition resumed from Redis", partition=p, offset=d.seek, epoch=d.record.epoch,
                 log_start=start, log_end=end, detail=d.detail)
 
+    async def _check_logs(self) -> None:
+        """While running: is the record we last applied from each partition still there? A log
+        replaced under a running consumer (no rebalance, no out-of-range error) is caught here,
+        and the tracker resumes from Redis (new epoch, fail-closed) as on assignment."""
+        topic = self.settings.events_topic
+        for p, value in list(self._logrec.items()):
+            rec = LogRecord.decode(value)
+            if rec is None or not rec.fingerprint or self._reverify:
+                continue
+            _, found = await self._probe_at(TopicPartition(topic, p), rec.offset)
+            if found != rec.fingerprint and self._logrec.get(p) is not None:
+                self.log.error("the record last applied is gone from the log; resuming from "
+                               "Redis", partition=p, offset=rec.offset)
+                self._reverify = True
+
     async def _probe_at(self, tp: Any, offset: int) -> tuple[int, str | None]:
+        async with self._probe_lock:  # one probe, shared by assignment and the log check
+            return await self._probe_at_locked(tp, offset)
+
+    async def _probe_at_locked(self, tp: Any, offset: int) -> tuple[int, str | None]:
         """(high watermark, fingerprint of the record at ``offset`` or None) as a fetch sent
         now sees them (Tansu's ListOffsets is not reliable for the end of a log; a fetch's
         high watermark is)."""
@@ -797,11 +828,19 @@ class Tracker:
             clock = self._clocks.get(p)
             if clock is None:
                 continue
+            hw = None
             with contextlib.suppress(Exception):
                 hw = consumer.highwater(TopicPartition(topic, p))
                 if hw is not None:
                     self.metrics.lag.labels(str(p)).set(max(0, hw - pos))
                     self._lag_labels.add(str(p))
+            if hw is not None and pos > hw:
+                # Past the end of the log: it was reset or re-created under us. No claim; the
+                # tracker resumes from Redis (and fails closed what it cannot replay).
+                self.log.error("position beyond the end of the log; resuming from Redis",
+                               partition=p, position=pos, highwater=hw)
+                self._reverify = True
+                continue
             claimed = clock.claim(pos)
             if claimed is not None and p in self._epochs:
                 claims += [str(p), str(claimed)]
