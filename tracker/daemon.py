@@ -180,6 +180,8 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
                 await t._drain()
             for tp in revoked:
                 t._clocks.pop(tp.partition, None)
+                t._logrec.pop(tp.partition, None)  # another tracker moves it on now
+                t._epochs.pop(tp.partition, None)
                 t.metrics.lag.remove(str(tp.partition)) if str(tp.partition) in t._lag_labels \
                     else None
                 t._lag_labels.discard(str(tp.partition))
