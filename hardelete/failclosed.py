@@ -58,7 +58,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("repository", nargs="?", help="repository to clear")
     parser.add_argument("--all", action="store_true",
                         help="clear every flag, the global one included")
-    parser.add_argument("--reason", default="", help="why it is safe now (recorded)")
+    parser.add_argument("--reason", default="",
+                        help="why it is safe now (recorded with who cleared it)")
     parser.add_argument("--json", action="store_true", help="list as JSON")
 
 
@@ -80,9 +81,8 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
             return 0
         if bool(args.repository) == bool(args.all):
             raise UserError("clear needs a REPOSITORY or --all (not both)")
-        if not args.reason:
-            raise UserError("clear needs --reason TEXT (it is recorded with the incident)")
-        n = clear(r, None if args.all else args.repository, reason=args.reason, who=who())
+        n = clear(r, None if args.all else args.repository,
+                  reason=args.reason or "(no reason given)", who=who())
         if n == 0:
             print("nothing to clear" + (f": {args.repository} is not fail-closed"
                                         if args.repository else ""))
