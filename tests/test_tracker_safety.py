@@ -7,7 +7,9 @@ and its own, or the repositories affected delete nothing.
 - Redis restored from an older copy of its data: the tracker replays what Redis lost;
 - a topic re-created with more partitions: the horizon waits for the new partitions;
 - poison records (5 MB, ttl 9e15, null/different key, deep nesting, huge ints): dead-lettered
-  with their reasons (truncated when too large), holds on the addresses they name, tracker goes on.
+  with their reasons (truncated when too large), holds on the addresses they name, tracker goes on;
+- a dead-letter topic that refuses records: the tracker waits (hold first, nothing committed or
+  claimed past the event) and dead-letters it once the broker accepts it again.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from tracker.state import (
     fail_closed_reason,
     holds,
     read_repo_state,
+    tracker_horizon_ms,
 )
 
 pytestmark = pytest.mark.integration
@@ -340,3 +343,55 @@ async def _read_dlq(settings: Settings, n: int) -> list[Any]:
     finally:
         await consumer.stop()
     return got
+
+
+async def test_failing_dead_letter_publish_holds_the_batch_then_recovers(
+        settings: Settings, s3: Any, bucket: str, tmp_path: Path) -> None:
+    """A dead-letter topic that refuses records (the broker's schema registry rejects them)
+    never stops the tracker and never lets it commit past the event; once the broker accepts
+    them again (restarted without the rule, log kept on S3) the event is dead-lettered."""
+    store = f"tansu-{bucket}"
+    s3.create_bucket(Bucket=store)
+    s = settings.replace(topic_partitions=1)
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / f"{s.dlq_topic}.json").write_text(orjson.dumps(
+        {"type": "object", "properties": {"value": {"type": "object", "required": ["never"]}}}
+    ).decode())
+    server = tansu_server(tmp_path, storage=f"s3://{store}/", env={
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT": settings.s3_endpoint_url,
+        "AWS_ALLOW_HTTP": "true"})
+    plain = server.make_argv
+    server.make_argv = lambda p: [*plain(p), "--schema-registry", "file://./registry/"]
+    await asyncio.to_thread(server.start)
+    s = s.replace(kafka_bootstrap=f"127.0.0.1:{server.port}")
+    ns = "s3://b/repo0/"
+    bad = orjson.dumps({"type": "object_written", "v": 1, "repository": "repo0",
+                        "address": ns + "data/lost", "junk": True})
+    try:
+        async with running_tracker(s) as tracker:
+            await wait_horizon(s, await publish(s, repo_events(ns)))
+            async with Publisher(s) as pub:
+                await pub.publish_raw(bad, b"repo0")
+            stuck = await redis_now(s)
+            r = redis_sync(s)
+            try:
+                deadline = time.monotonic() + 30
+                while not r.exists(RepoKeys("repo0").holds):  # the hold comes first
+                    assert time.monotonic() < deadline, "no hold for the dead-lettered event"
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(2)  # (a window for a wrong tracker to move on; no sync)
+                assert tracker.dead_lettered == 0 and not tracker._task.done()  # type: ignore
+                horizon = tracker_horizon_ms(r)
+                assert horizon is None or horizon < stuck  # nothing past it is claimed
+            finally:
+                r.close()
+            server.make_argv = plain  # the broker accepts dead letters again
+            await asyncio.to_thread(server.restart)
+            await wait_horizon(s, await redis_now(s), timeout=90)
+            assert tracker.dead_lettered == 1
+        got = await _read_dlq(s, 1)
+        assert [g.value for g in got] == [bad]
+    finally:
+        await asyncio.to_thread(server.stop)

@@ -684,10 +684,10 @@ class Tracker:
         return batch
 
     async def _apply(self, consumer: AIOKafkaConsumer, batch: _Batch) -> None:
+        if batch.holds:  # first: the address is kept even while the dead-letter topic fails
+            await self._write_holds(batch.holds)
         if batch.dlq:
             await self._dead_letter(batch.dlq)  # acknowledged before the offsets are committed
-        if batch.holds:
-            await self._write_holds(batch.holds)
         if batch.new_repos:
             await self._retrying(lambda: self._redis.sadd(REPOS, *batch.new_repos))
         if batch.calls:
