@@ -26,6 +26,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("reconcile",), "reconciler.job", "nightly mark and sweep with retention (PySpark)"),
     (("status",), "hardelete.status", "tracker progress, queues, incidents per repository"),
     (("explain",), "hardelete.status:explain", "why an address is alive or why it was deleted"),
+    (("fail-closed",), "hardelete.failclosed",
+     "list repositories whose mirror is unproven, or lift the flag (recorded)"),
     (("config",), "hardelete.cli:config", "show the effective settings"),
     (("bench",), "hardelete.bench", "benchmarks against raw limits (see BENCHMARKS.md)"),
 ]

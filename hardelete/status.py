@@ -21,6 +21,7 @@ from hardelete.clients import redis_sync, s3_client
 from hardelete.deletes import read_gate
 from hardelete.settings import Settings
 from schemas.layout import (
+    FAIL_CLOSED,
     INCIDENTS,
     PROGRESS,
     PROGRESS_META,
@@ -48,6 +49,7 @@ class RepoStatus:
     tombstones: int
     incidents: int
     counters: dict[str, int] = field(default_factory=dict)
+    fail_closed: str | None = None  # why nothing is deleted for it (Safety I), or None
 
 
 @dataclass
@@ -61,6 +63,7 @@ class Status:
     global_incidents: list[dict[str, Any]] = field(default_factory=list)
     global_incidents_total: int = 0
     retired: dict[str, dict[str, Any]] = field(default_factory=dict)
+    fail_closed_all: str | None = None  # every repository is fail-closed: why
 
 
 def collect_status(r: Any) -> Status:
@@ -77,26 +80,28 @@ def collect_status(r: Any) -> Status:
         pipe.zcard(k.reaped)
         pipe.llen(k.incidents)
         pipe.hgetall(k.stats)
-        ns, queued, claims, tomb, inc, stats = pipe.execute()
+        pipe.hget(k.fail_closed, "reason")
+        ns, queued, claims, tomb, inc, stats, closed = pipe.execute()
         repos.append(RepoStatus(repo, ns or "?", queued, claims, tomb, inc,
-                                {f: int(float(v)) for f, v in (stats or {}).items()}))
+                                {f: int(float(v)) for f, v in (stats or {}).items()}, closed))
     lag = {p: max(0.0, (now - int(v)) / 1000) for p, v in sorted(progress.items())}
     incidents = [orjson.loads(j) for j in r.lrange(INCIDENTS, -100, -1)]
     retired = {repo: orjson.loads(j) for repo, j in sorted(r.hgetall(RETIRED).items())}
-    return Status(now, horizon, lag, repos, incidents, r.llen(INCIDENTS), retired)
+    return Status(now, horizon, lag, repos, incidents, r.llen(INCIDENTS), retired,
+                  r.hget(FAIL_CLOSED, "reason"))
 
 
 def _print_status(st: Status) -> None:
     con = Console()
     t = Table(title="hardelete status")
     for col in ("repository", "namespace", "queued", "claims", "tombstones", "incidents",
-                "counters"):
+                "counters", "fail-closed"):
         t.add_column(col)
     for r in st.repositories:
         counters = ", ".join(f"{k}={v}" for k, v in sorted(r.counters.items()))
-        style = "bold red" if r.incidents else ""
+        style = "bold red" if r.incidents or r.fail_closed else ""
         t.add_row(r.repository, r.namespace, str(r.queued), str(r.claims), str(r.tombstones),
-                  str(r.incidents), counters, style=style)
+                  str(r.incidents), counters, r.fail_closed or "", style=style)
     con.print(t)
     if st.retired:
         con.print("retired repositories (nothing of them is deleted online): "
@@ -106,6 +111,9 @@ def _print_status(st: Status) -> None:
                   "repository[/bold red], the latest:")
         for inc in st.global_incidents[-5:]:
             con.print(f"  [red]{inc.get('repository')}: {inc.get('reason')}[/red]")
+    if st.fail_closed_all:
+        con.print(f"[bold red]every repository is fail-closed: {st.fail_closed_all}[/bold red] "
+                  "(hardelete fail-closed list|clear)")
     lag = ", ".join(f"p{p}: {s:.1f}s" for p, s in st.progress_lag_s.items()) or "none"
     con.print(f"tracker progress lag per partition: {lag}")
     if st.horizon_ms is None:

@@ -229,6 +229,57 @@ ADDRESS_FIELDS = ("address", "replaces_address", "storage_namespace")
 _ENVELOPE = ("type", "v")
 
 
+@dataclass(frozen=True, slots=True)
+class Range:
+    """Allowed values of a numeric field (also exported to the JSON Schema files).
+
+    Every number the tracker stores or computes with has one: a value it cannot represent
+    exactly (a size beyond 2**53, a TTL that overflows the clock) is refused at admission and
+    dead-lettered, never crashes the encoder or the Lua script.
+    """
+
+    lo: float
+    hi: float
+    lo_exclusive: bool = False
+
+    def problem(self, value: float) -> str | None:
+        if value < self.lo or (self.lo_exclusive and value == self.lo) or value > self.hi:
+            low = f"> {self.lo:g}" if self.lo_exclusive else f">= {self.lo:g}"
+            return f"must be {low} and <= {self.hi:g}, got {value!r}"
+        return None
+
+    def schema(self) -> dict[str, float]:
+        lo_key = "exclusiveMinimum" if self.lo_exclusive else "minimum"
+        return {lo_key: self.lo, "maximum": self.hi}
+
+
+MAX_EXACT_INT = 2**53 - 1  # what JSON readers, Lua and Redis scores all hold exactly
+MAX_TTL_SECONDS = 366 * 86400.0  # an upload address is protected for at most a year
+MAX_RETENTION_DAYS = 36_600.0  # a century
+MAX_TIME = 1e11  # seconds since the epoch (year ~5000): publisher clocks, informational
+# Per field (dict fields: their values). Fields not listed: ints DEFAULT_INT, floats finite.
+RANGES: dict[str, Range] = {
+    "size": Range(0, MAX_EXACT_INT),
+    "ttl_seconds": Range(0, MAX_TTL_SECONDS, lo_exclusive=True),
+    "default_retention_days": Range(0, MAX_RETENTION_DAYS),
+    "branch_retention_days": Range(0, MAX_RETENTION_DAYS),
+    "committed_at": Range(-MAX_TIME, MAX_TIME),
+    "emitted_at": Range(-MAX_TIME, MAX_TIME),
+    "source_read_at": Range(-MAX_TIME, MAX_TIME),
+}
+DEFAULT_INT = Range(0, MAX_EXACT_INT)
+DEFAULT_FLOAT = Range(-1e15, 1e15)
+
+
+def field_range(name: str, tp: Any) -> Range:
+    """The range of numeric field ``name`` (``tp``: its scalar type)."""
+    base = name.split(".", 1)[0].split("[", 1)[0]
+    found = RANGES.get(base)
+    if found is not None:
+        return found
+    return DEFAULT_INT if tp is int else DEFAULT_FLOAT
+
+
 def encode(event: Event) -> bytes:
     body = asdict(event)
     body["type"] = event.TYPE
@@ -265,6 +316,8 @@ def _check(name: str, tp: Any, value: Any, etype: str) -> Any:
         if not isinstance(value, dict):
             raise EventError(f"expected an object, got {type(value).__name__}", name, etype)
         return {str(k): _check(f"{name}.{k}", vt, v, etype) for k, v in value.items()}
+    if tp is int and type(value) is float and value.is_integer():
+        value = int(value)  # JSON has one number type: 3.0 is the integer 3 (as JSON Schema says)
     ok = (
         (tp is str and isinstance(value, str))
         or (tp is int and isinstance(value, int) and not isinstance(value, bool))
@@ -278,10 +331,14 @@ def _check(name: str, tp: Any, value: Any, etype: str) -> Any:
         value = float(value)
         if value != value or value in (float("inf"), float("-inf")):
             raise EventError("must be a finite number", name, etype)
+    if tp is float or tp is int:
+        problem = field_range(name, tp).problem(value)
+        if problem:
+            raise EventError(problem, name, etype)
     if tp is str and not value and name not in ("path",):
         raise EventError("must not be empty", name, etype)
     if tp is str and name in ADDRESS_FIELDS and not value.startswith("s3://"):
-        raise EventError(f"must be an s3:// URI, got {value!r}", name, etype)
+        raise EventError(f"must be an s3:// URI, got {value[:80]!r}", name, etype)
     return value
 
 
@@ -323,26 +380,13 @@ def decode(data: bytes | str) -> Event:
 def _check_semantics(e: Event) -> None:
     etype = e.TYPE
     if isinstance(e, ObjectWritten | ObjectCopied):
-        if e.size < 0:
-            raise EventError("must be >= 0", "size", etype)
         if (e.replaces_ref_id is None) != (e.replaces_address is None):
             raise EventError("replaces_ref_id and replaces_address go together",
                              "replaces_address", etype)
         if e.replaces_ref_id == e.ref_id:
             raise EventError("a reference cannot replace itself", "replaces_ref_id", etype)
-    ref_version = getattr(e, "ref_version", None)
-    if ref_version is not None and not 0 <= ref_version <= REF_VERSION_MAX:
-        raise EventError(f"must be between 0 and {REF_VERSION_MAX}", "ref_version", etype)
-    if isinstance(e, AddressIssued) and e.ttl_seconds <= 0:
-        raise EventError("must be > 0", "ttl_seconds", etype)
-    if isinstance(e, RepositoryCreated):
-        if not e.storage_namespace.endswith("/"):
-            raise EventError("must end with '/'", "storage_namespace", etype)
-        if e.default_retention_days < 0:
-            raise EventError("must be >= 0", "default_retention_days", etype)
-        for b, d in e.branch_retention_days.items():
-            if d < 0:
-                raise EventError("must be >= 0", f"branch_retention_days.{b}", etype)
+    if isinstance(e, RepositoryCreated) and not e.storage_namespace.endswith("/"):
+        raise EventError("must end with '/'", "storage_namespace", etype)
 
 
 def required_fields(cls: type[Event]) -> list[str]:
@@ -352,42 +396,59 @@ def required_fields(cls: type[Event]) -> list[str]:
 
 # --- JSON Schema export, for publishers in other languages ------------------------------------
 
-def _json_type(tp: Any) -> dict[str, Any]:
+# Trailing slash, in a pattern that means the same in ECMA-262 and Python's re ("$" would also
+# match before a final newline in Python).
+_NAMESPACE_PATTERN = "^s3://[\\s\\S]*/(?![\\s\\S])"
+# Pairs of optional fields that go together: both present (non-null) or neither.
+TOGETHER = (("replaces_ref_id", "replaces_address"),)
+
+
+def _json_type(tp: Any, name: str = "") -> dict[str, Any]:
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
         inner = next(a for a in get_args(tp) if a is not type(None))
-        schema = _json_type(inner)
+        schema = _json_type(inner, name)
         return {"anyOf": [schema, {"type": "null"}]}
     if origin is list:
-        return {"type": "array", "items": _json_type(get_args(tp)[0])}
+        return {"type": "array", "items": _json_type(get_args(tp)[0], name)}
     if origin is dict:
-        return {"type": "object", "additionalProperties": _json_type(get_args(tp)[1])}
+        return {"type": "object", "additionalProperties": _json_type(get_args(tp)[1], name)}
     scalars: dict[Any, dict[str, Any]] = {
         str: {"type": "string", "minLength": 1},
         int: {"type": "integer"},
         float: {"type": "number"},
         bool: {"type": "boolean"},
     }
-    return dict(scalars[tp])
+    out = dict(scalars[tp])
+    if tp is int or tp is float:
+        out.update(field_range(name, tp).schema())
+    return out
+
+
+def _present(name: str) -> dict[str, Any]:
+    return {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
 
 
 def json_schema(cls: type[Event]) -> dict[str, Any]:
+    """The JSON Schema of one event type: accepts exactly what ``decode`` accepts, except the
+    rules no JSON Schema can state (documented in schemas/README.md: a reference replacing
+    itself, and the tracker's namespace checks, which need the repository's namespace)."""
     hints = typing.get_type_hints(cls)
     props: dict[str, Any] = {
         "type": {"const": cls.TYPE},
         "v": {"const": SCHEMA_VERSION},
     }
+    names = [f.name for f in fields(cls)]
     for f in fields(cls):
-        prop = _json_type(hints[f.name])
+        prop = _json_type(hints[f.name], f.name)
         if f.name == "path":
             prop.pop("minLength", None)
         if f.name in ADDRESS_FIELDS:
             target = prop["anyOf"][0] if "anyOf" in prop else prop
-            target["pattern"] = "^s3://"
-        if f.name == "ref_version":
-            prop["anyOf"][0].update(minimum=0, maximum=REF_VERSION_MAX)
+            target["pattern"] = (_NAMESPACE_PATTERN if f.name == "storage_namespace"
+                                 else "^s3://")
         props[f.name] = prop
-    return {
+    schema: dict[str, Any] = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"hardelete/events/v{SCHEMA_VERSION}/{cls.TYPE}",
         "title": cls.TYPE,
@@ -397,3 +458,11 @@ def json_schema(cls: type[Event]) -> dict[str, Any]:
         "required": ["type", "v", *required_fields(cls)],
         "additionalProperties": False,
     }
+    rules = []
+    for a, b in TOGETHER:
+        if a in names and b in names:
+            rules += [{"if": _present(a), "then": _present(b)},
+                      {"if": _present(b), "then": _present(a)}]
+    if rules:
+        schema["allOf"] = rules
+    return schema

@@ -16,7 +16,12 @@ PREFIX = "hd"
 # Global keys (not repository-scoped).
 REPOS = f"{PREFIX}:repos"  # set of repository ids
 PROGRESS = f"{PREFIX}:progress"  # hash: partition -> ms up to which the broker's content is applied
-PROGRESS_META = f"{PREFIX}:progress:meta"  # hash: topic, partitions (count)
+PROGRESS_META = f"{PREFIX}:progress:meta"  # hash: topic, partitions (count), verified_ms
+# What the tracker has applied, per partition of the events topic, with the identity of the log:
+# field "<topic>:<partition>" -> "<epoch>:<offset>:<fingerprint>" (tracker/logid.py). Written
+# after the repository chunks of a batch; a new epoch is minted when the log was reset/re-created.
+LOG = f"{PREFIX}:log"
+INCIDENTS = f"{PREFIX}:incidents"  # list: json incidents not tied to one repository
 RECONCILER_LEASE = f"{PREFIX}:reconciler:lease:"  # + repo: string with run id, PX lease
 # Namespace ownership (Safety I): live namespace -> repository id; a namespace that equals,
 # contains or lies inside a registered one is refused. Retired repository ids are never reused.
@@ -144,7 +149,8 @@ class RepoKeys:
 
     @property
     def applied(self) -> str:
-        """hash: partition -> last applied offset (makes redelivery a no-op)."""
+        """hash: partition -> "<epoch>:<offset>": last applied offset of the log identified by
+        epoch (makes redelivery a no-op; a record of another log skips nothing)."""
         return f"{self.tag}:applied"
 
     @property

@@ -79,6 +79,7 @@ async def test_end_to_end_publish_track_read_back(settings: Settings) -> None:
     assert_matches_pure(settings, events)
     r = redis_sync(settings)
     meta = r.hgetall(PROGRESS_META)
+    assert int(meta.pop("verified_ms")) > 0
     assert meta == {"topic": settings.events_topic, "partitions": str(settings.topic_partitions)}
     r.close()
 

@@ -11,6 +11,13 @@ ARGV[2]  repository id          (for incidents)
 ARGV[3]  partition              (events with offset <= applied[partition] are skipped)
 ARGV[4]  events                 JSON array of compact events
 ARGV[5]  now override (ms)      "" in production: the Redis clock (TIME) is the only clock
+ARGV[6]  log epoch              identity of the partition's log (tracker/logid.py); "" in tests.
+                                applied[partition] = "<epoch>:<offset>": an offset recorded for
+                                another epoch (another log) skips nothing.
+KEYS[2]  hd:log (optional)      with ARGV[7] field and ARGV[8] expected value: the chunk is
+ARGV[7..8]                      refused ("hardelete: log record moved") unless the partition's
+                                log record is what the tracker last wrote or verified, so a
+                                Redis that went back in time applies nothing past its gap.
 
 Returns {applied, skipped, incident_json...}.
 ]]
@@ -243,7 +250,21 @@ end
 local dead = redis.call('HEXISTS', K_META, 'retired_at') == 1
 local retire = false
 
-local last = tonumber(redis.call('HGET', K_APPLIED, part) or '-1')
+if KEYS[2] ~= nil then
+  local cur = redis.call('HGET', KEYS[2], ARGV[7]) or ''
+  if cur ~= ARGV[8] then
+    return redis.error_reply('hardelete: log record moved: ' .. ARGV[7] .. ' is "' .. cur ..
+                             '", expected "' .. ARGV[8] .. '"')
+  end
+end
+local epoch = ARGV[6] or ''
+local last = -1
+local rec = redis.call('HGET', K_APPLIED, part)
+if rec then
+  local e, o = string.match(rec, '^(.*):(%-?%d+)$')
+  if e == nil then e, o = '', rec end  -- written before log epochs: epoch ""
+  if e == epoch then last = tonumber(o) end
+end
 local maxoff, applied, skipped = last, 0, 0
 
 for i = 1, #events do
@@ -327,7 +348,11 @@ flush()
 -- Retired: nothing of it may be deleted online (the queue is dropped after the flush, which may
 -- have queued addresses of this batch; claims in flight are dropped with it).
 if retire then redis.call('DEL', K_UNREF, K_CLAIMS) end
-if maxoff > last then redis.call('HSET', K_APPLIED, part, fmt(maxoff)) end
+if maxoff > last then
+  local v = fmt(maxoff)
+  if epoch ~= '' then v = epoch .. ':' .. v end
+  redis.call('HSET', K_APPLIED, part, v)
+end
 if applied > 0 then redis.call('HINCRBY', K_STATS, 'events', applied) end
 if #incidents > 0 then redis.call('HINCRBY', K_STATS, 'incidents', #incidents) end
 local result = { applied, skipped }

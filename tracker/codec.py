@@ -13,6 +13,7 @@ The compact form is one JSON array per event, ``[offset, op, ...]`` (see ``OP_*`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import typing
@@ -23,7 +24,7 @@ import orjson
 
 from schemas import events as ev
 from schemas.events import ADDRESS_FIELDS, EVENT_TYPES, SCHEMA_VERSION, EventError
-from schemas.layout import RESERVED_PREFIXES
+from schemas.layout import RESERVED_PREFIXES, OutsideNamespace, namespace_key
 from tracker.references import admission_problem
 
 OP_REPO, OP_BRANCH, OP_ISSUE, OP_ADD, OP_DEL, OP_COMMIT = 1, 2, 3, 4, 5, 6
@@ -96,13 +97,17 @@ class _Spec:
     optional: tuple[tuple[str, Check, Any], ...]  # name, check, default (None: factory)
     allowed: frozenset[str]
     floats: tuple[str, ...]  # fields decode converts to float
+    ranges: tuple[tuple[str, ev.Range], ...]  # numeric fields (dict fields: their values)
 
 
 def _spec(cls: type[ev.Event]) -> _Spec:
     hints = typing.get_type_hints(cls)
-    req_str, req_addr, req, opt, floats = [], [], [], [], []
+    req_str, req_addr, req, opt, floats, ranges = [], [], [], [], [], []
     for f in dataclasses.fields(cls):
         check = _checker(f.name, hints[f.name])
+        scalar = _scalar(hints[f.name])
+        if scalar is int or scalar is float:
+            ranges.append((f.name, ev.field_range(f.name, scalar)))
         if hints[f.name] is float:
             floats.append(f.name)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
@@ -117,7 +122,17 @@ def _spec(cls: type[ev.Event]) -> _Spec:
             opt.append((f.name, check, default))
     allowed = frozenset([f.name for f in dataclasses.fields(cls)] + ["type", "v"])
     return _Spec(tuple(req_str), tuple(req_addr), tuple(req), tuple(opt), allowed,
-                 tuple(floats))
+                 tuple(floats), tuple(ranges))
+
+
+def _scalar(tp: Any) -> Any:
+    """int, float, str... inside Optional[...] / dict[str, ...]."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, __import__("types").UnionType):
+        return _scalar(next(a for a in typing.get_args(tp) if a is not type(None)))
+    if origin is dict:
+        return _scalar(typing.get_args(tp)[1])
+    return tp
 
 
 _SPECS = {name: _spec(cls) for name, cls in EVENT_TYPES.items()}
@@ -126,15 +141,9 @@ _SPECS = {name: _spec(cls) for name, cls in EVENT_TYPES.items()}
 def _semantics_ok(t: str, b: dict[str, Any]) -> bool:
     if t == "object_written" or t == "object_copied":
         rr, ra = b.get("replaces_ref_id"), b.get("replaces_address")
-        return b["size"] >= 0 and (rr is None) == (ra is None) and rr != b["ref_id"]
-    if t == "address_issued":
-        return bool(b["ttl_seconds"] > 0)
-    rv = b.get("ref_version")
-    if rv is not None and not 0 <= rv <= ev.REF_VERSION_MAX:
-        return False
+        return (rr is None) == (ra is None) and rr != b["ref_id"]
     if t == "repository_created":
-        return (b["storage_namespace"].endswith("/") and b["default_retention_days"] >= 0
-                and all(d >= 0 for d in b.get("branch_retention_days", {}).values()))
+        return bool(b["storage_namespace"].endswith("/"))
     return True
 
 
@@ -178,6 +187,15 @@ def fast_body(body: Any) -> dict[str, Any] | None:
     if "branch_retention_days" in body:
         body["branch_retention_days"] = {
             str(k): float(v) for k, v in body["branch_retention_days"].items()}
+    for name, rng in spec.ranges:
+        v = body[name]
+        if v is None:
+            continue
+        if type(v) is dict:
+            if any(rng.problem(x) for x in v.values()):
+                return None
+        elif rng.problem(v):
+            return None
     if not _semantics_ok(body["type"], body):
         return None
     return body
@@ -319,3 +337,56 @@ class Gate:
             if ok and all(_plain_key_fast(known, a) for a in addrs):
                 return None
         return admission_problem(repo, t, addrs, known, retired=repo in self.retired)
+
+
+_HOLD_FIELDS = ("address", "replaces_address")
+
+
+def hold_targets(value: bytes | None, key: bytes | None,
+                 namespaces: dict[str, str]) -> list[tuple[str, str]]:
+    """(repository, address) pairs a dead-lettered record still names (SPEC safety 10: a lost
+    event never becomes a deletion): a known repository (its ``repository`` field or the record
+    key) and an address field inside that repository's namespace. Lenient on purpose: the
+    record failed validation, so only its JSON shape is assumed."""
+    if not value:
+        return []
+    try:
+        body = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return []
+    if type(body) is not dict:
+        return []
+    repos = []
+    if type(body.get("repository")) is str:
+        repos.append(body["repository"])
+    if key:
+        with contextlib.suppress(UnicodeDecodeError):
+            repos.append(key.decode())
+    out = []
+    for repo in dict.fromkeys(repos):
+        ns = namespaces.get(repo)
+        if ns is None:
+            continue
+        for name in _HOLD_FIELDS:
+            addr = body.get(name)
+            if type(addr) is str and addr.startswith(ns):
+                try:
+                    namespace_key(ns, addr)
+                except OutsideNamespace:
+                    continue
+                out.append((repo, addr))
+    return out
+
+
+def candidate_repos(value: bytes | None, key: bytes | None) -> set[str]:
+    """Repository ids a dead-lettered record may name (to load their namespaces)."""
+    out: set[str] = set()
+    if key:
+        with contextlib.suppress(UnicodeDecodeError):
+            out.add(key.decode())
+    if value:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            body = orjson.loads(value)
+            if type(body) is dict and type(body.get("repository")) is str:
+                out.add(body["repository"])
+    return out

@@ -2,9 +2,17 @@
 
 One cycle: read the Redis clock, ``getmany`` a batch, decode and admit every record (bad ones go
 to the dead-letter topic, produced and acknowledged first), apply the batch with one
-``apply.lua`` call per (repository, partition) in one pipeline, commit the offsets, then record
-per-partition progress. A crash anywhere only causes redelivery, which is harmless: the script
-skips offsets it already applied and the reference sets are idempotent.
+``apply.lua`` call per (repository, partition) in one pipeline, record what was applied from each
+partition's log (``hd:log``), commit the offsets, then record per-partition progress. A crash
+anywhere only causes redelivery, which is harmless: the script skips offsets it already applied
+and the reference sets are idempotent.
+
+Log identity (``tracker/logid.py``): on assignment each partition is sought to what *Redis* says
+it applied (+1), after checking that the log is still the one Redis folded (epoch and the
+fingerprint of the last applied record); a Redis that went back in time is repaired by replay, a
+log that changed or lost what Redis lacks puts the repositories concerned fail-closed. Every
+chunk and progress claim carries the ``hd:log`` value the tracker expects, so a Redis that went
+back in time while running applies nothing past its gap.
 
 Progress (``hd:progress[p]``, Redis-clock ms): "everything the broker held for partition p at
 that time has been applied". At the start of a cycle the tracker reads Redis ``TIME`` = R and
@@ -42,10 +50,16 @@ from typing import Any
 import orjson
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    KafkaError,
+    MessageSizeTooLargeError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+)
 from aiokafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hardelete import UserError
@@ -53,7 +67,9 @@ from hardelete.clients import redis_async
 from hardelete.settings import Settings
 from schemas.events import EventError
 from schemas.layout import (
+    FAIL_CLOSED,
     INCIDENTS,
+    LOG,
     NAMESPACES,
     PROGRESS,
     PROGRESS_META,
@@ -63,10 +79,14 @@ from schemas.layout import (
 )
 from schemas.publisher import ensure_topics
 from tracker import codec
+from tracker.logid import NOT_FETCHED, LogRecord, decide, fingerprint, log_field, new_epoch
 from tracker.references import admission_problem
 from tracker.state import (
+    LOG_WRITE_LUA,
+    META_LUA,
     PROGRESS_LUA,
     ApplyScript,
+    LogGuard,
     afree_namespace,
     aredis_time_ms,
     aregister_namespace,
@@ -76,6 +96,11 @@ from tracker.state import (
 log = structlog.get_logger("tracker")
 
 _MAX_CANDIDATES = 64
+_META_INTERVAL_S = 0.25  # how often the partition count is re-verified (horizon lags by this)
+_LOG_CHECK_ROUNDS = 20  # every 5 s: is the record last applied still in the log?
+_DLQ_MAX_VALUE = 900_000  # bytes of a dead-lettered value (the producer's request limit is 1 MB)
+_DLQ_MAX_KEY = 1_024
+_MAX_REASON = 1_000
 
 
 @dataclass
@@ -129,6 +154,8 @@ class _Batch:
     retired: dict[str, tuple[str, str]] = field(default_factory=dict)  # repo -> (ns, event id)
     offsets: dict[Any, OffsetAndMetadata] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
+    last: dict[int, tuple[int, str]] = field(default_factory=dict)  # p -> (offset, fingerprint)
+    holds: list[tuple[str, str, bytes]] = field(default_factory=list)  # repo, address, json
     records: int = 0
     t0: float = 0.0
 
@@ -170,6 +197,8 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
             t.gate = codec.Gate()
             for tp in revoked:
                 t._clocks.pop(tp.partition, None)
+                t._logrec.pop(tp.partition, None)  # another tracker moves it on now
+                t._epochs.pop(tp.partition, None)
                 t.metrics.lag.remove(str(tp.partition)) if str(tp.partition) in t._lag_labels \
                     else None
                 t._lag_labels.discard(str(tp.partition))
@@ -179,14 +208,19 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         t = self.tracker
         for tp in assigned:
             t._clocks[tp.partition] = PartitionClock()
+        try:  # resume from what Redis applied, not from the group's offsets
+            await t._verify(set(assigned))
+        except Exception as exc:  # surfaces in the main loop: never consume unverified
+            t._failure = exc
+            t.log.error("partition verification failed", error=str(exc))
         t.assigned_event.set()
         t.log.info("partitions assigned", partitions=sorted(tp.partition for tp in assigned))
 
 
 def _reason_kind(reason: str) -> str:
     for kind in ("not valid JSON", "unknown event type", "schema version", "unknown repository",
-                 "missing", "expected", "outside namespace", "reserved", "already exists",
-                 "namespace overlap", "retired", "not canonical"):
+                 "record key", "must be", "missing", "expected", "outside namespace", "reserved",
+                 "already exists", "namespace overlap", "retired", "not canonical"):
         if kind in reason:
             return kind.replace(" ", "_")
     return "other"
@@ -223,6 +257,17 @@ class Tracker:
         self._redis: Any = None
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
+        self._probe: AIOKafkaConsumer | None = None  # no group: offsets, one-record fetches
+        self._epochs: dict[int, str] = {}  # partition -> epoch of its log
+        self._logrec: dict[int, str] = {}  # partition -> hd:log value Redis must hold
+        self._reverify = False  # Redis or the log moved under us: resume from Redis again
+        self._rejoin = False  # the partition count changed: join the group afresh
+        self._probe_lock = asyncio.Lock()
+        self._seen_count: int | None = None
+        self._redis_now = 0
+        self.fail_closed = 0
+        self.holds = 0
+        self._cluster = bool(getattr(settings, "redis_cluster", False))
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -266,36 +311,50 @@ class Tracker:
         await ensure_topics(s)
         self._redis = redis_async(s)
         await self._redis.script_load(ApplyScript.lua)
-        self._progress_sha = await self._redis.script_load(PROGRESS_LUA)
+        # Scripts that reload themselves after a Redis restart (NOSCRIPT).
+        self._progress_script = self._redis.register_script(PROGRESS_LUA)
+        self._log_script = self._redis.register_script(LOG_WRITE_LUA)
+        self._meta_script = self._redis.register_script(META_LUA)
+        # auto_offset_reset "none": an offset out of range (a log reset under us) is an error
+        # we handle, never a silent jump; every assigned partition is sought from Redis.
+        # metadata_max_age_ms: new partitions are noticed (and assigned) within a second.
         await self._backfill_registry()
-        consumer = self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.kafka_bootstrap, group_id=s.consumer_group,
-            client_id=f"hardelete-{self.name}", enable_auto_commit=False,
-            auto_offset_reset="earliest", session_timeout_ms=s.session_timeout_ms,
-            heartbeat_interval_ms=s.heartbeat_interval_ms,
-            fetch_max_wait_ms=min(s.tracker_poll_ms, 500),
-            max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20,
-            max_poll_interval_ms=300_000,
-        )
+        consumer = self._consumer = self._new_consumer()
         producer = self._producer = AIOKafkaProducer(
-            bootstrap_servers=s.kafka_bootstrap, acks="all", linger_ms=2)
+            bootstrap_servers=s.kafka_bootstrap, acks="all", linger_ms=2,
+            max_request_size=1 << 20)
+        probe = self._probe = AIOKafkaConsumer(
+            bootstrap_servers=s.kafka_bootstrap, group_id=None, enable_auto_commit=False,
+            client_id=f"hardelete-{self.name}-probe", auto_offset_reset="none",
+            max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
         server = None
+        meta_task: asyncio.Task[None] | None = None
         try:
             await producer.start()
+            await probe.start()
+            await self._write_meta()
             consumer.subscribe([s.events_topic], listener=_Listener(self))
             await consumer.start()
-            await self._write_meta(consumer)
+            meta_task = asyncio.create_task(self._meta_loop())
             if s.metrics_port:
                 server = start_http_server(s.metrics_port, registry=self.metrics.registry)
             self.log.info("tracker started", metrics_port=s.metrics_port or None)
             while not self._stop.is_set():
+                if self._rejoin:
+                    consumer = await self._rejoin_group(consumer)
                 await self._cycle(consumer)
             await self._drain()
         finally:
+            if meta_task is not None:
+                meta_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await meta_task
             with contextlib.suppress(Exception):
-                await consumer.stop()  # leaves the group
+                await self._consumer.stop()  # leaves the group
             with contextlib.suppress(Exception):
                 await producer.stop()
+            with contextlib.suppress(Exception):
+                await probe.stop()
             with contextlib.suppress(Exception):
                 await self._redis.aclose()
             if server is not None:
@@ -303,21 +362,219 @@ class Tracker:
             self.log.info("tracker stopped", applied=self.applied, dlq=self.dead_lettered,
                           incidents=self.incidents)
 
+    def _new_consumer(self) -> AIOKafkaConsumer:
+        s = self.settings
+        return AIOKafkaConsumer(
+            bootstrap_servers=s.kafka_bootstrap, group_id=s.consumer_group,
+            client_id=f"hardelete-{self.name}", enable_auto_commit=False,
+            auto_offset_reset="none", metadata_max_age_ms=1_000,
+            session_timeout_ms=s.session_timeout_ms,
+            heartbeat_interval_ms=s.heartbeat_interval_ms,
+            fetch_max_wait_ms=min(s.tracker_poll_ms, 500),
+            max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20,
+            max_poll_interval_ms=300_000,
+        )
+
+    async def _rejoin_group(self, consumer: AIOKafkaConsumer) -> AIOKafkaConsumer:
+        """The partition count changed: leave the group and join it again as a new member, so
+        the new partitions are assigned (some coordinators, Tansu's among them, re-send the old
+        assignment to a member that merely re-joins)."""
+        self._rejoin = False
+        await self._drain()
+        self.log.info("partition count changed; re-joining the group")
+        await consumer.stop()  # revokes (drained) and leaves the group
+        fresh = self._consumer = self._new_consumer()
+        fresh.subscribe([self.settings.events_topic], listener=_Listener(self))
+        await fresh.start()
+        return fresh
+
     async def _relay(self, stop: asyncio.Event) -> None:
         await stop.wait()
         self._stop.set()
 
-    async def _write_meta(self, consumer: AIOKafkaConsumer) -> None:
-        topic = self.settings.events_topic
-        parts = consumer.partitions_for_topic(topic)
+    async def _write_meta(self) -> None:
         deadline = time.monotonic() + 30
-        while not parts:
+        while not await self._verify_meta():
             if time.monotonic() > deadline:
-                raise RuntimeError(f"topic {topic} has no partitions")
+                raise RuntimeError(f"topic {self.settings.events_topic} has no partitions")
             await asyncio.sleep(0.05)
-            parts = consumer.partitions_for_topic(topic)
-        await self._redis.hset(PROGRESS_META, mapping={"topic": topic,
-                                                       "partitions": str(len(parts))})
+
+    async def _verify_meta(self) -> bool:
+        """One verified partition count: Redis time R, then a metadata request sent after R;
+        PROGRESS_META records the count and verified_ms = R (the horizon never passes it)."""
+        assert self._probe is not None
+        topic = self.settings.events_topic
+        at = await aredis_time_ms(self._redis)
+        md = await self._probe._client.fetch_all_metadata()
+        parts = md.partitions_for_topic(topic)
+        if not parts:
+            return False
+        changed = await self._meta_script(keys=[PROGRESS_META],
+                                          args=[topic, str(len(parts)), str(at)])
+        if changed:
+            self.log.info("partition count of the events topic", partitions=len(parts))
+        if self._seen_count is not None and self._seen_count != len(parts):
+            self._rejoin = True
+        self._seen_count = len(parts)
+        return True
+
+    async def _meta_loop(self) -> None:
+        rounds = 0
+        while not self._stop.is_set():
+            try:
+                await self._verify_meta()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # broker/Redis trouble: the horizon simply stops
+                self.log.warning("partition count not verified", error=str(exc))
+            rounds += 1
+            if rounds % _LOG_CHECK_ROUNDS == 0:
+                try:
+                    await self._check_logs()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self.log.warning("log identity not checked", error=str(exc))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), _META_INTERVAL_S)
+
+    # --- log identity (tracker/logid.py) -----------------------------------------------------
+
+    async def _verify(self, tps: set[Any]) -> None:
+        """Seek each partition to what Redis says it applied (+1), after checking that the log
+        is still the one Redis folded; put repositories fail-closed where it cannot replay."""
+        consumer, probe = self._consumer, self._probe
+        assert consumer is not None and probe is not None
+        if not tps:
+            return
+        topic = self.settings.events_topic
+        ordered = sorted(tps, key=lambda tp: tp.partition)
+        fields = [log_field(topic, tp.partition) for tp in ordered]
+        raw = await self._retrying(lambda: self._redis.hmget(LOG, fields))
+        starts = await probe.beginning_offsets(ordered)
+        now = await self._retrying(lambda: aredis_time_ms(self._redis))
+        for tp, fld, value in zip(ordered, fields, raw, strict=True):
+            p = tp.partition
+            rec = LogRecord.decode(value)
+            start = starts[tp]
+            at = rec.offset if rec is not None and rec.offset >= start else start
+            end, found_fp = await self._probe_at(tp, at)
+            found: str | None = NOT_FETCHED
+            if rec is not None and rec.fingerprint and start <= rec.offset < end:
+                found = found_fp
+            committed = None
+            if rec is None:
+                with contextlib.suppress(Exception):
+                    committed = await consumer.committed(tp)
+            d = decide(rec, start, end, found, new_epoch(), group_committed=committed is not None)
+            new = d.record.encode()
+            if new != (value or ""):
+                moved = await self._retrying(lambda: self._log_script(
+                    keys=[LOG], args=[fld, value or "", new]))  # noqa: B023
+                if moved:
+                    raise RuntimeError(f"log record {fld} changed while verifying it")
+                if d.reset:  # progress is keyed by the log: the old log's claims end here
+                    await self._retrying(lambda: self._redis.hdel(PROGRESS, str(p)))  # noqa: B023
+            if d.fail_repos:
+                await self._fail_partition_repos(p, d.fail_repos, now)
+            if d.fail_all:
+                await self._fail_all(d.fail_all, now, p)
+            self._epochs[p] = d.record.epoch
+            self._logrec[p] = new
+            self._clocks[p] = PartitionClock()  # no claim from samples taken before the seek
+            consumer.seek(tp, d.seek)
+            (self.log.warning if d.fail_repos or d.fail_all else self.log.info)(
+                "partition resumed from Redis", partition=p, offset=d.seek, epoch=d.record.epoch,
+                log_start=start, log_end=end, detail=d.detail)
+
+    async def _check_logs(self) -> None:
+        """While running: is the record we last applied from each partition still there? A log
+        replaced under a running consumer (no rebalance, no out-of-range error) is caught here,
+        and the tracker resumes from Redis (new epoch, fail-closed) as on assignment."""
+        topic = self.settings.events_topic
+        for p, value in list(self._logrec.items()):
+            rec = LogRecord.decode(value)
+            if rec is None or not rec.fingerprint or self._reverify:
+                continue
+            _, found = await self._probe_at(TopicPartition(topic, p), rec.offset)
+            if found != rec.fingerprint and self._logrec.get(p) is not None:
+                self.log.error("the record last applied is gone from the log; resuming from "
+                               "Redis", partition=p, offset=rec.offset)
+                self._reverify = True
+
+    async def _probe_at(self, tp: Any, offset: int) -> tuple[int, str | None]:
+        async with self._probe_lock:  # one probe, shared by assignment and the log check
+            return await self._probe_at_locked(tp, offset)
+
+    async def _probe_at_locked(self, tp: Any, offset: int) -> tuple[int, str | None]:
+        """(high watermark, fingerprint of the record at ``offset`` or None) as a fetch sent
+        now sees them (Tansu's ListOffsets is not reliable for the end of a log; a fetch's
+        high watermark is)."""
+        probe = self._probe
+        assert probe is not None
+        probe.assign([tp])
+        probe.seek(tp, offset)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                got = await probe.getmany(tp, timeout_ms=200, max_records=1)
+            except OffsetOutOfRangeError:
+                got = {}
+            hw = probe.highwater(tp)
+            recs = got.get(tp, [])
+            if recs:
+                return max(hw or 0, recs[0].offset + 1), (
+                    fingerprint(recs[0]) if recs[0].offset == offset else None)
+            if hw is not None and hw <= offset:
+                return hw, None  # (below the high watermark the record is fetched next round)
+        raise RuntimeError(f"no fetch response for partition {tp.partition} within 15 s")
+
+    async def _partition_repos(self, partition: int) -> list[str]:
+        """Repositories that have applied records from this partition (any log)."""
+        repos = sorted(await self._retrying(lambda: self._redis.smembers(REPOS)))
+        out = []
+        for i in range(0, len(repos), 1000):
+            part = repos[i:i + 1000]
+            pipe = self._redis.pipeline(transaction=False)
+            for repo in part:
+                pipe.hexists(RepoKeys(repo).applied, str(partition))
+            out += [repo for repo, has in zip(part, await pipe.execute(), strict=True) if has]
+        return out
+
+    async def _fail_partition_repos(self, partition: int, reason: str, now: int) -> None:
+        repos = await self._partition_repos(partition)
+        detail = orjson.dumps({"topic": self.settings.events_topic, "partition": partition})
+        for repo in repos:
+            k = RepoKeys(repo)
+            inc = orjson.dumps({"repository": repo, "address": "", "event_id": "",
+                                "type": "fail_closed", "ref_id": "", "at_ms": now,
+                                "reason": reason, "partition": partition})
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.hsetnx(k.fail_closed, "reason", reason)
+            pipe.hsetnx(k.fail_closed, "at_ms", str(now))
+            pipe.hsetnx(k.fail_closed, "detail", detail)
+            pipe.rpush(k.incidents, inc)
+            pipe.hincrby(k.stats, "incidents", 1)
+            await self._retrying(pipe.execute)
+            self.fail_closed += 1
+            self.log.error("repository fail-closed", repository=repo, reason=reason,
+                           partition=partition)
+        if not repos:
+            self.log.warning("log changed; no repository had applied records from it",
+                             partition=partition, reason=reason)
+
+    async def _fail_all(self, reason: str, now: int, partition: int) -> None:
+        detail = orjson.dumps({"topic": self.settings.events_topic, "partition": partition})
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hsetnx(FAIL_CLOSED, "reason", reason)
+        pipe.hsetnx(FAIL_CLOSED, "at_ms", str(now))
+        pipe.hsetnx(FAIL_CLOSED, "detail", detail)
+        pipe.rpush(INCIDENTS, orjson.dumps({"type": "fail_closed", "scope": "all",
+                                            "reason": reason, "at_ms": now,
+                                            "partition": partition}))
+        await self._retrying(pipe.execute)
+        self.fail_closed += 1
+        self.log.error("every repository fail-closed", reason=reason, partition=partition)
 
     # --- one cycle ----------------------------------------------------------------------------
 
@@ -339,7 +596,8 @@ class Tracker:
         # A new progress candidate needs the Redis clock; while a batch is in flight TIME would
         # queue behind its script and serialise the two stages, so then only every 100 ms.
         if self._pending is None or time.monotonic() - self._last_time_read > 0.1:
-            redis_now = await aredis_time_ms(self._redis)
+            redis_now = self._redis_now = await self._retrying(
+                lambda: aredis_time_ms(self._redis))
             self._last_time_read = time.monotonic()
             self._sample(consumer)
             for p, clock in list(self._clocks.items()):
@@ -355,7 +613,13 @@ class Tracker:
         stop_wait.cancel()
         if not fetch.done():  # stopping: getmany returns within its timeout
             await asyncio.wait({fetch})
-        data = fetch.result()
+        try:
+            data = fetch.result()
+        except (OffsetOutOfRangeError, NoOffsetForPartitionError) as exc:
+            # The log is shorter than our position (reset?), or the fetcher looked for the
+            # group's offset before our seek from Redis landed: resume from Redis again.
+            self.log.info("no valid position; resuming from Redis", error=str(exc))
+            self._reverify, data = True, {}
         self._sample(consumer)
         async with self._lock:
             assigned = consumer.assignment()
@@ -367,6 +631,10 @@ class Tracker:
                 with contextlib.suppress(Exception):  # an earlier one
                     batch.positions[tp.partition] = await consumer.position(tp)
             await self._drain()
+            if self._reverify:  # drop the prepared batch: it follows a gap Redis now has
+                self._reverify = False
+                await self._verify(set(consumer.assignment()))
+                return
             self._pending = asyncio.ensure_future(self._apply(consumer, batch))
 
     async def _drain(self) -> None:
@@ -389,14 +657,28 @@ class Tracker:
             p = tp.partition
             for rec in records:
                 try:
-                    parsed.append((p, rec, parse(rec.value)))
+                    body = parse(rec.value)
                 except EventError as exc:
                     dlq.append((rec, str(exc)))
+                    continue
                 except Exception as exc:  # a poison record must not stop the tracker
                     dlq.append((rec, f"undecodable event ({type(exc).__name__}: {exc})"))
-            batch.offsets[tp] = OffsetAndMetadata(records[-1].offset + 1, "")
+                    continue
+                # The key is the partition key: one that is not the repository breaks the
+                # repository's ordering (its events could sit in two partitions).
+                if rec.key is None or rec.key != body["repository"].encode():
+                    dlq.append((rec, f"record key {_short(rec.key)} does not equal repository "
+                                     f"{body['repository'][:200]!r}"))
+                    continue
+                parsed.append((p, rec, body))
+            last = records[-1]
+            batch.offsets[tp] = OffsetAndMetadata(last.offset + 1, "")
+            batch.last[p] = (last.offset, fingerprint(last))
             batch.records += len(records)
-        missing = gate.missing({body["repository"] for _, _, body in parsed})
+        wanted = {body["repository"] for _, _, body in parsed}
+        for rec, _ in dlq:
+            wanted |= codec.candidate_repos(rec.value, rec.key)
+        missing = gate.missing(wanted)
         if missing:
             await self._load_namespaces(missing)
         chunks: dict[tuple[str, int], list[list[Any]]] = defaultdict(list)
@@ -412,6 +694,12 @@ class Tracker:
                 continue
             chunks[(body["repository"], p)].append(compact(body, rec.offset))
         batch.calls = [(repo, p, orjson.dumps(evts)) for (repo, p), evts in chunks.items()]
+        for rec, reason in dlq:  # a lost event never becomes a deletion: hold what it names
+            for repo, address in codec.hold_targets(rec.value, rec.key, gate.namespaces):
+                batch.holds.append((repo, address, orjson.dumps({
+                    "reason": reason[:_MAX_REASON], "source": "dlq", "at_ms": self._redis_now,
+                    "event_id": _event_id(rec.value), "partition": rec.partition,
+                    "offset": rec.offset})))
         return batch
 
     async def _lifecycle(self, batch: _Batch, body: dict[str, Any],
@@ -484,6 +772,8 @@ class Tracker:
             self.log.info("repository retired", repository=repo, namespace=ns, event_id=eid)
 
     async def _apply(self, consumer: AIOKafkaConsumer, batch: _Batch) -> None:
+        if batch.holds:  # first: the address is kept even while the dead-letter topic fails
+            await self._write_holds(batch.holds)
         if batch.dlq:
             await self._dead_letter(batch.dlq)  # acknowledged before the offsets are committed
         if batch.refused:
@@ -495,8 +785,22 @@ class Tracker:
         if batch.new_repos:
             await self._retrying(lambda: self._redis.sadd(REPOS, *batch.new_repos))
         if batch.calls:
-            results = await self._retrying(
-                lambda: ApplyScript.apply_many(self._redis, batch.calls))
+            topic = self.settings.events_topic
+            guards = {p: LogGuard(self._epochs.get(p, ""), log_field(topic, p),
+                                  self._logrec.get(p, ""), check=not self._cluster)
+                      for p in {p for _, p, _ in batch.calls}}
+            try:
+                results = await self._retrying(
+                    lambda: ApplyScript.apply_many(self._redis, batch.calls, guards))
+            except ResponseError as exc:
+                if "log record moved" not in str(exc):
+                    raise
+                # Redis went back in time (restart from an older copy, failover): apply
+                # nothing past its gap, commit nothing; resume from what it holds.
+                self.log.error("Redis lost applied records; resuming from what it holds",
+                               error=str(exc)[:_MAX_REASON])
+                self._reverify = True
+                return
             for res in results:
                 applied, skipped = int(res[0]), int(res[1])
                 self.applied += applied
@@ -510,8 +814,12 @@ class Tracker:
                     self.metrics.incidents.inc()
                     self.log.error("incident: reference for an address being reaped or reaped",
                                    **inc)
+        # Retire before hd:log moves past the repository_deleted event: a crash in between
+        # replays it from Redis's record, and every retirement step is idempotent.
         if batch.retired:
             await self._retire(batch.retired)
+        if not await self._write_log(batch.last):
+            return
         if batch.offsets:
             try:
                 await consumer.commit(batch.offsets)
@@ -521,6 +829,40 @@ class Tracker:
             self.batches += 1
             self.metrics.batch.observe(time.perf_counter() - batch.t0)
         await self._progress(consumer, batch.positions)
+
+    async def _write_log(self, last: dict[int, tuple[int, str]]) -> bool:
+        """Record, after the repository chunks succeeded, what was applied from each partition
+        (hd:log). False if Redis no longer holds what we expected (then resume from Redis)."""
+        if not last:
+            return True
+        topic = self.settings.events_topic
+        args: list[str] = []
+        new: dict[int, str] = {}
+        for p, (offset, fp) in last.items():
+            new[p] = LogRecord(self._epochs.get(p, ""), offset, fp).encode()
+            args += [log_field(topic, p), self._logrec.get(p, ""), new[p]]
+        moved = await self._retrying(lambda: self._log_script(keys=[LOG], args=args))
+        for p, value in new.items():
+            if log_field(topic, p) not in moved:
+                self._logrec[p] = value
+        if moved:
+            self.log.error("log record moved under the tracker; resuming from Redis",
+                           fields=list(moved))
+            self._reverify = True
+            return False
+        return True
+
+    async def _write_holds(self, holds: list[tuple[str, str, bytes]]) -> None:
+        async def write() -> None:
+            pipe = self._redis.pipeline(transaction=False)
+            for repo, address, value in holds:
+                pipe.hsetnx(RepoKeys(repo).holds, address, value)
+            await pipe.execute()
+        await self._retrying(write)
+        self.holds += len(holds)
+        for repo, address, _ in holds:
+            self.log.warning("hold placed on an address named by a dead-lettered event",
+                             repository=repo, address=address[:500])
 
     async def _retrying(self, call: Any, budget_s: float = 60.0) -> Any:
         """Retry a Redis call on connection trouble (every call here is idempotent)."""
@@ -547,21 +889,39 @@ class Tracker:
                 self.gate.namespaces[repo] = ns
 
     async def _dead_letter(self, items: list[tuple[Any, str]]) -> None:
-        assert self._producer is not None
-        s = self.settings
-        futures = []
-        for rec, reason in items:
-            headers = [("reason", reason.encode()), ("topic", rec.topic.encode()),
-                       ("partition", str(rec.partition).encode()),
-                       ("offset", str(rec.offset).encode())]
-            futures.append(await self._producer.send(
-                s.dlq_topic, value=rec.value if rec.value is not None else b"", key=rec.key,
-                headers=headers))
-            self.log.warning("dead-lettered event", reason=reason, partition=rec.partition,
-                             offset=rec.offset)
-            self.metrics.dlq.labels(_reason_kind(reason)).inc()
-        await asyncio.gather(*futures)  # acknowledged before the offsets are committed
+        """Every item is acknowledged by the dead-letter topic before the offsets are committed;
+        a failing publish is retried with backoff (never dropped, never stops the tracker for
+        good: only a requested stop ends the retries, and then nothing is committed)."""
+        await asyncio.gather(*(self._dead_letter_one(rec, reason) for rec, reason in items))
         self.dead_lettered += len(items)
+
+    async def _dead_letter_one(self, rec: Any, reason: str) -> None:
+        assert self._producer is not None
+        limit, delay = _DLQ_MAX_VALUE, 0.1
+        reason = reason[:_MAX_REASON]
+        while True:
+            key, value, headers = dlq_message(rec, reason, limit)
+            try:
+                fut = await self._producer.send(self.settings.dlq_topic, value=value, key=key,
+                                                headers=headers)
+                await fut
+                break
+            except MessageSizeTooLargeError:
+                if limit <= 1024:
+                    raise
+                limit //= 4  # a broker with a smaller limit: cut further
+                continue
+            except Exception as exc:
+                if self._stop.is_set():
+                    raise RuntimeError("dead-letter topic unavailable while stopping; the batch "
+                                       "is not committed and will be redelivered") from exc
+                self.log.warning("dead-letter publish failed; retrying", error=str(exc),
+                                 partition=rec.partition, offset=rec.offset)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self.log.warning("dead-lettered event", reason=reason, partition=rec.partition,
+                         offset=rec.offset)
+        self.metrics.dlq.labels(_reason_kind(reason)).inc()
 
     async def _progress(self, consumer: AIOKafkaConsumer, positions: dict[int, int]) -> None:
         topic = self.settings.events_topic
@@ -570,18 +930,65 @@ class Tracker:
             clock = self._clocks.get(p)
             if clock is None:
                 continue
+            hw = None
             with contextlib.suppress(Exception):
                 hw = consumer.highwater(TopicPartition(topic, p))
                 if hw is not None:
                     self.metrics.lag.labels(str(p)).set(max(0, hw - pos))
                     self._lag_labels.add(str(p))
+            if hw is not None and pos > hw:
+                # Past the end of the log: it was reset or re-created under us. No claim; the
+                # tracker resumes from Redis (and fails closed what it cannot replay).
+                self.log.error("position beyond the end of the log; resuming from Redis",
+                               partition=p, position=pos, highwater=hw)
+                self._reverify = True
+                continue
             claimed = clock.claim(pos)
-            if claimed is not None:
+            if claimed is not None and p in self._epochs:
                 claims += [str(p), str(claimed)]
+                if not self._cluster:  # keyed by log identity (one slot needed for the check)
+                    claims.append(f"{log_field(topic, p)}|{self._logrec.get(p, '')}")
                 self.metrics.progress.labels(str(p)).set(claimed)
         if claims:
-            await self._retrying(
-                lambda: self._redis.evalsha(self._progress_sha, 1, PROGRESS, *claims))
+            keys = [PROGRESS] if self._cluster else [PROGRESS, LOG]
+            refused = await self._retrying(lambda: self._progress_script(keys=keys, args=claims))
+            if refused:  # Redis no longer holds what we applied: it went back in time
+                self.log.error("progress refused: the log record moved; resuming from Redis",
+                               partitions=refused)
+                self._reverify = True
+
+
+def _short(key: bytes | None) -> str:
+    if key is None:
+        return "null"
+    return repr(key[:200]) + ("..." if len(key) > 200 else "")
+
+
+def _event_id(value: bytes | None) -> str:
+    try:
+        body = orjson.loads(value or b"")
+    except orjson.JSONDecodeError:
+        return ""
+    eid = body.get("event_id") if type(body) is dict else None
+    return eid[:200] if type(eid) is str else ""
+
+
+def dlq_message(rec: Any, reason: str, max_value: int = _DLQ_MAX_VALUE
+                ) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+    """(key, value, headers) of the dead-letter record for ``rec``: its value and key cut to
+    fit the topic, with the reason and, when cut, the original sizes in the headers."""
+    value = rec.value if rec.value is not None else b""
+    key = rec.key
+    headers = [("reason", reason.encode()), ("topic", rec.topic.encode()),
+               ("partition", str(rec.partition).encode()),
+               ("offset", str(rec.offset).encode())]
+    if len(value) > max_value:
+        headers += [("truncated", b"value"), ("original_size", str(len(value)).encode())]
+        value = value[:max_value]
+    if key is not None and len(key) > _DLQ_MAX_KEY:
+        headers += [("original_key_size", str(len(key)).encode())]
+        key = key[:_DLQ_MAX_KEY]
+    return key, value, headers
 
 
 @contextlib.asynccontextmanager

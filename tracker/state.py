@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ import redis.asyncio as aredis
 from redis.exceptions import NoScriptError, ResponseError
 
 from schemas.layout import (
+    FAIL_CLOSED,
+    LOG,
     NAMESPACES,
     PROGRESS,
     PROGRESS_META,
@@ -47,13 +50,60 @@ from tracker.references import (
 
 APPLY_LUA = (Path(__file__).parent / "apply.lua").read_text()
 
-# hd:progress[p] = max(current, new): progress never moves back, whoever writes it.
+# hd:progress[p] = max(current, new): progress never moves back, whoever writes it. Keyed by
+# log identity: with KEYS[2] = hd:log and ARGV triples (partition, ms, "<topic>:<p>|<record>"),
+# a claim is written only while the partition's log record is exactly the one the claimer
+# applied up to (a claim on a replaced log, or on a Redis that went back in time, is refused).
+# Returns the refused partitions.
 PROGRESS_LUA = """
-for i = 1, #ARGV, 2 do
+local step = 2
+if KEYS[2] ~= nil then step = 3 end
+local refused = {}
+for i = 1, #ARGV, step do
+  local ok = true
+  if step == 3 then
+    local f, e = string.match(ARGV[i + 2], '^([^|]*)|(.*)$')
+    ok = (redis.call('HGET', KEYS[2], f) or '') == e
+  end
   local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
-  if tonumber(ARGV[i + 1]) > cur then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+  if not ok then
+    refused[#refused + 1] = ARGV[i]
+  elseif tonumber(ARGV[i + 1]) > cur then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
 end
-return 1
+return refused
+"""
+
+# After the repository chunks of a batch: hd:log[field] = new, only if it is still what the
+# tracker expects (ARGV triples field, expected, new). Returns the fields that had moved (Redis
+# went back in time, or another writer): the tracker then resumes from what Redis holds.
+LOG_WRITE_LUA = """
+local moved = {}
+for i = 1, #ARGV, 3 do
+  local cur = redis.call('HGET', KEYS[1], ARGV[i]) or ''
+  if cur == ARGV[i + 1] then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
+  else
+    moved[#moved + 1] = ARGV[i]
+  end
+end
+return moved
+"""
+
+# The partition count of the events topic, verified: ARGV topic, count seen by a metadata
+# request sent after Redis time ARGV[3]. A larger count is recorded at once (new partitions
+# hold the horizon back until they have progress); verified_ms only moves up.
+META_LUA = """
+local cur = tonumber(redis.call('HGET', KEYS[1], 'partitions') or '0')
+local n, at = tonumber(ARGV[2]), tonumber(ARGV[3])
+if n ~= cur then
+  redis.call('HSET', KEYS[1], 'topic', ARGV[1], 'partitions', ARGV[2], 'verified_ms', ARGV[3])
+  return 1
+end
+local v = tonumber(redis.call('HGET', KEYS[1], 'verified_ms') or '-1')
+if at > v then redis.call('HSET', KEYS[1], 'verified_ms', ARGV[3]) end
+return 0
 """
 
 
@@ -130,6 +180,21 @@ def _is_noscript(exc: BaseException) -> bool:
         isinstance(exc, ResponseError) and "No matching script" in str(exc))
 
 
+@dataclass(frozen=True, slots=True)
+class LogGuard:
+    """For apply.lua: the epoch of the partition's log, and (check) the value hd:log[field]
+    must hold for the chunk to apply."""
+
+    epoch: str
+    field: str = ""
+    expected: str = ""
+    check: bool = True
+
+
+def _unchecked(g: LogGuard | None) -> LogGuard | None:
+    return None if g is None else LogGuard(g.epoch, check=False)
+
+
 class ApplyScript:
     """``apply.lua``: one EVALSHA per (repository, partition) chunk of a batch."""
 
@@ -138,29 +203,40 @@ class ApplyScript:
 
     @staticmethod
     def args(repo: str, partition: int, events_json: bytes | str,
-             now_ms: int | None = None) -> tuple[Any, ...]:
+             now_ms: int | None = None, log: LogGuard | None = None) -> tuple[Any, ...]:
         keys = RepoKeys(repo)
-        return (ApplyScript.sha, 1, keys.meta, keys.tag + ":", repo, str(partition), events_json,
-                "" if now_ms is None else str(now_ms))
+        now = "" if now_ms is None else str(now_ms)
+        if log is None:
+            return (ApplyScript.sha, 1, keys.meta, keys.tag + ":", repo, str(partition),
+                    events_json, now)
+        if not log.check:  # Redis Cluster: hd:log lives in another slot
+            return (ApplyScript.sha, 1, keys.meta, keys.tag + ":", repo, str(partition),
+                    events_json, now, log.epoch)
+        return (ApplyScript.sha, 2, keys.meta, LOG, keys.tag + ":", repo, str(partition),
+                events_json, now, log.epoch, log.field, log.expected)
 
     @classmethod
     async def apply_many(cls, client: Any,
-                         calls: Sequence[tuple[str, int, bytes | str]]) -> list[Any]:
+                         calls: Sequence[tuple[str, int, bytes | str]],
+                         logs: dict[int, LogGuard] | None = None) -> list[Any]:
         """Apply every chunk in one pipeline round trip; raises if any chunk failed.
 
         Re-running a chunk is harmless (offsets <= applied[partition] are skipped), so on
         NOSCRIPT (Redis restarted, cache flushed) the whole pipeline is simply re-sent.
+        ``logs``: per partition, the log epoch and the log record the chunk requires.
         """
         cluster = isinstance(client, aredis.RedisCluster)
+        g = (logs or {}).get
         for attempt in range(2):
             try:
                 if cluster:  # cluster pipelines refuse EVALSHA: concurrent calls instead
                     return list(await asyncio.gather(*(
-                        client.evalsha(*cls.args(repo, partition, events_json))
+                        client.evalsha(*cls.args(repo, partition, events_json, None,
+                                                 _unchecked(g(partition))))
                         for repo, partition, events_json in calls)))
                 pipe = client.pipeline(transaction=False)
                 for repo, partition, events_json in calls:
-                    pipe.evalsha(*cls.args(repo, partition, events_json))
+                    pipe.evalsha(*cls.args(repo, partition, events_json, None, g(partition)))
                 results: list[Any] = await pipe.execute(raise_on_error=True)
                 return results
             except Exception as exc:
@@ -232,11 +308,23 @@ def _assemble(repo: str, meta: dict[str, str], addr_hashes: dict[str, dict[str, 
         cf = decode_commit(j, c)
         st.commits[c] = CommitRecord(cf.parents, cf.time, cf.branch, cf.manifest)
     st.tags = dict(tags)
-    st.incidents = [Incident(**orjson.loads(j)) for j in incidents]
+    st.incidents = [_incident(j) for j in incidents]
     st.unreferenced = _pairs(unref)
     st.ref_versions = {f: int(v) for f, v in (ref_versions or {}).items()}
     st.retired_at = int(meta["retired_at"]) if meta.get("retired_at") else None
     return st
+
+
+_INCIDENT_FIELDS = frozenset(f.name for f in fields(Incident))
+
+
+def _incident(j: str) -> Incident:
+    """An incident record (other kinds, e.g. fail-closed, carry more fields: kept in Redis)."""
+    d = orjson.loads(j)
+    base: dict[str, Any] = {"repository": "", "address": "", "event_id": "", "type": "",
+                            "ref_id": "", "at_ms": 0}
+    base.update({k: v for k, v in d.items() if k in _INCIDENT_FIELDS})
+    return Incident(**base)
 
 
 def read_repo_state(r: Any, repo: str) -> RepoState:
@@ -287,18 +375,29 @@ async def aredis_time_ms(r: Any) -> int:
 
 def horizon_from(meta: dict[str, str], progress: dict[str, str]) -> int | None:
     """min over every partition of the topic; None if the partition count is unknown or any
-    partition has no progress yet (a partition nobody tracks holds everything back)."""
+    partition has no progress yet (a partition nobody tracks holds everything back).
+
+    Also at most ``verified_ms``: the Redis time before the last metadata request that found
+    this partition count. A claim "everything up to R is applied" is only as good as the
+    partition list it covers, so it cannot pass the last time that list was proven complete
+    (a tracker always writes both; meta written by hand without it is not capped).
+    """
     try:
         n = int(meta["partitions"])
     except (KeyError, ValueError):
         return None
     values = []
+    if "verified_ms" in meta:
+        try:
+            values.append(int(meta["verified_ms"]))
+        except ValueError:
+            return None
     for p in range(n):
         v = progress.get(str(p))
         if v is None:
             return None
         values.append(int(v))
-    return min(values) if values else None
+    return min(values) if n > 0 and values else None
 
 
 def tracker_horizon_ms(r: Any) -> int | None:
@@ -321,3 +420,53 @@ async def await_horizon(r: Any, target_ms: int, timeout: float = 30.0,
         if time.monotonic() > deadline:
             raise TimeoutError(f"tracker horizon {h} did not reach {target_ms} in {timeout}s")
         await asyncio.sleep(interval)
+
+
+# --- fail-closed state and holds (Safety I) ----------------------------------------------------
+
+def _reason(h: dict[str, str] | None, scope: str) -> str | None:
+    if not h:
+        return None
+    return f"{scope}: {h.get('reason') or 'fail-closed'}"
+
+
+def fail_closed_reason(r: Any, repo: str) -> str | None:
+    """Why the mirror of ``repo`` is not proven complete and current (nothing may be deleted
+    for it), or None. Checks the repository's flag and the global one."""
+    pipe = r.pipeline(transaction=False)
+    pipe.hgetall(RepoKeys(repo).fail_closed)
+    pipe.hgetall(FAIL_CLOSED)
+    own, glob = pipe.execute()
+    return _reason(own, "repository") or _reason(glob, "all repositories")
+
+
+async def afail_closed_reason(r: Any, repo: str) -> str | None:
+    """Async twin of :func:`fail_closed_reason` (two reads: works on Redis Cluster too)."""
+    own = await r.hgetall(RepoKeys(repo).fail_closed)
+    glob = await r.hgetall(FAIL_CLOSED) if not own else None
+    return _reason(own, "repository") or _reason(glob, "all repositories")
+
+
+def fail_closed_repos(r: Any) -> dict[str, dict[str, str]]:
+    """Every fail-closed repository -> its flag (reason, at_ms, detail); key "*": global."""
+    out: dict[str, dict[str, str]] = {}
+    glob = r.hgetall(FAIL_CLOSED)
+    if glob:
+        out["*"] = glob
+    repos = sorted(r.smembers(REPOS))
+    pipe = r.pipeline(transaction=False)
+    for repo in repos:
+        pipe.hgetall(RepoKeys(repo).fail_closed)
+    for repo, h in zip(repos, pipe.execute(), strict=True):
+        if h:
+            out[repo] = h
+    return out
+
+
+def holds(r: Any, repo: str) -> dict[str, dict[str, Any]]:
+    """Held addresses of ``repo`` -> {reason, source, at_ms, ...} (delete paths keep them)."""
+    return {a: orjson.loads(v) for a, v in r.hgetall(RepoKeys(repo).holds).items()}
+
+
+async def aholds(r: Any, repo: str) -> dict[str, dict[str, Any]]:
+    return {a: orjson.loads(v) for a, v in (await r.hgetall(RepoKeys(repo).holds)).items()}

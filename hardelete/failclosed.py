@@ -1,0 +1,93 @@
+"""``hardelete fail-closed list|clear``: the repositories whose mirror is not proven complete.
+
+The tracker puts a repository fail-closed (``RepoKeys.fail_closed``), or all of them
+(``FAIL_CLOSED``), when it cannot replay what Redis lacks: the log was reset or re-created,
+retention removed records Redis never applied, or Redis lost everything while the log no longer
+starts at 0. Nothing is deleted for them (reaper, reconciler) until an operator, having rebuilt
+the state (e.g. a reconciler run), lifts the flag here. Each clear is recorded as an incident
+(who, why, what the flag said).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import socket
+from typing import Any
+
+import orjson
+
+from hardelete import UserError
+from hardelete.clients import redis_sync
+from hardelete.settings import Settings
+from schemas.layout import FAIL_CLOSED, INCIDENTS, RepoKeys
+from tracker.state import fail_closed_repos, redis_time_ms
+
+
+def who() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name (containers)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def clear(r: Any, repo: str | None, *, reason: str, who: str) -> int:
+    """Lift the flag of ``repo`` (None: every flag, the global one included). Returns how many
+    flags were lifted; each is recorded as an incident."""
+    flags = fail_closed_repos(r)
+    targets = sorted(flags) if repo is None else [repo] if repo in flags else []
+    now = redis_time_ms(r)
+    for target in targets:
+        record = orjson.dumps({"type": "fail_closed_cleared", "repository": target,
+                               "address": "", "event_id": "", "ref_id": "", "at_ms": now,
+                               "by": who, "reason": reason, "was": flags[target]})
+        pipe = r.pipeline(transaction=False)
+        if target == "*":
+            pipe.delete(FAIL_CLOSED)
+            pipe.rpush(INCIDENTS, record)
+        else:
+            pipe.delete(RepoKeys(target).fail_closed)
+            pipe.rpush(RepoKeys(target).incidents, record)
+        pipe.execute()
+    return len(targets)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["list", "clear"])
+    parser.add_argument("repository", nargs="?", help="repository to clear")
+    parser.add_argument("--all", action="store_true",
+                        help="clear every flag, the global one included")
+    parser.add_argument("--reason", default="",
+                        help="why it is safe now (recorded with who cleared it)")
+    parser.add_argument("--json", action="store_true", help="list as JSON")
+
+
+def run_cli(settings: Settings, args: argparse.Namespace) -> int:
+    if not settings.redis_url:
+        raise UserError("fail-closed needs redis_url (HARDELETE_REDIS_URL)")
+    r = redis_sync(settings)
+    try:
+        if args.action == "list":
+            flags = fail_closed_repos(r)
+            if args.json:
+                print(orjson.dumps(flags, option=orjson.OPT_INDENT_2).decode())
+            elif not flags:
+                print("no repository is fail-closed")
+            else:
+                for repo, flag in sorted(flags.items()):
+                    name = "(all repositories)" if repo == "*" else repo
+                    print(f"{name:24} {flag.get('reason', '')}")
+            return 0
+        if bool(args.repository) == bool(args.all):
+            raise UserError("clear needs a REPOSITORY or --all (not both)")
+        n = clear(r, None if args.all else args.repository,
+                  reason=args.reason or "(no reason given)", who=who())
+        if n == 0:
+            print("nothing to clear" + (f": {args.repository} is not fail-closed"
+                                        if args.repository else ""))
+            return 1
+        print(f"cleared {n} fail-closed flag(s)")
+        return 0
+    finally:
+        r.close()

@@ -1,0 +1,179 @@
+"""Log identity and continuity, pure parts (tracker/logid.py), the dead-letter message, holds
+from dead letters, the verified horizon, and the fail-closed readers and CLI (on the session
+Redis)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hardelete.failclosed import clear
+from hardelete.settings import Settings
+from hardelete.status import collect_status
+from schemas.layout import FAIL_CLOSED, INCIDENTS, REPOS, RepoKeys
+from tracker import codec
+from tracker.daemon import dlq_message
+from tracker.logid import NOT_FETCHED, LogRecord, decide
+from tracker.state import fail_closed_reason, fail_closed_repos, horizon_from
+
+E = "fresh"
+
+
+def test_log_record_round_trip_and_garbage() -> None:
+    rec = LogRecord("ab12", 41, "ff00")
+    assert LogRecord.decode(rec.encode()) == rec
+    assert LogRecord.decode(None) is None
+    assert LogRecord.decode("nonsense") is None
+
+
+def test_same_log_resumes_after_what_redis_applied() -> None:
+    rec = LogRecord("e1", 9, "fp")
+    d = decide(rec, 0, 20, "fp", E)
+    assert (d.seek, d.record, d.reset, d.fail_repos, d.fail_all) == (10, rec, False, None, None)
+    # Redis behind the group (went back in time): it still resumes from ITS offset.
+    assert decide(LogRecord("e1", 3, "fp3"), 0, 20, "fp3", E).seek == 4
+
+
+def test_a_shorter_log_is_a_reset_new_epoch_and_fail_closed() -> None:
+    d = decide(LogRecord("e1", 9, "fp"), 0, 3, None, E)
+    assert d.reset and d.seek == 0 and d.record == LogRecord(E, -1, "")
+    assert d.fail_repos and "log reset" in d.fail_repos and d.fail_all is None
+
+
+def test_another_record_at_the_offset_is_a_reset() -> None:
+    d = decide(LogRecord("e1", 9, "fp"), 0, 50, "other", E)
+    assert d.reset and d.seek == 0 and d.record.epoch == E and d.fail_repos
+
+
+def test_retention_gap_fails_closed_but_keeps_the_epoch() -> None:
+    d = decide(LogRecord("e1", 9, "fp"), 15, 50, NOT_FETCHED, E)
+    assert not d.reset and d.seek == 15 and d.record == LogRecord("e1", 14, "")
+    assert d.fail_repos and "retention" in d.fail_repos
+    # exactly what was applied removed: nothing lost, nothing to compare
+    d = decide(LogRecord("e1", 9, "fp"), 10, 50, NOT_FETCHED, E)
+    assert d.seek == 10 and not d.fail_repos and not d.reset
+
+
+def test_redis_without_a_record() -> None:
+    d = decide(None, 0, 30, NOT_FETCHED, E, group_committed=True)
+    assert d.seek == 0 and d.reset and d.fail_all is None and "replaying" in d.detail
+    d = decide(None, 7, 30, NOT_FETCHED, E, group_committed=True)
+    assert d.seek == 7 and d.fail_all and "no longer starts at 0" in d.fail_all
+
+
+@given(epoch=st.sampled_from(["e1", "e2"]), off=st.integers(-1, 50),
+       start=st.integers(0, 60), end=st.integers(0, 80), same=st.booleans(),
+       have=st.booleans())
+def test_decide_never_skips_what_it_cannot_prove_applied(epoch: str, off: int, start: int,
+                                                         end: int, same: bool,
+                                                         have: bool) -> None:
+    """Whatever it finds: it either resumes right after what Redis applied from the SAME log, or
+    starts over at the log start; anything Redis may lack and cannot replay is fail-closed."""
+    end = max(end, start)
+    rec = LogRecord(epoch, off, "fp") if have else None
+    found = ("fp" if same else "other") if rec and start <= off < end else NOT_FETCHED
+    d = decide(rec, start, end, found, E)
+    assert start <= d.seek <= max(end, (rec.offset + 1) if rec else 0)
+    if d.reset:
+        assert d.record.epoch == E and d.seek == start
+        if rec is not None:  # a log that changed under Redis: repositories fail-closed
+            assert d.fail_repos
+    else:
+        assert rec is not None and d.record.epoch == rec.epoch
+        assert d.seek == rec.offset + 1 or d.fail_repos  # no silent gap
+
+
+@dataclass
+class Rec:
+    value: bytes | None
+    key: bytes | None
+    topic: str = "events"
+    partition: int = 2
+    offset: int = 17
+    timestamp: int = 1
+
+
+def test_dlq_message_truncates_with_reason_and_size() -> None:
+    rec = Rec(b"x" * 5_000_000, b"k" * 3000)
+    key, value, headers = dlq_message(rec, "too big", max_value=1000)
+    h = dict(headers)
+    assert len(value) == 1000 and key is not None and len(key) == 1024
+    assert h["reason"] == b"too big" and h["truncated"] == b"value"
+    assert h["original_size"] == b"5000000" and h["original_key_size"] == b"3000"
+    assert h["partition"] == b"2" and h["offset"] == b"17"
+    key, value, headers = dlq_message(Rec(None, None), "empty")
+    assert value == b"" and key is None and "truncated" not in dict(headers)
+
+
+def test_hold_targets_only_known_repositories_and_their_namespace() -> None:
+    ns = {"r1": "s3://b/r1/", "r2": "s3://b/r2/"}
+    body = {"repository": "r1", "address": "s3://b/r1/data/a",
+            "replaces_address": "s3://b/r2/data/z", "junk": 1}
+    got = codec.hold_targets(orjson.dumps(body), b"r2", ns)
+    assert got == [("r1", "s3://b/r1/data/a"), ("r2", "s3://b/r2/data/z")]
+    assert codec.hold_targets(b"{not json", b"r1", ns) == []
+    assert codec.hold_targets(orjson.dumps({"repository": "nope", "address": "s3://b/r1/x"}),
+                              None, ns) == []
+    reserved = {"repository": "r1", "address": "s3://b/r1/_hardelete/reports/x"}
+    assert codec.hold_targets(orjson.dumps(reserved), b"r1", ns) == []
+
+
+def test_horizon_is_capped_by_the_verified_partition_count() -> None:
+    meta = {"partitions": "2", "verified_ms": "100"}
+    assert horizon_from(meta, {"0": "500", "1": "300"}) == 100
+    assert horizon_from({**meta, "verified_ms": "900"}, {"0": "500", "1": "300"}) == 300
+    assert horizon_from({**meta, "partitions": "3"}, {"0": "500", "1": "300"}) is None
+    assert horizon_from({**meta, "verified_ms": "x"}, {"0": "5", "1": "3"}) is None
+
+
+def test_fail_closed_readers_clear_and_status(redis_client: Any) -> None:
+    r = redis_client
+    r.sadd(REPOS, "a", "b")
+    assert fail_closed_reason(r, "a") is None
+    r.hset(RepoKeys("a").fail_closed, mapping={"reason": "log reset", "at_ms": "1"})
+    assert fail_closed_reason(r, "a") == "repository: log reset"
+    assert fail_closed_reason(r, "b") is None
+    r.hset(FAIL_CLOSED, mapping={"reason": "redis lost everything", "at_ms": "2"})
+    assert fail_closed_reason(r, "b") == "all repositories: redis lost everything"
+    assert set(fail_closed_repos(r)) == {"*", "a"}
+    st = collect_status(r)
+    assert st.fail_closed_all == "redis lost everything"
+    assert {x.repository: x.fail_closed for x in st.repositories} == {"a": "log reset",
+                                                                     "b": None}
+    assert clear(r, "b", reason="x", who="t") == 0
+    assert clear(r, "a", reason="rebuilt", who="op@host") == 1
+    inc = orjson.loads(r.lrange(RepoKeys("a").incidents, 0, -1)[-1])
+    assert inc["type"] == "fail_closed_cleared" and inc["by"] == "op@host"
+    assert inc["reason"] == "rebuilt" and inc["was"]["reason"] == "log reset"
+    assert clear(r, None, reason="all rebuilt", who="t") == 1
+    assert fail_closed_reason(r, "b") is None and r.llen(INCIDENTS) == 1
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HARDELETE_REDIS_URL": settings.redis_url}
+    return subprocess.run([sys.executable, "-m", "hardelete.cli", "fail-closed", *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.mark.integration
+def test_fail_closed_cli(settings: Settings, redis_client: Any) -> None:
+    redis_client.sadd(REPOS, "a")
+    redis_client.hset(RepoKeys("a").fail_closed, mapping={"reason": "log reset", "at_ms": "1"})
+    out = _cli(settings, "list")
+    assert out.returncode == 0 and "a" in out.stdout and "log reset" in out.stdout
+    bad = _cli(settings, "clear")
+    assert bad.returncode == 2 and "REPOSITORY or --all" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    assert _cli(settings, "clear", "nope").returncode == 1  # nothing to clear
+    ok = _cli(settings, "clear", "a", "--reason", "rebuilt by reconciler run 7")
+    assert ok.returncode == 0, ok.stderr
+    assert fail_closed_reason(redis_client, "a") is None
+    assert "no repository is fail-closed" in _cli(settings, "list").stdout

@@ -1,0 +1,397 @@
+"""Safety I on the real stack (issue 8): the tracker proves its evidence is complete, current
+and its own, or the repositories affected delete nothing.
+
+- a broker that lost its log (Tansu memory engine, restarted): records reusing offsets are
+  applied, and the repositories of the reset partition are fail-closed (the reaper skips them);
+- a broker that kept its log (Tansu s3:// engine on moto, restarted): nothing is fail-closed;
+- Redis restored from an older copy of its data: the tracker replays what Redis lost;
+- a topic re-created with more partitions: the horizon waits for the new partitions;
+- poison records (5 MB, ttl 9e15, null/different key, deep nesting, huge ints): dead-lettered
+  with their reasons (truncated when too large), holds on the addresses they name, tracker goes on;
+- a dead-letter topic that refuses records: the tracker waits (hold first, nothing committed or
+  claimed past the event) and dead-letters it once the broker accepts it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from hardelete.clients import redis_async, redis_sync
+from hardelete.settings import Settings
+from hardelete.stack import Server, redis_server, tansu_server
+from reaper.daemon import Reaper
+from schemas import events as ev
+from schemas.layout import FAIL_CLOSED, PROGRESS_META, RepoKeys
+from schemas.publisher import Publisher, ensure_topics
+from tracker.daemon import running_tracker
+from tracker.state import (
+    aredis_time_ms,
+    await_horizon,
+    fail_closed_reason,
+    holds,
+    read_repo_state,
+    tracker_horizon_ms,
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def publish(s: Settings, events: list[ev.Event]) -> int:
+    await ensure_topics(s)
+    async with Publisher(s) as pub:
+        await pub.publish_many(events)
+    return await redis_now(s)
+
+
+async def redis_now(s: Settings) -> int:
+    r = redis_async(s)
+    try:
+        return await aredis_time_ms(r)
+    finally:
+        await r.aclose()
+
+
+async def wait_horizon(s: Settings, target: int, timeout: float = 60.0) -> int:
+    r = redis_async(s)
+    try:
+        return await await_horizon(r, target, timeout)
+    finally:
+        await r.aclose()
+
+
+def repo_events(ns: str, repo: str = "repo0") -> list[ev.Event]:
+    return [ev.RepositoryCreated(repository=repo, storage_namespace=ns, default_branch="main",
+                                 default_retention_days=1.0),
+            ev.BranchCreated(repository=repo, branch="main", staging_token="t1")]
+
+
+def write(repo: str, address: str, ref: str, token: str = "t1") -> ev.ObjectWritten:
+    return ev.ObjectWritten(repository=repo, branch="main", staging_token=token, path=ref,
+                            address=address, size=1, ref_id=ref)
+
+
+def delete(repo: str, address: str, ref: str, token: str = "t1") -> ev.ObjectDeleted:
+    return ev.ObjectDeleted(repository=repo, branch="main", staging_token=token, path=ref,
+                            address=address, ref_id=ref)
+
+
+def fillers(repo: str, ns: str, n: int) -> list[ev.Event]:
+    return [ev.AddressIssued(repository=repo, address=f"{ns}data/i{i}", ttl_seconds=3600.0)
+            for i in range(n)]
+
+
+async def _broker_restart_scenario(settings: Settings, s3: Any, bucket: str, server: Server,
+                                   *, keep_running: bool = False) -> tuple[Settings, Any]:
+    """Track a repository whose 'gone' address is unreferenced, restart the broker (with the
+    tracker stopped, or running through it), publish a new write, track again. Returns
+    (settings, sync redis)."""
+    s = settings.replace(kafka_bootstrap=f"127.0.0.1:{server.port}", topic_partitions=1)
+    ns = f"s3://{bucket}/repo0/"
+    s3.put_object(Bucket=bucket, Key="repo0/data/gone", Body=b"x")
+    before = [*repo_events(ns), write("repo0", ns + "data/gone", "g1"),
+              delete("repo0", ns + "data/gone", "g1"), *fillers("repo0", ns, 40)]
+    after = [write("repo0", ns + "data/new", "n1")]
+    if keep_running:
+        async with running_tracker(s):
+            await wait_horizon(s, await publish(s, before))
+            await asyncio.to_thread(server.restart)
+            await wait_horizon(s, await publish(s, after), timeout=90)
+        return s, redis_sync(s)
+    async with running_tracker(s):
+        await wait_horizon(s, await publish(s, before))
+    await asyncio.to_thread(server.restart)
+    async with running_tracker(s, name="after-restart"):
+        await wait_horizon(s, await publish(s, after))
+    return s, redis_sync(s)
+
+
+async def test_broker_log_lost_new_records_applied_and_repository_fail_closed(
+        settings: Settings, s3: Any, bucket: str, tmp_path: Path) -> None:
+    server = tansu_server(tmp_path)  # memory engine: a restart loses the log
+    await asyncio.to_thread(server.start)
+    try:
+        s, r = await _broker_restart_scenario(settings, s3, bucket, server)
+        ns = f"s3://{bucket}/repo0/"
+        state = read_repo_state(r, "repo0")
+        # Offset 0 of the new log was applied, not skipped as "already applied".
+        assert state.addresses[ns + "data/new"].adds == {"n1": "t1"}
+        reason = fail_closed_reason(r, "repo0")
+        assert reason is not None and "log reset" in reason
+        assert any(i.type == "fail_closed" for i in state.incidents)
+        # The reaper deletes nothing for a fail-closed repository, even past grace...
+        async with running_tracker(s, name="for-reaper"):
+            since = int(r.zscore(RepoKeys("repo0").unreferenced, ns + "data/gone"))
+            await wait_horizon(s, since + 1_500)
+            reaper = Reaper(s)
+            try:
+                await reaper.run_once()
+                assert s3.list_objects_v2(Bucket=bucket, Prefix="repo0/data/gone")["KeyCount"] == 1
+                # ... and would have, once an operator lifts the flag (the test can fail).
+                from hardelete.failclosed import clear
+                assert clear(r, "repo0", reason="rebuilt in test", who="pytest") == 1
+                assert fail_closed_reason(r, "repo0") is None
+                await reaper.run_once()
+            finally:
+                await reaper.close()
+        assert s3.list_objects_v2(Bucket=bucket, Prefix="repo0/data/gone")["KeyCount"] == 0
+        r.close()
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_broker_log_lost_under_a_running_tracker(settings: Settings, s3: Any,
+                                                       bucket: str, tmp_path: Path) -> None:
+    server = tansu_server(tmp_path)
+    await asyncio.to_thread(server.start)
+    try:
+        _, r = await _broker_restart_scenario(settings, s3, bucket, server, keep_running=True)
+        ns = f"s3://{bucket}/repo0/"
+        assert read_repo_state(r, "repo0").addresses[ns + "data/new"].adds == {"n1": "t1"}
+        reason = fail_closed_reason(r, "repo0")
+        assert reason is not None and "log reset" in reason
+        r.close()
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_broker_log_kept_nothing_fail_closed(settings: Settings, s3: Any, bucket: str,
+                                                   tmp_path: Path) -> None:
+    store = f"tansu-{bucket}"
+    s3.create_bucket(Bucket=store)
+    server = tansu_server(tmp_path, storage=f"s3://{store}/", env={
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT": settings.s3_endpoint_url,
+        "AWS_ALLOW_HTTP": "true"})
+    await asyncio.to_thread(server.start)
+    try:
+        _, r = await _broker_restart_scenario(settings, s3, bucket, server)
+        ns = f"s3://{bucket}/repo0/"
+        state = read_repo_state(r, "repo0")
+        assert state.addresses[ns + "data/new"].adds == {"n1": "t1"}
+        assert fail_closed_reason(r, "repo0") is None
+        assert not r.exists(FAIL_CLOSED)
+        assert not any(i.type == "fail_closed" for i in state.incidents)
+        assert int(r.hget(RepoKeys("repo0").stats, "events")) == 2 + 2 + 40 + 1  # each once
+        r.close()
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_redis_restored_from_an_older_copy_is_repaired_by_replay(
+        settings: Settings, tmp_path: Path) -> None:
+    server = redis_server(tmp_path)  # RDB snapshots only when asked (SAVE)
+    await asyncio.to_thread(server.start)
+    try:
+        s = settings.replace(redis_url=f"redis://127.0.0.1:{server.port}/0")
+        ns = "s3://b/repo0/"
+        a = ns + "data/a"
+        r = redis_sync(s)
+        async with running_tracker(s) as tracker:
+            await wait_horizon(s, await publish(s, [*repo_events(ns), write("repo0", a, "r1")]))
+            r.save()
+            rdb = tmp_path / f"redis-{server.port}" / "dump.rdb"
+            shutil.copy(rdb, tmp_path / "old.rdb")
+            # A shallow copy keeps `a` alive, then the original reference is deleted.
+            copied = ev.ObjectCopied(repository="repo0", branch="main", staging_token="t1",
+                                     path="copy", address=a, size=1, ref_id="r2",
+                                     source_read_at=1.0)
+            await wait_horizon(s, await publish(s, [copied, delete("repo0", a, "r1")]))
+            assert read_repo_state(r, "repo0").addresses[a].state == "staged"
+            # Redis goes back in time: stopped, its older copy restored, restarted.
+            await asyncio.to_thread(server.stop)
+            shutil.copy(tmp_path / "old.rdb", rdb)
+            await asyncio.to_thread(server.start, move_on_clash=False)
+            assert "r2" not in read_repo_state(r, "repo0").addresses[a].adds  # the loss
+            # The tracker notices and replays: the copy is recorded again, `a` stays alive.
+            await wait_horizon(s, await redis_now(s), timeout=60)
+            rec = read_repo_state(r, "repo0").addresses[a]
+            assert rec.adds == {"r1": "t1", "r2": "t1"} and rec.removes == {"r1": "t1"}
+            assert rec.state == "staged"
+            # And it keeps going.
+            await wait_horizon(s, await publish(s, [write("repo0", ns + "data/b", "r3")]))
+            assert read_repo_state(r, "repo0").addresses[ns + "data/b"].adds == {"r3": "t1"}
+            assert tracker.applied >= 5
+        assert fail_closed_reason(r, "repo0") is None  # replay was possible: nothing failed
+        r.close()
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_topic_recreated_with_more_partitions_holds_the_horizon(settings: Settings
+                                                                      ) -> None:
+    # Tansu has no CreatePartitions: the topic is deleted and re-created with more partitions
+    # (a log reset too). Either way the horizon must cover the partitions as they are now.
+    s = settings.replace(topic_partitions=2)
+    r = redis_sync(s)
+    repos = [f"repo{i}" for i in range(8)]
+    async with running_tracker(s):
+        await wait_horizon(s, await publish(s, repo_events("s3://b/repo0/")))
+        admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([s.events_topic])
+            await admin.create_topics([NewTopic(s.events_topic, 4, 1)])
+        finally:
+            await admin.close()
+        deadline = time.monotonic() + 30
+        while r.hget(PROGRESS_META, "partitions") != "4":
+            assert time.monotonic() < deadline, "the tracker never noticed the new partitions"
+            await asyncio.sleep(0.05)
+        events: list[ev.Event] = []
+        for repo in repos:  # eight keys: every partition gets some
+            events += repo_events(f"s3://b/{repo}/", repo)
+        target = await publish(s, events)
+        await wait_horizon(s, target)
+        # Whatever the horizon covers is applied, in every partition.
+        assert set(repos) <= set(r.smembers("hd:repos"))
+        progress = r.hgetall("hd:progress")
+        assert all(int(progress[str(p)]) >= target for p in range(4))
+    r.close()
+
+
+# --- poison records ----------------------------------------------------------------------------
+
+def _bad_records(ns: str) -> list[tuple[bytes | None, bytes, str, str | None]]:
+    """(key, value, reason fragment, address held or None)."""
+    good = orjson.loads(ev.encode(write("repo0", ns + "data/x", "r")))
+
+    def body(**changes: Any) -> bytes:
+        return orjson.dumps({**good, **changes})
+
+    deep = b'{"type":"object_written","junk":' + b"[" * 5000 + b"]" * 5000 + b"}"
+    huge_int = body(address=ns + "data/hugeint").replace(b'"size":1', b'"size":' + b"9" * 30)
+    return [
+        (b"repo0", body(address=ns + "data/big", junk="x" * (5 << 20)), "unknown field",
+         ns + "data/big"),
+        (b"repo0", orjson.dumps(orjson.loads(ev.encode(ev.AddressIssued(
+            repository="repo0", address=ns + "data/ttl", ttl_seconds=1.0))) | {
+            "ttl_seconds": 9e15}), "field 'ttl_seconds': must be", ns + "data/ttl"),
+        (None, body(address=ns + "data/nokey"), "record key null", ns + "data/nokey"),
+        (b"other", body(address=ns + "data/otherkey"), "record key b'other'",
+         ns + "data/otherkey"),
+        (b"repo0", deep, "not valid JSON", None),
+        (b"repo0", huge_int, "field 'size': must be", ns + "data/hugeint"),
+        (b"repo0", body(address=ns + "data/sz", size=2**53), "field 'size': must be",
+         ns + "data/sz"),
+    ]
+
+
+async def test_poison_records_are_dead_lettered_held_and_the_tracker_goes_on(
+        settings: Settings) -> None:
+    ns = "s3://b/repo0/"
+    bad = _bad_records(ns)
+    async with running_tracker(settings) as tracker:
+        # The repository is known first: a dead letter that names it holds its address.
+        await wait_horizon(settings, await publish(settings, repo_events(ns)))
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap,
+                                    max_request_size=8 << 20, acks="all")
+        await producer.start()
+        try:
+            for key, value, _, _ in bad:
+                await producer.send_and_wait(settings.events_topic, value, key=key)
+        finally:
+            await producer.stop()
+        await wait_horizon(settings,
+                           await publish(settings, [write("repo0", ns + "data/ok", "ok")]))
+        assert tracker.dead_lettered == len(bad)
+    r = redis_sync(settings)
+    try:
+        state = read_repo_state(r, "repo0")
+        assert state.addresses[ns + "data/ok"].adds == {"ok": "t1"}
+        held = holds(r, "repo0")
+        assert set(held) == {a for *_, a in bad if a}
+        for _, _, fragment, address in bad:
+            if address:
+                assert held[address]["source"] == "dlq"
+                assert fragment in held[address]["reason"]
+                assert held[address]["offset"] >= 0
+    finally:
+        r.close()
+    got = await _read_dlq(settings, len(bad))
+    assert len(got) == len(bad)
+    for _key, value, fragment, _ in bad:
+        matches = [g for g in got if fragment in dict(g.headers)["reason"].decode()]
+        assert matches, fragment
+        h = dict(matches[0].headers)
+        if len(value) > 900_000:
+            assert len(matches[0].value) <= 900_000
+            assert h["truncated"] == b"value" and int(h["original_size"]) == len(value)
+        else:
+            assert any(g.value == value for g in matches)
+
+
+async def _read_dlq(settings: Settings, n: int) -> list[Any]:
+    consumer = AIOKafkaConsumer(settings.dlq_topic, bootstrap_servers=settings.kafka_bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False,
+                                max_partition_fetch_bytes=8 << 20)
+    await consumer.start()
+    got: list[Any] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(got) < n and time.monotonic() < deadline:
+            for recs in (await consumer.getmany(timeout_ms=200)).values():
+                got.extend(recs)
+    finally:
+        await consumer.stop()
+    return got
+
+
+async def test_failing_dead_letter_publish_holds_the_batch_then_recovers(
+        settings: Settings, s3: Any, bucket: str, tmp_path: Path) -> None:
+    """A dead-letter topic that refuses records (the broker's schema registry rejects them)
+    never stops the tracker and never lets it commit past the event; once the broker accepts
+    them again (restarted without the rule, log kept on S3) the event is dead-lettered."""
+    store = f"tansu-{bucket}"
+    s3.create_bucket(Bucket=store)
+    s = settings.replace(topic_partitions=1)
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / f"{s.dlq_topic}.json").write_text(orjson.dumps(
+        {"type": "object", "properties": {"value": {"type": "object", "required": ["never"]}}}
+    ).decode())
+    server = tansu_server(tmp_path, storage=f"s3://{store}/", env={
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT": settings.s3_endpoint_url,
+        "AWS_ALLOW_HTTP": "true"})
+    plain = server.make_argv
+    server.make_argv = lambda p: [*plain(p), "--schema-registry", "file://./registry/"]
+    await asyncio.to_thread(server.start)
+    s = s.replace(kafka_bootstrap=f"127.0.0.1:{server.port}")
+    ns = "s3://b/repo0/"
+    bad = orjson.dumps({"type": "object_written", "v": 1, "repository": "repo0",
+                        "address": ns + "data/lost", "junk": True})
+    try:
+        async with running_tracker(s) as tracker:
+            await wait_horizon(s, await publish(s, repo_events(ns)))
+            async with Publisher(s) as pub:
+                await pub.publish_raw(bad, b"repo0")
+            stuck = await redis_now(s)
+            r = redis_sync(s)
+            try:
+                deadline = time.monotonic() + 30
+                while not r.exists(RepoKeys("repo0").holds):  # the hold comes first
+                    assert time.monotonic() < deadline, "no hold for the dead-lettered event"
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(2)  # (a window for a wrong tracker to move on; no sync)
+                assert tracker.dead_lettered == 0 and not tracker._task.done()  # type: ignore
+                horizon = tracker_horizon_ms(r)
+                assert horizon is None or horizon < stuck  # nothing past it is claimed
+            finally:
+                r.close()
+            server.make_argv = plain  # the broker accepts dead letters again
+            await asyncio.to_thread(server.restart)
+            await wait_horizon(s, await redis_now(s), timeout=90)
+            assert tracker.dead_lettered == 1
+        got = await _read_dlq(s, 1)
+        assert [g.value for g in got] == [bad]
+    finally:
+        await asyncio.to_thread(server.stop)

@@ -1,0 +1,115 @@
+"""Log identity and continuity (SPEC safety 10): which log Redis is a fold of, and up to where.
+
+Kafka (and Tansu) reuse offsets when a topic is re-created or a broker loses its log, and aiokafka
+cannot see topic ids (its metadata requests predate them). So the identity of a partition's log
+is an **epoch** (a random id the tracker mints when it first sees the log, or sees that it
+changed) plus the **fingerprint** of the last record applied from it (a hash of its key, value
+and timestamp: records of another log differ at the same offset). ``hd:log`` holds, per topic and
+partition, ``<epoch>:<offset>:<fingerprint>``; every repository's ``applied`` offset is recorded
+with its epoch by ``apply.lua``, so offsets of an old log never skip records of a new one.
+
+On assignment the tracker resumes from what Redis says it applied (not from the group's offsets),
+so a Redis that went back in time is repaired by replay; :func:`decide` is the pure rule for
+what it finds. Where replay cannot restore what Redis lacks, the affected repositories (or all,
+when they cannot be known) are put fail-closed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """What the tracker applied from one partition's log: everything up to ``offset``."""
+
+    epoch: str
+    offset: int  # -1: nothing applied yet
+    fingerprint: str  # of the record at offset ("" when unknown)
+
+    def encode(self) -> str:
+        return f"{self.epoch}:{self.offset}:{self.fingerprint}"
+
+    @staticmethod
+    def decode(value: str | None) -> LogRecord | None:
+        if not value:
+            return None
+        try:
+            epoch, offset, fp = value.split(":", 2)
+            return LogRecord(epoch, int(offset), fp)
+        except ValueError:
+            return None  # unreadable: treated as no record (fail-closed rules apply)
+
+
+def new_epoch() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def log_field(topic: str, partition: int) -> str:
+    return f"{topic}:{partition}"
+
+
+def fingerprint(record: Any) -> str:
+    """Of one consumer record: key, value and broker timestamp (cheap; once per partition and
+    batch)."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(record.key or b"\x00")
+    h.update(b"\x01")
+    h.update(record.value or b"\x00")
+    h.update(str(record.timestamp).encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do with one partition on assignment."""
+
+    seek: int  # the next offset to consume
+    record: LogRecord  # the log record to keep (a new epoch when the log changed)
+    reset: bool  # the log changed: a new epoch, the partition's progress is dropped
+    fail_repos: str | None = None  # reason: the repositories of this partition are fail-closed
+    fail_all: str | None = None  # reason: every repository is fail-closed (unknown which)
+    detail: str = ""
+
+
+NOT_FETCHED = "\x00not fetched"
+
+
+def decide(rec: LogRecord | None, start: int, end: int, found_fp: str | None,
+           epoch: str, *, group_committed: bool = False) -> Decision:
+    """The rule for one partition.
+
+    rec: Redis' log record (None: Redis has none). start/end: the log's first offset and high
+    watermark now. found_fp: the fingerprint of the record at ``rec.offset`` as fetched now (None:
+    no such record; :data:`NOT_FETCHED` when the offset is outside [start, end)). epoch: a fresh
+    epoch to use if the log changed. group_committed: the consumer group has committed offsets.
+    """
+    if rec is None:
+        fresh = LogRecord(epoch, start - 1, "")
+        if start > 0:
+            why = ("Redis has no record of what was applied and the log no longer starts at 0 "
+                   f"(first offset {start}): what it lacks cannot be replayed")
+            return Decision(start, fresh, True, fail_all=why, detail=why)
+        detail = ("Redis has no record of what was applied; the group has committed offsets: "
+                  "replaying the whole log" if group_committed else "new log")
+        return Decision(0, fresh, True, detail=detail)
+    nxt = rec.offset + 1
+    if end < nxt:
+        why = (f"log reset or re-created: it ends at {end} but offset {rec.offset} of epoch "
+               f"{rec.epoch} was applied")
+        return Decision(start, LogRecord(epoch, start - 1, ""), True, fail_repos=why, detail=why)
+    if start > nxt:
+        why = (f"the log starts at {start}: offsets {nxt}..{start - 1}, which Redis never "
+               "applied, are gone (retention)")
+        return Decision(start, LogRecord(rec.epoch, start - 1, ""), False, fail_repos=why,
+                        detail=why)
+    if rec.offset < start or rec.offset < 0 or not rec.fingerprint or found_fp == NOT_FETCHED:
+        return Decision(nxt, rec, False, detail="resumed (no record to compare)")
+    if found_fp != rec.fingerprint:
+        why = (f"log reset or re-created: the record at offset {rec.offset} is not the one "
+               f"applied (epoch {rec.epoch})")
+        return Decision(start, LogRecord(epoch, start - 1, ""), True, fail_repos=why, detail=why)
+    return Decision(nxt, rec, False, detail="resumed")
