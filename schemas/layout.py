@@ -18,6 +18,8 @@ REPOS = f"{PREFIX}:repos"  # set of repository ids
 PROGRESS = f"{PREFIX}:progress"  # hash: partition -> ms up to which the broker's content is applied
 PROGRESS_META = f"{PREFIX}:progress:meta"  # hash: topic, partitions (count)
 RECONCILER_LEASE = f"{PREFIX}:reconciler:lease:"  # + repo: string with run id, PX lease
+# `hardelete schedule`: hash last_attempt_ms, last_exit, last_success_ms, last_error (operators)
+RECONCILER_SCHEDULE = f"{PREFIX}:reconciler:schedule"
 # Namespace ownership (Safety I): live namespace -> repository id; a namespace that equals,
 # contains or lies inside a registered one is refused. Retired repository ids are never reused.
 NAMESPACES = f"{PREFIX}:namespaces"  # hash: namespace -> repository id (live repositories only)
