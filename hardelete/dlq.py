@@ -137,6 +137,27 @@ async def _partitions(consumer: Any, topic: str) -> list[Any]:
     return [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
 
 
+async def _ends(consumer: Any, tps: list[Any]) -> tuple[dict[Any, int], dict[Any, int]]:
+    """(first, end) offsets per partition. The end is the high watermark a fetch reports: some
+    brokers (Tansu) answer ListOffsets with the last batch's base offset + 1."""
+    starts = await consumer.beginning_offsets(tps)
+    ends = dict(await consumer.end_offsets(tps))
+    live = [tp for tp in tps if ends[tp] > starts[tp]]
+    if live:
+        consumer.assign(live)
+        for tp in live:
+            consumer.seek(tp, ends[tp] - 1)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READ_TIMEOUT_S
+        while missing := [tp for tp in live if consumer.highwater(tp) is None]:
+            if loop.time() > deadline:
+                raise UserError(f"reading {live[0].topic} timed out after {READ_TIMEOUT_S:g}s")
+            await consumer.getmany(*missing, timeout_ms=500)
+        for tp in live:
+            ends[tp] = max(ends[tp], int(consumer.highwater(tp)))
+    return starts, ends
+
+
 async def counts(settings: Settings) -> tuple[int, int]:
     """(high-watermark sum, records still retained) of the dead-letter topic."""
     consumer = _consumer(settings)
@@ -145,8 +166,7 @@ async def counts(settings: Settings) -> tuple[int, int]:
         tps = await _partitions(consumer, settings.dlq_topic)
         if not tps:
             return 0, 0
-        ends = await consumer.end_offsets(tps)
-        starts = await consumer.beginning_offsets(tps)
+        starts, ends = await _ends(consumer, tps)
         return sum(ends.values()), sum(ends[tp] - starts[tp] for tp in tps)
     finally:
         await consumer.stop()
@@ -164,9 +184,8 @@ async def read(settings: Settings, only: tuple[int, int] | None = None) -> list[
                 raise UserError(f"no partition {only[0]} in {settings.dlq_topic}")
         if not tps:
             return []
+        starts, ends = await _ends(consumer, tps)
         consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        starts = await consumer.beginning_offsets(tps)
         wanted = {}
         for tp in tps:
             if only is not None:
