@@ -110,6 +110,7 @@ class Settings:
 
     # --- reconciler ---
     spark_master: str = "local[2]"
+    spark_shuffle_partitions: int = field(default=0, metadata=_opt(_non_negative))
     reconcile_min_age_seconds: float = field(default=6 * 3_600.0, metadata=_opt(_non_negative))
 
     # --- operations ---
@@ -196,6 +197,8 @@ DOCS: dict[str, str] = {
     "upload_token_secret": "HMAC secret that signs upload tokens",
     "upload_ttl_seconds": "lifetime of an issued upload address",
     "spark_master": "Spark master for the reconciler",
+    "spark_shuffle_partitions": "Spark SQL shuffle partitions; 0: 4 in local mode, 200 on a "
+                                "cluster",
     "reconcile_min_age_seconds": "reconciler cutoff: younger objects are never candidates",
     "metrics_port": "Prometheus metrics port; 0 disables the endpoint",
     "metrics_textfile": "reconciler: write run metrics here (node-exporter textfile, *.prom)",
