@@ -351,3 +351,20 @@ def test_quarantine_list_explain_restore_purge(cli, capsys, s3, redis_client):
     code, out, _ = run(capsys, "quarantine", "purge", "--repo", "repo")
     assert code == 0 and "purged 1 expired" in out
     assert "Contents" not in s3.list_objects_v2(Bucket="quar", Prefix=qkey)
+
+
+def test_health_reaper_and_a_store_error_mid_command(cli, capsys, monkeypatch, s3):
+    from hardelete.stack import free_port
+
+    assert run(capsys, "health", "reaper") == (0, "reaper: healthy\n", "")
+    monkeypatch.setenv("HARDELETE_METRICS_PORT", str(free_port()))
+    code, out, _ = run(capsys, "health", "reaper")
+    assert code == 1 and "reaper unhealthy: metrics endpoint" in out
+    monkeypatch.delenv("HARDELETE_METRICS_PORT")
+    # S3 answers but the namespace's bucket is gone: one line from the store, no traceback
+    setup_repo(cli, "nobucket", "s3://missing-bucket/ns/")
+    code, out, err = run(capsys, "quarantine", "purge", "--repo", "nobucket")
+    assert code == 3 and err.count("\n") == 1
+    assert f"S3 at {cli.s3_endpoint_url} refused ListObjectsV2: NoSuchBucket" in err
+    code, out, _ = run(capsys, "reports", "list", "--repo", "nobucket", "--json")
+    assert code == 0 and orjson.loads(out) == []
