@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
         configure_logging(settings.log_format, settings.log_level)
-        check(settings, needs(path, args))
+        check(settings, needs(path, args, impls[path]))
         code: int = impls[path].run_cli(settings, args)  # type: ignore[attr-defined]
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code

@@ -72,8 +72,11 @@ def service(settings: Settings, kind: str) -> Service:
     return Service(kind, str(getattr(settings, _SETTING[kind])))
 
 
-def needs(path: tuple[str, ...], args: object = None) -> tuple[str, ...]:
-    wanted = NEEDS.get(path, ())
+def needs(path: tuple[str, ...], args: object = None, impl: object = None) -> tuple[str, ...]:
+    """The services a command needs: the command object's ``SERVICES`` (e.g. ``("redis",)``)
+    when it declares them, else the table above."""
+    declared = getattr(impl, "SERVICES", None)
+    wanted = tuple(declared) if declared is not None else NEEDS.get(path, ())
     # explain reads the reconciler's reports from S3 unless told not to.
     if path == ("explain",) and not getattr(args, "no_reports", True):
         wanted = (*wanted, S3)
