@@ -186,3 +186,14 @@ def test_readme_running_it_covers_every_command() -> None:
     section = readme[readme.index("## Running it"):readme.index("## Safety, in one paragraph")]
     missing = [" ".join(p) for p, _t, _h in ALL if p != ("bench",) and " ".join(p) not in section]
     assert not missing
+
+
+def test_library_log_lines_are_json_when_logs_are_json() -> None:
+    code = ("import logging; from hardelete.logs import configure_logging; "
+            "configure_logging('json'); "
+            "logging.getLogger('aiokafka').error('Unable connect to node %s', 1)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    (line,) = proc.stderr.splitlines()
+    body = orjson.loads(line)
+    assert body["event"] == "Unable connect to node 1" and body["logger"] == "aiokafka"
