@@ -65,14 +65,14 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
               "--port", str(port), "--webui-port", str(ui))
-        _wait(lambda: _alive_workers(ui) == 0 and _ui_up(ui), 60, "the master starts", procs)
+        _wait(lambda: _ui_up(ui), 120, "the master starts", procs)
         for i in (1, 2):
             work = wd / f"worker{i}"
             work.mkdir()
             start(f"worker{i}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                   "--cores", "1", "--memory", "1g", "--webui-port", str(free_port()),
                   "--work-dir", str(work), f"spark://127.0.0.1:{port}")
-        _wait(lambda: _alive_workers(ui) == 2, 60, "two workers register", procs)
+        _wait(lambda: _alive_workers(ui) == 2, 120, "two workers register", procs)
         yield f"spark://127.0.0.1:{port}"
     finally:
         for p in procs:
@@ -145,7 +145,7 @@ def test_reconcile_on_a_standalone_cluster(spark_cluster, settings, s3, redis_cl
     try:
         proc = subprocess.run([sys.executable, "-m", "hardelete.cli", "reconcile", "--repo", "sc",
                                "--json", "--cutoff", str(cutoff)], env=env, cwd=driver_dir,
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=300)
     finally:
         gateway.shutdown()
     assert proc.returncode == 0, proc.stderr[-3000:]
