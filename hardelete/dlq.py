@@ -96,6 +96,11 @@ def _int(v: str | None) -> int | None:
         return None
 
 
+def _size(d: DeadLetter) -> str:
+    original = d.headers.get("original_size")
+    return f"{d.size} of {original} (truncated)" if original else str(d.size)
+
+
 def from_record(rec: Any) -> DeadLetter:
     headers = {k: (v.decode(errors="replace") if isinstance(v, bytes) else str(v))
                for k, v in (rec.headers or ())}
@@ -297,7 +302,7 @@ class list_:
             t.add_column(col)
         for d in letters:
             t.add_row(d.id, _iso(d.timestamp_ms), d.repository or "-", d.event_type or "-",
-                      f"{d.origin_topic}/{d.origin_partition}@{d.origin_offset}", str(d.size),
+                      f"{d.origin_topic}/{d.origin_partition}@{d.origin_offset}", _size(d),
                       d.reason)
         Console().print(t)
         return 0

@@ -277,7 +277,11 @@ def load_settings(
         table = doc.get("hardelete", doc)
         for key, raw in table.items():
             if key not in known:
-                raise ConfigError(key, f"unknown key in {p}")
+                import difflib
+
+                close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                raise ConfigError(key, f"unknown key in {p}{hint}")
             values[key] = _coerce(key, raw, known[key].type)
 
     unknown = sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in _ENV_NAMES)
