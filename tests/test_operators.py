@@ -7,6 +7,7 @@ import asyncio
 import datetime as dt
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -368,3 +369,23 @@ def test_health_reaper_and_a_store_error_mid_command(cli, capsys, monkeypatch, s
     assert f"S3 at {cli.s3_endpoint_url} refused ListObjectsV2: NoSuchBucket" in err
     code, out, _ = run(capsys, "reports", "list", "--repo", "nobucket", "--json")
     assert code == 0 and orjson.loads(out) == []
+
+
+def test_topics_are_created_with_the_configured_replication(settings):
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    s = settings.replace(topic_replication_factor=3, topic_partitions=2)
+
+    async def described() -> list[Any]:
+        await ensure_topics(s)
+        admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+        await admin.start()
+        try:
+            return list(await admin.describe_topics([s.events_topic, s.dlq_topic]))
+        finally:
+            await admin.close()
+
+    topics = asyncio.run(described())
+    assert len(topics) == 2
+    for topic in topics:
+        assert [len(p["replicas"]) for p in topic["partitions"]] == [3, 3]
