@@ -15,7 +15,8 @@ from types import ModuleType
 
 from hardelete import UserError
 from hardelete.logs import configure_logging
-from hardelete.settings import ConfigError, load_settings
+from hardelete.services import ServiceError, check, describe_error, needs
+from hardelete.settings import ConfigError, Settings, load_settings
 
 # (command path, module implementing it, help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
@@ -29,6 +30,24 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("fail-closed",), "hardelete.failclosed",
      "list repositories whose mirror is unproven, or lift the flag (recorded)"),
     (("config",), "hardelete.cli:config", "show the effective settings"),
+    (("hold", "add"), "hardelete.holds:add", "hold an address or prefix: no delete path takes it"),
+    (("hold", "remove"), "hardelete.holds:remove", "lift a hold"),
+    (("hold", "list"), "hardelete.holds:list_", "the holds of one or every repository"),
+    (("dlq", "list"), "hardelete.dlq:list_", "dead-lettered events, with their reasons"),
+    (("dlq", "show"), "hardelete.dlq:show", "one dead-lettered event in full"),
+    (("dlq", "replay"), "hardelete.dlq:replay", "publish a fixed event to the events topic"),
+    (("dlq", "resolve"), "hardelete.dlq:resolve_",
+     "lift the holds a dead-lettered event put on its addresses"),
+    (("quarantine", "list"), "reaper.quarantine_ops:list_", "quarantined objects of a repository"),
+    (("quarantine", "purge"), "reaper.quarantine_ops:purge",
+     "delete quarantined objects whose keep period is over"),
+    (("reports", "list"), "hardelete.reports:list_", "past reconciler runs of a repository"),
+    (("reports", "show"), "hardelete.reports:show", "one reconciler run's summary"),
+    (("pause",), "hardelete.pause:pause", "stop the reaper and the sweep for one repository"),
+    (("resume",), "hardelete.pause:resume", "let the reaper and the sweep act again"),
+    (("health",), "hardelete.health", "exit 0 when a daemon is healthy (probes, healthchecks)"),
+    (("schedule",), "hardelete.schedule",
+     "run the reconciler daily, catching up a missed run, failures surfaced"),
     (("bench",), "hardelete.bench", "benchmarks against raw limits (see BENCHMARKS.md)"),
 ]
 
@@ -96,23 +115,40 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], objec
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import os
+
+    if not sys.stdout.isatty():  # piped: rich would cut tables at 80 columns
+        os.environ.setdefault("COLUMNS", "1000")
     parser, impls = build_parser()
     args = parser.parse_args(argv)
     path = getattr(args, "_path", None)
     if path is None:
         parser.print_help()
         return 2
+    settings: Settings | None = None
     try:
         settings = load_settings(args.config)
         configure_logging(settings.log_format, settings.log_level)
+        check(settings, needs(path, args, impls[path]))
         code: int = impls[path].run_cli(settings, args)  # type: ignore[attr-defined]
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
-    except (ConfigError, UserError) as exc:
+    except (ConfigError, UserError, ServiceError) as exc:
         print(f"hardelete: error: {exc}", file=sys.stderr)
-        return 2
+        return 2 if not isinstance(exc, ServiceError) else 3
     except KeyboardInterrupt:
         print("hardelete: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `hardelete ... | head`: the reader has gone, nothing to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except Exception as exc:
+        line = describe_error(exc, settings)
+        if line is None:
+            raise
+        print(f"hardelete: error: {line}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

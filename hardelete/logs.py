@@ -33,10 +33,31 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
         logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
-    # Quieten chatty libraries; their warnings still show.
+    # Quieten chatty libraries; their warnings still show, as JSON lines too when logs are JSON
+    # (a collector must not choke on a library's plain-text line).
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if use_json:
+        for handler in logging.getLogger().handlers:
+            if type(handler) is logging.StreamHandler:  # ours, not a test runner's capture
+                handler.setFormatter(_JsonFormatter())
     for name in ("aiokafka", "botocore", "boto3", "urllib3", "py4j", "kafka"):
         logging.getLogger(name).setLevel(logging.WARNING if name != "aiokafka" else logging.ERROR)
+
+
+class _JsonFormatter(logging.Formatter):
+    """Standard-library records (aiokafka, botocore, py4j ...) as structlog-shaped JSON lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import datetime as dt
+
+        import orjson
+
+        body = {"event": record.getMessage(), "level": record.levelname.lower(),
+                "logger": record.name,
+                "timestamp": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat()}
+        if record.exc_info:
+            body["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(body).decode()
 
 
 def _stderr_logger(*_args: object) -> structlog.PrintLogger:

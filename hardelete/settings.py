@@ -36,6 +36,10 @@ def _non_negative(v: float) -> str | None:
     return None if v >= 0 else "must be >= 0"
 
 
+def _port(v: int) -> str | None:
+    return None if 0 <= v <= 65_535 else "must be a TCP port, 0..65535"
+
+
 def _one_of(*choices: str) -> Callable[[str], str | None]:
     def check(v: str) -> str | None:
         return None if v in choices else f"must be one of {', '.join(choices)}"
@@ -77,6 +81,7 @@ class Settings:
     events_topic: str = "hardelete.events"
     dlq_topic: str = "hardelete.events.dlq"
     topic_partitions: int = field(default=4, metadata=_opt(_positive))
+    topic_replication_factor: int = field(default=1, metadata=_opt(_positive))
     consumer_group: str = "hardelete-tracker"
     session_timeout_ms: int = field(default=10_000, metadata=_opt(_positive))
     heartbeat_interval_ms: int = field(default=3_000, metadata=_opt(_positive))
@@ -105,10 +110,14 @@ class Settings:
 
     # --- reconciler ---
     spark_master: str = "local[2]"
+    spark_shuffle_partitions: int = field(default=0, metadata=_opt(_non_negative))
     reconcile_min_age_seconds: float = field(default=6 * 3_600.0, metadata=_opt(_non_negative))
 
     # --- operations ---
-    metrics_port: int = field(default=0, metadata=_opt(_non_negative, "0 disables the endpoint"))
+    metrics_port: int = field(default=0, metadata=_opt(_port, "0 disables the endpoint"))
+    metrics_textfile: str = ""
+    pushgateway_url: str = field(default="", metadata=_opt(_url("http://", "https://")))
+    tracker_stale_seconds: float = field(default=60.0, metadata=_opt(_positive))
     log_format: str = field(default="auto", metadata=_opt(_one_of("auto", "json", "console")))
     log_level: str = field(
         default="info", metadata=_opt(_one_of("debug", "info", "warning", "error"))
@@ -169,6 +178,7 @@ DOCS: dict[str, str] = {
     "events_topic": "topic the services publish events to",
     "dlq_topic": "dead-letter topic for malformed events (reason in a header)",
     "topic_partitions": "partitions when the topics are created",
+    "topic_replication_factor": "replication factor when the topics are created (3 in production)",
     "consumer_group": "tracker consumer group",
     "session_timeout_ms": "Kafka consumer session timeout",
     "heartbeat_interval_ms": "Kafka consumer heartbeat interval",
@@ -187,8 +197,13 @@ DOCS: dict[str, str] = {
     "upload_token_secret": "HMAC secret that signs upload tokens",
     "upload_ttl_seconds": "lifetime of an issued upload address",
     "spark_master": "Spark master for the reconciler",
+    "spark_shuffle_partitions": "Spark SQL shuffle partitions; 0: 4 in local mode, 200 on a "
+                                "cluster",
     "reconcile_min_age_seconds": "reconciler cutoff: younger objects are never candidates",
     "metrics_port": "Prometheus metrics port; 0 disables the endpoint",
+    "metrics_textfile": "reconciler: write run metrics here (node-exporter textfile, *.prom)",
+    "pushgateway_url": "reconciler: push run metrics to this Prometheus Pushgateway",
+    "tracker_stale_seconds": "status/health: the tracker is stale when its progress is older",
     "log_format": "auto (console on a TTY, else JSON), json or console",
     "log_level": "debug, info, warning or error",
 }
@@ -225,6 +240,21 @@ def _coerce(key: str, raw: Any, kind: Any) -> Any:
     raise ConfigError(key, f"unsupported type {kind_name}")
 
 
+# HARDELETE_* variables that are not settings but are read by the CLI.
+_ENV_NAMES = frozenset({ENV_PREFIX + "CONFIG"}
+                       | {ENV_PREFIX + f.name.upper() for f in fields(Settings)})
+
+
+def _unknown_env(name: str) -> str:
+    """A misspelt variable would silently leave a default in force (say, hard deletes instead
+    of quarantine): refuse it, and suggest the closest known name."""
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(_ENV_NAMES), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"unknown variable (no such setting){hint}"
+
+
 def load_settings(
     config_file: str | Path | None = None,
     env: Mapping[str, str] | None = None,
@@ -247,8 +277,16 @@ def load_settings(
         table = doc.get("hardelete", doc)
         for key, raw in table.items():
             if key not in known:
-                raise ConfigError(key, f"unknown key in {p}")
+                import difflib
+
+                close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                raise ConfigError(key, f"unknown key in {p}{hint}")
             values[key] = _coerce(key, raw, known[key].type)
+
+    unknown = sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in _ENV_NAMES)
+    if unknown:
+        raise ConfigError(unknown[0], _unknown_env(unknown[0]))
 
     for name, f in known.items():
         raw_env = env.get(ENV_PREFIX + name.upper())

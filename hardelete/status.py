@@ -127,15 +127,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(settings: Settings, args: argparse.Namespace) -> int:
+    from hardelete.health import collect_operations, print_operations
+
     r = redis_sync(settings)
     try:
         st = collect_status(r)
+        ops = collect_operations(r, settings)
     finally:
         r.close()
     if args.json:
-        print(orjson.dumps(asdict(st), option=orjson.OPT_INDENT_2).decode())
+        print(orjson.dumps({**asdict(st), "operations": asdict(ops)},
+                           option=orjson.OPT_INDENT_2).decode())
     else:
         _print_status(st)
+        print_operations(ops, settings)
     return 0
 
 
@@ -333,6 +338,10 @@ def explain_address(r: Any, settings: Settings, address: str,
         verdict = f"kept ({j.reason}): {j.detail}"
     else:
         verdict = f"kept ({j.reason}): {j.detail or 'state ' + state}"
+    if rec.state == "reaped":  # moved to quarantine rather than deleted?
+        from reaper.quarantine_ops import restore_hint
+
+        lines += restore_hint(s3, settings, repo, r.hget(k.meta, "namespace"), address)
     incidents = [orjson.loads(x) for x in r.lrange(k.incidents, -1000, -1)]
     for inc in incidents:
         if inc.get("address") == address:

@@ -10,6 +10,7 @@ import datetime as dt
 import time
 from typing import Any
 
+import orjson
 from botocore.exceptions import ClientError
 
 from hardelete import UserError
@@ -119,11 +120,22 @@ async def restore(settings: Settings, repo: str, address: str) -> str:
             raise UserError(str(exc)) from None
         bucket, key = split_s3_uri(address)
         _, qkey = split_s3_uri(qaddr)
+        # Hold it before it is back, so no reaper takes the restored object again (it is still
+        # unreferenced); `hardelete hold remove` lets it go.
+        holds = RepoKeys(repo).holds
+        had_hold = await redis.hexists(holds, address)
+        if not had_hold:
+            sec, usec = await redis.time()
+            await redis.hset(holds, address, orjson.dumps({
+                "reason": "restored from quarantine", "source": "restore",
+                "at_ms": int(sec) * 1000 + int(usec) // 1000}).decode())
         try:
             await asyncio.to_thread(
                 client.copy_object, Bucket=bucket, Key=key,
                 CopySource={"Bucket": bucket, "Key": qkey}, MetadataDirective="COPY")
         except ClientError as exc:
+            if not had_hold:
+                await redis.hdel(holds, address)
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 raise UserError(f"{address} is not in quarantine (purged or never there)") from None
             raise
@@ -143,5 +155,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run_cli(settings: Settings, args: argparse.Namespace) -> int:
     state = asyncio.run(restore(settings, args.repository, args.address))
     when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    print(f"restored {args.address} at {when}; its state is now {state}")
+    print(f"restored {args.address} at {when}; its state is now {state}; held (source "
+          f"restore) so no delete path takes it again: `hardelete hold remove {args.address}` "
+          "lets it go")
     return 0

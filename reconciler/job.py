@@ -615,6 +615,9 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         # ok: the mark succeeded and, unless it was a dry run, the sweep completed
         wanted = ("not_run",) if summary.get("dry_run") and not opts.sweep_only else ("done",)
         failed += not (bool(summary.get("success")) and sweep_status in wanted)
+    from reconciler.metrics import publish
+
+    publish(settings, summaries)  # textfile, Pushgateway, summary["metrics"]
     if args.json:
         body = summaries[0] if not args.all else summaries
         print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())

@@ -36,7 +36,7 @@ def get_spark(settings: Settings, *, app_name: str = "hardelete-reconciler",
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if shuffle_partitions is None:
-        shuffle_partitions = 4 if is_local(master) else 200
+        shuffle_partitions = settings.spark_shuffle_partitions or (4 if is_local(master) else 200)
     java_opts = (f"-Dlog4j2.configurationFile=file:{LOG4J}" if LOG4J.exists() else "")
     builder = (
         SparkSession.builder.master(master)
@@ -46,7 +46,6 @@ def get_spark(settings: Settings, *, app_name: str = "hardelete-reconciler",
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.driver.extraJavaOptions", java_opts)
-        .config("spark.executor.extraJavaOptions", java_opts)
         .config("spark.python.worker.reuse", "true")
         # Tasks talk to S3 and Redis: a failed task is not retried blindly in local mode,
         # the run fails and deletes nothing (SPEC safety 6).
@@ -54,6 +53,8 @@ def get_spark(settings: Settings, *, app_name: str = "hardelete-reconciler",
     )
     if is_local(master):
         builder = builder.config("spark.driver.memory", "2g")
+    # On a cluster, nothing of the driver's filesystem is assumed on the executors (their log
+    # configuration is the cluster's own); in local mode the executor is the driver's JVM.
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

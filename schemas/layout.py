@@ -23,6 +23,8 @@ PROGRESS_META = f"{PREFIX}:progress:meta"  # hash: topic, partitions (count), ve
 LOG = f"{PREFIX}:log"
 INCIDENTS = f"{PREFIX}:incidents"  # list: json incidents not tied to one repository
 RECONCILER_LEASE = f"{PREFIX}:reconciler:lease:"  # + repo: string with run id, PX lease
+# `hardelete schedule`: hash last_attempt_ms, last_exit, last_success_ms, last_error (operators)
+RECONCILER_SCHEDULE = f"{PREFIX}:reconciler:schedule"
 # Namespace ownership (Safety I): live namespace -> repository id; a namespace that equals,
 # contains or lies inside a registered one is refused. Retired repository ids are never reused.
 NAMESPACES = f"{PREFIX}:namespaces"  # hash: namespace -> repository id (live repositories only)

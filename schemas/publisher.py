@@ -34,7 +34,7 @@ async def ensure_topics(settings: Settings, attempts: int = 20) -> None:
             await admin.start()
             existing = set(await admin.list_topics())
             wanted = [
-                NewTopic(t, settings.topic_partitions, 1)
+                NewTopic(t, settings.topic_partitions, settings.topic_replication_factor)
                 for t in (settings.events_topic, settings.dlq_topic)
                 if t not in existing
             ]

@@ -32,6 +32,10 @@ def test_env_overrides_toml(tmp_path: Path) -> None:
         ({"HARDELETE_REDIS_URL": "http://x"}, "redis_url"),
         ({"HARDELETE_REAPER_BATCH_KEYS": "1001"}, "reaper_batch_keys"),
         ({"HARDELETE_ALLOW_UNSAFE_GRACE": "maybe"}, "HARDELETE_ALLOW_UNSAFE_GRACE"),
+        ({"HARDELETE_METRICS_PORT": "99999"}, "metrics_port"),
+        ({"HARDELETE_PUSHGATEWAY_URL": "gateway:9091"}, "pushgateway_url"),
+        ({"HARDELETE_TOPIC_REPLICATION_FACTOR": "0"}, "topic_replication_factor"),
+        ({"HARDELETE_GRACE_SECOND": "5"}, "HARDELETE_GRACE_SECOND"),
     ],
 )
 def test_bad_values_name_the_key(env: dict[str, str], key: str) -> None:
@@ -51,7 +55,7 @@ def test_unsafe_grace_needs_explicit_flag() -> None:
 def test_unknown_toml_key_and_missing_file(tmp_path: Path) -> None:
     cfg = tmp_path / "h.toml"
     cfg.write_text("[hardelete]\ngrace_secs = 1\n")
-    with pytest.raises(ConfigError, match="grace_secs"):
+    with pytest.raises(ConfigError, match=r"grace_secs.*did you mean grace_seconds"):
         load_settings(cfg, env={})
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "nope.toml", env={})

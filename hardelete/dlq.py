@@ -1,0 +1,381 @@
+"""The dead-letter topic from the CLI: ``hardelete dlq list|show|replay|resolve``.
+
+The tracker dead-letters a record it cannot apply (tracker/daemon.py ``_dead_letter``): the value
+as it was (possibly truncated), the record key, and headers ``reason``, ``topic``, ``partition``,
+``offset`` (where the event was in the events topic; ``original_size`` and ``truncated`` when it
+was cut). A dead letter is named here by its place in the dead-letter topic, ``PARTITION:OFFSET``.
+
+- list/show read the topic from its beginning to its high watermark (no consumer group: reading
+  never moves anyone's offsets).
+- replay publishes a fixed event (a file, or stdin) to the events topic, keyed by its repository,
+  after the same validation the tracker applies; the original dead letter stays for the record.
+- resolve lifts the holds (source ``dlq``) the tracker put on the addresses the event named,
+  once the operator has replayed or judged it: a hold whose origin names another dead letter is
+  kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from hardelete import UserError
+from hardelete.holds import DLQ, list_holds
+from hardelete.settings import Settings
+from schemas.layout import RepoKeys
+
+ADDRESS_KEYS = ("address", "replaces_address")
+READ_TIMEOUT_S = 20.0
+
+
+@dataclass
+class DeadLetter:
+    id: str  # "partition:offset" in the dead-letter topic
+    timestamp_ms: int
+    reason: str
+    origin_topic: str | None
+    origin_partition: int | None
+    origin_offset: int | None
+    key: str | None
+    size: int
+    value: bytes = field(repr=False)
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def body(self) -> dict[str, Any] | None:
+        try:
+            body = orjson.loads(self.value)
+        except orjson.JSONDecodeError:
+            return None
+        return body if isinstance(body, dict) else None
+
+    @property
+    def repository(self) -> str | None:
+        body = self.body
+        repo = body.get("repository") if body else None
+        if isinstance(repo, str):
+            return repo
+        return self.key
+
+    @property
+    def event_type(self) -> str | None:
+        body = self.body
+        etype = body.get("type") if body else None
+        return etype if isinstance(etype, str) else None
+
+    def addresses(self) -> list[str]:
+        """The s3:// addresses the event names (none when its value is not a JSON object)."""
+        body = self.body or {}
+        return sorted({v for k in ADDRESS_KEYS if isinstance(v := body.get(k), str)
+                       and v.startswith("s3://")})
+
+    def summary(self) -> dict[str, Any]:
+        return {"id": self.id, "time": _iso(self.timestamp_ms), "reason": self.reason,
+                "repository": self.repository, "type": self.event_type, "size": self.size,
+                "origin": {"topic": self.origin_topic, "partition": self.origin_partition,
+                           "offset": self.origin_offset},
+                "headers": self.headers, "addresses": self.addresses()}
+
+
+def _iso(ms: int | None) -> str:
+    if ms is None or ms < 0:
+        return "-"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="seconds")
+
+
+def _int(v: str | None) -> int | None:
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def _size(d: DeadLetter) -> str:
+    original = d.headers.get("original_size")
+    return f"{d.size} of {original} (truncated)" if original else str(d.size)
+
+
+def from_record(rec: Any) -> DeadLetter:
+    headers = {k: (v.decode(errors="replace") if isinstance(v, bytes) else str(v))
+               for k, v in (rec.headers or ())}
+    value = rec.value or b""
+    return DeadLetter(
+        id=f"{rec.partition}:{rec.offset}", timestamp_ms=int(rec.timestamp or -1),
+        reason=headers.get("reason", "?"), origin_topic=headers.get("topic"),
+        origin_partition=_int(headers.get("partition")),
+        origin_offset=_int(headers.get("offset")),
+        key=rec.key.decode(errors="replace") if rec.key else None,
+        size=len(value), value=value, headers=headers)
+
+
+def parse_id(text: str) -> tuple[int, int]:
+    p, sep, o = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return int(p), int(o)
+    except ValueError:
+        raise UserError(f"a dead letter is named PARTITION:OFFSET (see `hardelete dlq list`), "
+                        f"got {text!r}") from None
+
+
+def _consumer(settings: Settings) -> Any:
+    from aiokafka import AIOKafkaConsumer
+
+    return AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None,
+                            enable_auto_commit=False, request_timeout_ms=10_000,
+                            client_id="hardelete-dlq")
+
+
+async def _partitions(consumer: Any, topic: str) -> list[Any]:
+    from aiokafka import TopicPartition
+
+    topics = await consumer.topics()  # fetches the cluster's metadata
+    if topic not in topics:
+        return []
+    return [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+
+
+async def _ends(consumer: Any, tps: list[Any]) -> tuple[dict[Any, int], dict[Any, int]]:
+    """(first, end) offsets per partition. The end is the high watermark a fetch reports: some
+    brokers (Tansu) answer ListOffsets with the last batch's base offset + 1."""
+    starts = await consumer.beginning_offsets(tps)
+    ends = dict(await consumer.end_offsets(tps))
+    live = [tp for tp in tps if ends[tp] > starts[tp]]
+    if live:
+        consumer.assign(live)
+        for tp in live:
+            consumer.seek(tp, ends[tp] - 1)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READ_TIMEOUT_S
+        while missing := [tp for tp in live if consumer.highwater(tp) is None]:
+            if loop.time() > deadline:
+                raise UserError(f"reading {live[0].topic} timed out after {READ_TIMEOUT_S:g}s")
+            await consumer.getmany(*missing, timeout_ms=500)
+        for tp in live:
+            ends[tp] = max(ends[tp], int(consumer.highwater(tp)))
+    return starts, ends
+
+
+async def counts(settings: Settings) -> tuple[int, int]:
+    """(high-watermark sum, records still retained) of the dead-letter topic."""
+    consumer = _consumer(settings)
+    await consumer.start()
+    try:
+        tps = await _partitions(consumer, settings.dlq_topic)
+        if not tps:
+            return 0, 0
+        starts, ends = await _ends(consumer, tps)
+        return sum(ends.values()), sum(ends[tp] - starts[tp] for tp in tps)
+    finally:
+        await consumer.stop()
+
+
+async def read(settings: Settings, only: tuple[int, int] | None = None) -> list[DeadLetter]:
+    """Every retained dead letter (or the one named), oldest first per partition."""
+    consumer = _consumer(settings)
+    await consumer.start()
+    try:
+        tps = await _partitions(consumer, settings.dlq_topic)
+        if only is not None:
+            tps = [tp for tp in tps if tp.partition == only[0]]
+            if not tps:
+                raise UserError(f"no partition {only[0]} in {settings.dlq_topic}")
+        if not tps:
+            return []
+        starts, ends = await _ends(consumer, tps)
+        consumer.assign(tps)
+        wanted = {}
+        for tp in tps:
+            if only is not None:
+                if not starts[tp] <= only[1] < ends[tp]:
+                    raise UserError(f"no dead letter {only[0]}:{only[1]} in {settings.dlq_topic} "
+                                    f"(retained: {starts[tp]}..{ends[tp] - 1})")
+                consumer.seek(tp, only[1])
+                wanted[tp] = only[1] + 1
+            else:
+                consumer.seek(tp, starts[tp])
+                wanted[tp] = ends[tp]
+        out: list[DeadLetter] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READ_TIMEOUT_S
+        pending = {tp for tp in tps if wanted[tp] > (only[1] if only else starts[tp])}
+        while pending:
+            if loop.time() > deadline:
+                raise UserError(f"reading {settings.dlq_topic} timed out after "
+                                f"{READ_TIMEOUT_S:g}s")
+            batch = await consumer.getmany(*pending, timeout_ms=500)
+            for tp, records in batch.items():
+                out += [from_record(rec) for rec in records if rec.offset < wanted[tp]]
+            for tp in list(pending):
+                if await consumer.position(tp) >= wanted[tp]:
+                    pending.discard(tp)
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def read_one(settings: Settings, ident: str) -> DeadLetter:
+    found = await read(settings, parse_id(ident))
+    if not found:
+        raise UserError(f"no dead letter {ident} in {settings.dlq_topic}")
+    return found[0]
+
+
+def validate_fixed(data: bytes) -> Any:
+    """The fixed event as the tracker will see it; a clear error instead of a new dead letter."""
+    from schemas.events import EventError, decode
+
+    try:
+        return decode(data)
+    except EventError as exc:
+        raise UserError(f"the fixed event is still invalid: {exc}") from None
+
+
+async def publish_fixed(settings: Settings, data: bytes) -> Any:
+    from schemas.publisher import Publisher
+
+    event = validate_fixed(data)
+    async with Publisher(settings) as pub:
+        await pub.publish_raw(data, event.key)
+    return event
+
+
+def holds_of(r: Any, dl: DeadLetter) -> list[tuple[str, str]]:
+    """(repository, address) of the dlq holds this dead letter put: the holds whose origin is the
+    dead letter's origin, or, for holds that carry no origin, on an address the event names."""
+    named = set(dl.addresses())
+    repo = dl.repository
+    out = []
+    for h in list_holds(r, source=DLQ):
+        d = h.detail
+        origin = (d.get("topic"), _int(str(d["partition"])) if "partition" in d else None,
+                  _int(str(d["offset"])) if "offset" in d else None)
+        if origin != (None, None, None):
+            mine = origin == (dl.origin_topic, dl.origin_partition, dl.origin_offset)
+        else:
+            mine = h.kind == "address" and h.target in named and h.repository == repo
+        if mine and h.kind == "address":
+            out.append((h.repository, h.target))
+    return out
+
+
+def resolve(r: Any, dl: DeadLetter) -> list[tuple[str, str]]:
+    lifted = holds_of(r, dl)
+    for repo, address in lifted:
+        r.hdel(RepoKeys(repo).holds, address)
+    return lifted
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+class list_:
+    @staticmethod
+    def configure(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--repo", help="only this repository's dead letters")
+        parser.add_argument("--limit", type=int, default=0, help="the newest N only")
+        parser.add_argument("--json", action="store_true")
+
+    @staticmethod
+    def run_cli(settings: Settings, args: argparse.Namespace) -> int:
+        letters = asyncio.run(read(settings))
+        if args.repo:
+            letters = [d for d in letters if d.repository == args.repo]
+        letters.sort(key=lambda d: (d.timestamp_ms, d.id))
+        if args.limit > 0:
+            letters = letters[-args.limit:]
+        if args.json:
+            print(orjson.dumps([d.summary() for d in letters],
+                               option=orjson.OPT_INDENT_2).decode())
+            return 0
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"dead letters in {settings.dlq_topic} ({len(letters)})")
+        for col in ("id", "time", "repository", "type", "origin", "size", "reason"):
+            t.add_column(col)
+        for d in letters:
+            t.add_row(d.id, _iso(d.timestamp_ms), d.repository or "-", d.event_type or "-",
+                      f"{d.origin_topic}/{d.origin_partition}@{d.origin_offset}", _size(d),
+                      d.reason)
+        Console().print(t)
+        return 0
+
+
+class show:
+    @staticmethod
+    def configure(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("id", help="PARTITION:OFFSET in the dead-letter topic")
+        parser.add_argument("--raw", action="store_true",
+                            help="print only the event's value as it was (to fix and replay)")
+
+    @staticmethod
+    def run_cli(settings: Settings, args: argparse.Namespace) -> int:
+        dl = asyncio.run(read_one(settings, args.id))
+        if args.raw:
+            sys.stdout.buffer.write(dl.value + b"\n")
+            return 0
+        body = dl.body
+        out = {**dl.summary(), "key": dl.key,
+               "event": body if body is not None else dl.value.decode(errors="replace")}
+        print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
+        return 0
+
+
+class replay:
+    @staticmethod
+    def configure(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("id", nargs="?", help="the dead letter it fixes (PARTITION:OFFSET); "
+                            "without --file its value is published as it was")
+        parser.add_argument("--file", help="the fixed event (JSON); '-' reads stdin")
+
+    @staticmethod
+    def run_cli(settings: Settings, args: argparse.Namespace) -> int:
+        if args.file == "-":
+            data = sys.stdin.buffer.read()
+        elif args.file:
+            try:
+                with open(args.file, "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                raise UserError(f"cannot read {args.file}: {exc.strerror}") from None
+        elif args.id:
+            data = asyncio.run(read_one(settings, args.id)).value
+        else:
+            raise UserError("replay needs a dead letter id or --file FILE (or --file - for stdin)")
+        event = asyncio.run(publish_fixed(settings, data.strip()))
+        print(f"published {event.TYPE} {event.event_id} of {event.repository} to "
+              f"{settings.events_topic}" + (f" (fixes dead letter {args.id})" if args.id else "")
+              + "; once the tracker applied it, `hardelete dlq resolve` lifts its holds")
+        return 0
+
+
+
+class resolve_:
+    @staticmethod
+    def configure(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("id", help="the dead letter (PARTITION:OFFSET) whose holds to lift")
+
+    @staticmethod
+    def run_cli(settings: Settings, args: argparse.Namespace) -> int:
+        from hardelete.clients import redis_sync
+
+        dl = asyncio.run(read_one(settings, args.id))
+        r = redis_sync(settings)
+        try:
+            lifted = resolve(r, dl)
+        finally:
+            r.close()
+        if not lifted:
+            print(f"dead letter {dl.id} holds nothing (no dlq hold names its origin or its "
+                  "addresses)")
+            return 0
+        for repo, address in lifted:
+            print(f"lifted the dlq hold on {address} in {repo}")
+        return 0

@@ -1,0 +1,391 @@
+"""The operator's commands through the CLI on the real stack (Tansu, Redis, moto): holds, dead
+letters, quarantine, pause/resume, status and health, the scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from hardelete.cli import main
+from hardelete.holds import add_hold, held_by
+from hardelete.model import Model, ModelService
+from hardelete.schedule import decide, last_slot
+from hardelete.settings import Settings
+from reaper.daemon import Reaper
+from schemas.events import ObjectWritten, RepositoryCreated, encode
+from schemas.layout import FAIL_CLOSED, RECONCILER_SCHEDULE, AddressState, RepoKeys
+from schemas.publisher import Publisher, ensure_topics
+from tracker.daemon import Tracker, running_tracker
+from tracker.state import parse_address
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The CLI's environment points at the test's servers and topics."""
+    for key, value in {
+        "KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "REDIS_URL": settings.redis_url,
+        "S3_ENDPOINT_URL": settings.s3_endpoint_url, "EVENTS_TOPIC": settings.events_topic,
+        "DLQ_TOPIC": settings.dlq_topic, "CONSUMER_GROUP": settings.consumer_group,
+        "GRACE_SECONDS": "1", "ALLOW_UNSAFE_GRACE": "true", "LOG_LEVEL": "error",
+    }.items():
+        monkeypatch.setenv(f"HARDELETE_{key}", value)
+    monkeypatch.setenv("COLUMNS", "1000")
+    return settings
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def created(repo: str, ns: str) -> RepositoryCreated:
+    return RepositoryCreated(repository=repo, storage_namespace=ns, default_branch="main",
+                             default_retention_days=7)
+
+
+def written(repo: str, address: str, size: int = 3) -> ObjectWritten:
+    return ObjectWritten(repository=repo, branch="main", staging_token="t1", path="p",
+                         address=address, size=size, ref_id="r1")
+
+
+async def publish_and_track(s: Settings, *values: tuple[bytes, bytes]) -> None:
+    await ensure_topics(s)
+    async with Publisher(s) as pub:
+        for value, key in values:
+            await pub.publish_raw(value, key)
+    await Tracker(s).run_until_caught_up()
+
+
+def setup_repo(s: Settings, repo: str = "ops", ns: str = "s3://opsb/ns/") -> None:
+    ev = created(repo, ns)
+    asyncio.run(publish_and_track(s, (encode(ev), ev.key)))
+
+
+# --- holds ---------------------------------------------------------------------------------------
+
+def test_hold_add_list_remove(cli, capsys, redis_client):
+    setup_repo(cli)
+    code, out, _ = run(capsys, "hold", "add", "s3://opsb/ns/data/a", "--reason", "legal: case 7")
+    assert code == 0 and "held address s3://opsb/ns/data/a in ops" in out
+    code, out, _ = run(capsys, "hold", "add", "s3://opsb/ns/legal/", "--reason", "case 8")
+    assert code == 0 and "held prefix" in out
+    code, out, _ = run(capsys, "hold", "list", "--json")
+    rows = orjson.loads(out)
+    assert {(h["target"], h["kind"], h["source"], h["reason"]) for h in rows} == {
+        ("s3://opsb/ns/data/a", "address", "operator", "legal: case 7"),
+        ("s3://opsb/ns/legal/", "prefix", "operator", "case 8")}
+    holds = redis_client.hgetall(RepoKeys("ops").holds)
+    prefixes = redis_client.hgetall(RepoKeys("ops").hold_prefixes)
+    assert held_by("s3://opsb/ns/legal/x/y", holds, prefixes)["reason"] == "case 8"
+    assert held_by("s3://opsb/ns/data/b", holds, prefixes) is None
+    code, out, _ = run(capsys, "hold", "list")
+    assert "legal: case 7" in out and "s3://opsb/ns/legal/" in out
+    # mistakes: one line each
+    code, _, err = run(capsys, "hold", "add", "s3://elsewhere/x", "--reason", "r")
+    assert code == 2 and "inside no tracked repository" in err and err.count("\n") == 1
+    code, _, err = run(capsys, "hold", "remove", "s3://opsb/ns/data/zzz")
+    assert code == 2 and "no hold on" in err
+    code, out, _ = run(capsys, "hold", "remove", "s3://opsb/ns/data/a")
+    assert code == 0 and "lifted the operator hold" in out
+    assert not redis_client.hexists(RepoKeys("ops").holds, "s3://opsb/ns/data/a")
+    code, out, _ = run(capsys, "hold", "remove", "s3://opsb/ns/legal/")
+    assert code == 0 and redis_client.hlen(RepoKeys("ops").hold_prefixes) == 0
+
+
+# --- dead letters --------------------------------------------------------------------------------
+
+def test_dlq_list_show_replay_resolve(cli, capsys, redis_client, tmp_path: Path):
+    setup_repo(cli)
+    bad = orjson.loads(encode(written("ops", "s3://opsb/ns/data/bad")))
+    bad["size"] = -5  # the tracker dead-letters it
+    other = orjson.loads(encode(written("ops", "s3://opsb/ns/data/other")))
+    other["v"] = 99
+    asyncio.run(publish_and_track(cli, (orjson.dumps(bad), b"ops"),
+                                  (orjson.dumps(other), b"ops")))
+    code, out, _ = run(capsys, "dlq", "list", "--json")
+    letters = orjson.loads(out)
+    assert code == 0 and len(letters) == 2
+    first = next(d for d in letters if d["addresses"] == ["s3://opsb/ns/data/bad"])
+    assert first["repository"] == "ops" and first["type"] == "object_written"
+    assert "size" in first["reason"] and first["origin"]["topic"] == cli.events_topic
+    code, out, _ = run(capsys, "dlq", "list")
+    assert code == 0 and first["id"] in out and "object_written" in out
+    code, out, _ = run(capsys, "dlq", "show", first["id"])
+    shown = orjson.loads(out)
+    assert shown["event"]["size"] == -5 and shown["key"] == "ops"
+    code, out, _ = run(capsys, "dlq", "show", first["id"], "--raw")
+    assert orjson.loads(out) == bad
+
+    # The tracker holds the addresses a dead-lettered event names (issue 8); here placed as it
+    # does, with the dead letter's origin, plus a hold of the other dead letter.
+    origin = first["origin"]
+    add_hold(redis_client, "s3://opsb/ns/data/bad", "dead-lettered", source="dlq",
+             detail=origin)
+    second = next(d for d in letters if d["id"] != first["id"])
+    add_hold(redis_client, "s3://opsb/ns/data/other", "dead-lettered", source="dlq",
+             detail=second["origin"])
+    code, _, err = run(capsys, "hold", "remove", "s3://opsb/ns/data/bad")
+    assert code == 2 and "dlq resolve" in err
+
+    # replay: a still-broken fix is refused in one line; the fixed event is applied
+    (tmp_path / "still.json").write_bytes(orjson.dumps(bad))
+    code, _, err = run(capsys, "dlq", "replay", first["id"], "--file", str(tmp_path / "still.json"))
+    assert code == 2 and "still invalid" in err and "size" in err
+    bad["size"] = 5
+    (tmp_path / "fixed.json").write_bytes(orjson.dumps(bad))
+    code, out, _ = run(capsys, "dlq", "replay", first["id"], "--file", str(tmp_path / "fixed.json"))
+    assert code == 0 and "published object_written" in out
+    asyncio.run(Tracker(cli).run_until_caught_up())
+    rec = parse_address(redis_client.hgetall(RepoKeys("ops").address("s3://opsb/ns/data/bad")))
+    assert rec.state == AddressState.STAGED
+
+    code, out, _ = run(capsys, "dlq", "resolve", first["id"])
+    assert code == 0 and "lifted the dlq hold on s3://opsb/ns/data/bad" in out
+    holds = redis_client.hgetall(RepoKeys("ops").holds)
+    assert "s3://opsb/ns/data/bad" not in holds and "s3://opsb/ns/data/other" in holds
+    code, out, _ = run(capsys, "dlq", "resolve", first["id"])
+    assert code == 0 and "holds nothing" in out
+    code, _, err = run(capsys, "dlq", "show", "0:999")
+    assert code == 2 and "no dead letter" in err
+    code, _, err = run(capsys, "dlq", "show", "nonsense")
+    assert code == 2 and "PARTITION:OFFSET" in err
+
+
+def test_dlq_replay_from_stdin(cli, capsys, redis_client, monkeypatch):
+    import io
+    import sys
+
+    setup_repo(cli)
+    ev = written("ops", "s3://opsb/ns/data/stdin")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(encode(ev))))
+    code, out, _ = run(capsys, "dlq", "replay", "--file", "-")
+    assert code == 0 and ev.event_id in out
+    asyncio.run(Tracker(cli).run_until_caught_up())
+    assert redis_client.exists(RepoKeys("ops").address("s3://opsb/ns/data/stdin"))
+
+
+# --- pause, status, health -----------------------------------------------------------------------
+
+def test_pause_resume_and_status(cli, capsys, redis_client):
+    setup_repo(cli)
+    code, out, _ = run(capsys, "pause", "ops", "--reason", "incident 42")
+    assert code == 0 and "paused ops" in out
+    assert orjson.loads(redis_client.get(RepoKeys("ops").paused))["reason"] == "incident 42"
+    add_hold(redis_client, "s3://opsb/ns/x", "legal")
+    redis_client.hset(RepoKeys("ops").fail_closed, mapping={"reason": "log reset"})
+    redis_client.hset(FAIL_CLOSED, mapping={"reason": "redis lost everything"})
+    code, out, _ = run(capsys, "status", "--json")
+    ops = orjson.loads(out)["operations"]
+    assert code == 0
+    assert ops["tracker_alive"] and ops["tracker_progress_age_s"] < 60
+    assert ops["dead_letters"] == 0 and ops["holds"] == {"ops": 1}
+    assert ops["paused"]["ops"]["reason"] == "incident 42"
+    assert ops["fail_closed"] == {"ops": {"reason": "log reset"},
+                                  "*": {"reason": "redis lost everything"}}
+    code, out, _ = run(capsys, "status")
+    assert "tracker: alive" in out and "paused: ops (incident 42)" in out
+    assert "fail-closed: every repository" in out and "dead letters: 0" in out
+    code, out, _ = run(capsys, "resume", "ops")
+    assert code == 0 and "incident 42" in out and redis_client.get(RepoKeys("ops").paused) is None
+    code, _, err = run(capsys, "resume", "ops")
+    assert code == 2 and "not paused" in err
+    code, _, err = run(capsys, "pause", "nope", "--reason", "x")
+    assert code == 2 and "unknown repository" in err
+
+
+def test_status_counts_dead_letters_and_shows_a_stale_tracker(cli, capsys, monkeypatch):
+    setup_repo(cli)
+    ev = orjson.loads(encode(written("ops", "s3://opsb/ns/d")))
+    ev["type"] = "nonsense"
+    asyncio.run(publish_and_track(cli, (orjson.dumps(ev), b"ops")))
+    code, out, _ = run(capsys, "status", "--json")
+    assert orjson.loads(out)["operations"]["dead_letters"] == 1
+    monkeypatch.setenv("HARDELETE_TRACKER_STALE_SECONDS", "0.001")
+    code, out, _ = run(capsys, "status")
+    assert "tracker: STALE" in out
+    code, out, _ = run(capsys, "health", "tracker")
+    assert code == 1 and "last progress" in out
+    monkeypatch.setenv("HARDELETE_TRACKER_STALE_SECONDS", "600")
+    assert run(capsys, "health", "tracker")[0] == 0
+    # Kafka gone: status still answers, and says what it does not know
+    monkeypatch.setenv("HARDELETE_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    code, out, _ = run(capsys, "status")
+    assert code == 0 and "dead letters: unknown (Kafka at 127.0.0.1:1 is unreachable" in out
+
+
+def test_health_tracker_metrics_endpoint(cli, capsys, monkeypatch):
+    from hardelete.stack import free_port
+
+    port = free_port()
+    s = cli.replace(metrics_port=port)
+    monkeypatch.setenv("HARDELETE_METRICS_PORT", str(port))
+    code, out, _ = run(capsys, "health", "tracker")
+    assert code == 1 and f"port {port} does not answer" in out
+
+    async def scenario() -> None:
+        await ensure_topics(s)
+        async with running_tracker(s):
+            deadline = time.monotonic() + 30
+            while True:
+                code, out = await asyncio.to_thread(lambda: run(capsys, "health", "tracker")[:2])
+                if code == 0:
+                    break
+                assert time.monotonic() < deadline, out
+                await asyncio.sleep(0.2)
+    asyncio.run(scenario())
+
+
+# --- scheduler -----------------------------------------------------------------------------------
+
+def test_schedule_decisions() -> None:
+    at = dt.time(2, 0)
+    utc = dt.UTC
+    now = dt.datetime(2026, 1, 10, 1, 0, tzinfo=utc)
+    assert last_slot(now, at) == dt.datetime(2026, 1, 9, 2, 0, tzinfo=utc)
+    retry = dt.timedelta(minutes=30)
+    assert decide(now, at, None, None, retry).run_now  # never ran
+    done = dt.datetime(2026, 1, 9, 2, 5, tzinfo=utc)
+    d = decide(now, at, done, None, retry)
+    assert not d.run_now and d.wait_s == 3600
+    # down at 02:00 on the 10th, back at 09:00: one catch-up run, now
+    later = dt.datetime(2026, 1, 10, 9, 0, tzinfo=utc)
+    assert decide(later, at, done, None, retry).run_now
+    # down for three days: still one run
+    assert decide(later + dt.timedelta(days=3), at, done, None, retry).run_now
+    # a failure after the slot is retried after the retry delay, not before
+    failed = dt.datetime(2026, 1, 10, 8, 50, tzinfo=utc)
+    d = decide(later, at, done, failed, retry)
+    assert not d.run_now and d.wait_s == 20 * 60
+    assert decide(later + dt.timedelta(minutes=21), at, done, failed, retry).run_now
+
+
+def test_schedule_records_failures_and_health_shows_them(cli, capsys, redis_client):
+    code, out, _ = run(capsys, "health", "reconciler")
+    assert code == 1 and "no scheduler" in out
+    code, _, _ = run(capsys, "schedule", "--once", "--", "explain", "not-an-address")
+    assert code == 2
+    h = redis_client.hgetall(RECONCILER_SCHEDULE)
+    assert h["last_exit"] == "2" and "s3:// URI" in h["last_error"]
+    code, out, _ = run(capsys, "health", "reconciler")
+    assert code == 1 and "last scheduled run failed (exit 2)" in out
+    # not retried before --retry-minutes
+    assert run(capsys, "schedule", "--once", "--", "config")[0] == 0
+    assert redis_client.hget(RECONCILER_SCHEDULE, "last_exit") == "2"
+    code, _, _ = run(capsys, "schedule", "--once", "--retry-minutes", "0", "--", "config")
+    assert code == 0 and redis_client.hget(RECONCILER_SCHEDULE, "last_exit") == "0"
+    assert run(capsys, "health", "reconciler")[0] == 0
+    # done for today's slot: not run again
+    before = redis_client.hget(RECONCILER_SCHEDULE, "last_attempt_ms")
+    assert run(capsys, "schedule", "--once", "--", "explain", "x")[0] == 0
+    assert redis_client.hget(RECONCILER_SCHEDULE, "last_attempt_ms") == before
+
+
+# --- quarantine, explain, restore ----------------------------------------------------------------
+
+def test_quarantine_list_explain_restore_purge(cli, capsys, s3, redis_client):
+    s = cli.replace(quarantine_days=1.0, upload_ttl_seconds=1.0, lease_seconds=2.0)
+
+    async def scenario() -> list[str]:
+        await ensure_topics(s)
+        async with Publisher(s) as pub:
+            svc = ModelService(s, s3, pub, model=Model.from_settings(s))
+            await svc.call(Model.create_repository, "repo", "s3://quar/repo/")
+            garbage = []
+            for i in range(2):
+                garbage.append((await svc.call(Model.write, "repo", "main", f"g{i}", 3)).address)
+                await svc.call(Model.delete, "repo", "main", f"g{i}")
+        async with running_tracker(s):
+            reaper = Reaper(s)
+            try:
+                deadline = time.monotonic() + 30
+                while True:
+                    await reaper.run_once()
+                    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="quar").get(
+                        "Contents", [])}
+                    if not any(a.removeprefix("s3://quar/") in keys for a in garbage):
+                        break
+                    assert time.monotonic() < deadline, "garbage never quarantined"
+                    await asyncio.sleep(0.1)
+            finally:
+                await reaper.close()
+        return [a for a in garbage if a]
+
+    garbage = asyncio.run(scenario())
+    code, out, _ = run(capsys, "quarantine", "list", "--json")
+    items = orjson.loads(out)
+    assert code == 0 and sorted(q["address"] for q in items) == sorted(garbage)
+    assert not any(q["expired"] for q in items)
+    code, out, _ = run(capsys, "quarantine", "list")
+    assert f"hardelete restore repo {garbage[0]}" in out
+
+    code, out, _ = run(capsys, "explain", garbage[0])
+    assert code == 0 and f"restore with `hardelete restore repo {garbage[0]}`" in out
+
+    code, out, _ = run(capsys, "restore", "repo", garbage[0])
+    assert code == 0 and "held (source restore)" in out
+    hold = orjson.loads(redis_client.hget(RepoKeys("repo").holds, garbage[0]))
+    assert hold["source"] == "restore"
+    assert s3.head_object(Bucket="quar", Key=garbage[0].removeprefix("s3://quar/"))
+    code, out, _ = run(capsys, "hold", "list", "--source", "restore", "--json")
+    assert [h["target"] for h in orjson.loads(out)] == [garbage[0]]
+
+    # purge takes only expired copies
+    code, out, _ = run(capsys, "quarantine", "purge")
+    assert code == 0 and "purged 0 expired" in out
+    qkey = garbage[1].replace("s3://quar/repo/", "repo/_hardelete/quarantine/")
+    s3.copy_object(Bucket="quar", Key=qkey, CopySource={"Bucket": "quar", "Key": qkey},
+                   MetadataDirective="REPLACE",
+                   Metadata={"hardelete-expires": str(int(time.time()) - 10),
+                             "hardelete-address": garbage[1]})
+    code, out, _ = run(capsys, "quarantine", "purge", "--dry-run")
+    assert code == 0 and f"would purge s3://quar/{qkey}" in out
+    code, out, _ = run(capsys, "quarantine", "purge", "--repo", "repo")
+    assert code == 0 and "purged 1 expired" in out
+    assert "Contents" not in s3.list_objects_v2(Bucket="quar", Prefix=qkey)
+
+
+def test_health_reaper_and_a_store_error_mid_command(cli, capsys, monkeypatch, s3):
+    from hardelete.stack import free_port
+
+    assert run(capsys, "health", "reaper") == (0, "reaper: healthy\n", "")
+    monkeypatch.setenv("HARDELETE_METRICS_PORT", str(free_port()))
+    code, out, _ = run(capsys, "health", "reaper")
+    assert code == 1 and "reaper unhealthy: metrics endpoint" in out
+    monkeypatch.delenv("HARDELETE_METRICS_PORT")
+    # S3 answers but the namespace's bucket is gone: one line from the store, no traceback
+    setup_repo(cli, "nobucket", "s3://missing-bucket/ns/")
+    code, out, err = run(capsys, "quarantine", "purge", "--repo", "nobucket")
+    assert code == 3 and err.count("\n") == 1
+    assert f"S3 at {cli.s3_endpoint_url} refused ListObjectsV2: NoSuchBucket" in err
+    code, out, _ = run(capsys, "reports", "list", "--repo", "nobucket", "--json")
+    assert code == 0 and orjson.loads(out) == []
+
+
+def test_topics_are_created_with_the_configured_replication(settings):
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    s = settings.replace(topic_replication_factor=3, topic_partitions=2)
+
+    async def described() -> list[Any]:
+        await ensure_topics(s)
+        admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+        await admin.start()
+        try:
+            return list(await admin.describe_topics([s.events_topic, s.dlq_topic]))
+        finally:
+            await admin.close()
+
+    topics = asyncio.run(described())
+    assert len(topics) == 2
+    for topic in topics:
+        assert [len(p["replicas"]) for p in topic["partitions"]] == [3, 3]
