@@ -25,6 +25,7 @@ from schemas.layout import (
     F_COMMITTED,
     F_ISSUED_UNTIL,
     F_LEASE_UNTIL,
+    F_SINCE,
     F_STATE,
     REF_ADD,
     REF_REMOVE,
@@ -62,13 +63,17 @@ def _int(value: str | None) -> int | None:
 def verdict(fields: Mapping[str, str], *, token_states: Mapping[str, str | None],
             cutoff_ms: int, now_ms: int, claimed: bool = False,
             token_commits: Mapping[str, str] | None = None,
-            commit_ids: frozenset[str] | set[str] | None = None) -> Verdict:
+            commit_ids: frozenset[str] | set[str] | None = None,
+            grace_ms: int | None = None, horizon_ms: int | None = None) -> Verdict:
     """The reconciler's reading of one address hash (see the module docstring).
 
     ``token_states``: token -> state (``open``...), None/absent when the tracker has no state
     for it (kept: unknown tokens count as live). ``claimed``: the address is in the claims zset.
     ``token_commits``: token -> commit id that committed it (when the commit records say).
     ``commit_ids``: known commit ids (to tell whether the ``committed`` flag names a commit).
+    ``grace_ms``/``horizon_ms`` (SPEC safety 2): an address whose last reference ended (or
+    whose upload expired) less than the grace window before the tracker horizon is live
+    (reason ``grace``): a copy published inside the window is legal and may not be applied yet.
     """
     adds = {k[1:]: v for k, v in fields.items() if k.startswith(REF_ADD)}
     removes = {k[1:] for k in fields if k.startswith(REF_REMOVE)}
@@ -114,8 +119,25 @@ def verdict(fields: Mapping[str, str], *, token_states: Mapping[str, str | None]
     if state == AddressState.REAPED:
         return Verdict(False, "reaped", "", commit)
     if issued_until is not None and not adds:
+        if _in_grace(issued_until, grace_ms, horizon_ms):
+            return Verdict(True, "issued", "grace", commit)
         return Verdict(False, "issued", "", commit)
     if state is None and not adds:
         # No state and no reference: a record we cannot read. Doubt keeps.
         return Verdict(True, "unknown", "doubt", commit)
+    if grace_ms is not None:
+        since = _int(fields.get(F_SINCE))
+        ended = max(x for x in (since, issued_until, 0) if x is not None)
+        if since is None or _in_grace(ended, grace_ms, horizon_ms):
+            # no `since`: when the last reference ended is unknown, doubt keeps
+            return Verdict(True, "unreferenced", "grace", commit)
     return Verdict(False, "unreferenced", "", commit)
+
+
+def _in_grace(ended_ms: int, grace_ms: int | None, horizon_ms: int | None) -> bool:
+    """Whether ``ended_ms`` is less than the grace window before the tracker horizon."""
+    if grace_ms is None:
+        return False
+    if horizon_ms is None:
+        return True  # no known horizon: nothing is proven past its grace
+    return ended_ms + grace_ms > horizon_ms

@@ -4,9 +4,11 @@ Each task reads mark parts, and for every batch of at most 1,000 keys:
 
 1. **guard** (:func:`guard`): a key outside the namespace, under a reserved prefix or not a
    plain key is refused whatever the mark says (``schemas.layout.namespace_key``);
-2. **re-check** against the tracker's current state: the lease must still be ours, and a key
+2. **re-check** against the tracker's current state: the lease must still be ours, a key
    whose record now has a live reference, an unexpired issued upload or a claim is skipped
-   (``marked but still referenced online``);
+   (``marked but still referenced online``), and a key whose record (or the state of a token
+   it names) changed since the mark's export is skipped (``skipped_changed``: judged again by
+   the next mark; a new reference, a commit unknown at mark time, a restarted grace window);
 3. **delete** (:func:`delete_batch`): one ``delete_objects`` request (never more than 1,000
    keys), retried with jittered exponential backoff; per-key errors are retried when they are
    transient and reported otherwise. Only keys the store lists under ``Deleted`` count as
@@ -37,6 +39,8 @@ CONFIRMED = "deleted"
 FAILED = "failed"
 REFUSED = "refused"
 SKIPPED_LIVE = "skipped_live"
+SKIPPED_CHANGED = "skipped_changed"
+SKIPPED_RETAINED = "skipped_retained"
 NOT_ATTEMPTED = "not_attempted"
 
 
@@ -169,6 +173,8 @@ class SweepStats:
     failed: int = 0
     refused: int = 0
     skipped_live: int = 0
+    skipped_changed: int = 0
+    skipped_retained: int = 0
     requests: int = 0
     samples: dict[str, list[str]] = field(default_factory=dict)
 
@@ -179,7 +185,8 @@ class SweepStats:
 
     def merge(self, other: SweepStats) -> None:
         for name in ("marked", "marked_bytes", "confirmed", "confirmed_bytes", "failed",
-                     "refused", "skipped_live", "requests"):
+                     "refused", "skipped_live", "skipped_changed", "skipped_retained",
+                     "requests"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for what, lst in other.samples.items():
             for text in lst:
@@ -189,7 +196,8 @@ class SweepStats:
         return {"marked": self.marked, "marked_bytes": self.marked_bytes,
                 "confirmed": self.confirmed, "confirmed_bytes": self.confirmed_bytes,
                 "failed": self.failed, "refused": self.refused,
-                "skipped_live": self.skipped_live, "requests": self.requests,
+                "skipped_live": self.skipped_live, "skipped_changed": self.skipped_changed,
+                "skipped_retained": self.skipped_retained, "requests": self.requests,
                 "samples": self.samples}
 
 
@@ -213,11 +221,12 @@ def sweep_part(settings: Settings, repo: str, lease_id: str, ns: Namespace, mark
         out["outcome"].append(outcome)
         out["error"].append(error)
 
-    rows = read_parquet_rows(s3, ns.bucket, mark_key, ["key", "category", "size"])
+    rows = read_parquet_rows(s3, ns.bucket, mark_key, ["key", "category", "size", "digest"])
     try:
-        batch: list[tuple[str, str, int]] = []
+        batch: list[tuple[str, str, int, str | None]] = []
         for row in rows:
-            batch.append((str(row[0]), str(row[1]), int(row[2] or 0)))
+            batch.append((str(row[0]), str(row[1]), int(row[2] or 0),
+                          None if row[3] is None else str(row[3])))
             if len(batch) >= MAX_KEYS_PER_REQUEST:
                 _sweep_batch(s3, r, repo, lease_id, ns, batch, cutoff_ms, stats, record, delete)
                 batch = []
@@ -231,13 +240,35 @@ def sweep_part(settings: Settings, repo: str, lease_id: str, ns: Namespace, mark
     return stats
 
 
+def changed_since_mark(r: Any, repo: str, ns: Namespace,
+                       digests: dict[str, str | None]) -> set[str]:
+    """The rels whose tracker record (or a state of a token it names) is not the one the
+    mark judged: ``digests`` maps rel -> the record's digest at the export (None: no record)."""
+    from reconciler.records import token_state
+    from reconciler.state import record_digest
+
+    keys = RepoKeys(repo)
+    rels = list(digests)
+    pipe = r.pipeline(transaction=False)
+    for rel in rels:
+        pipe.hgetall(keys.address(ns.address(rel)))
+    records = pipe.execute()
+    tokens = sorted({v for rec in records for k, v in (rec or {}).items()
+                     if k.startswith("+")})
+    states = ({t: token_state(v) for t, v in zip(tokens, r.hmget(keys.tokens, tokens),
+                                                 strict=True)} if tokens else {})
+    return {rel for rel, rec in zip(rels, records, strict=True)
+            if record_digest(rec or None, states) != digests[rel]}
+
+
 def _sweep_batch(s3: Any, r: Any, repo: str, lease_id: str, ns: Namespace,
-                 batch: list[tuple[str, str, int]], cutoff_ms: int, stats: SweepStats,
-                 record: Callable[..., None], delete: bool) -> None:
+                 batch: list[tuple[str, str, int, str | None]], cutoff_ms: int,
+                 stats: SweepStats, record: Callable[..., None], delete: bool) -> None:
     stats.marked += len(batch)
     stats.marked_bytes += sum(b[2] for b in batch)
-    info = {rel: (cat, size) for rel, cat, size in batch}
+    info = {rel: (cat, size) for rel, cat, size, _ in batch}
     live: set[str] = set()
+    changed: set[str] = set()
     if r is not None:
         holder = r.get(RECONCILER_LEASE + repo)
         if holder != lease_id:
@@ -245,11 +276,17 @@ def _sweep_batch(s3: Any, r: Any, repo: str, lease_id: str, ns: Namespace,
         sec, usec = r.time()
         now_ms = int(sec) * 1000 + int(usec) // 1000
         live = still_referenced(r, repo, ns, list(info), cutoff_ms=cutoff_ms, now_ms=now_ms)
+        changed = changed_since_mark(r, repo, ns, {rel: d for rel, _, _, d in batch
+                                                   if rel not in live})
     for rel in sorted(live):
         stats.skipped_live += 1
         stats.sample("skipped_live", rel)
         record(rel, info[rel][0], info[rel][1], SKIPPED_LIVE)
-    ok, refused = guard(ns, [rel for rel in info if rel not in live])
+    for rel in sorted(changed):
+        stats.skipped_changed += 1
+        stats.sample("skipped_changed", rel)
+        record(rel, info[rel][0], info[rel][1], SKIPPED_CHANGED)
+    ok, refused = guard(ns, [rel for rel in info if rel not in live and rel not in changed])
     for rel in refused:
         stats.refused += 1
         stats.sample("refused", rel)
