@@ -73,6 +73,7 @@ from reconciler.state import (
     load_namespace,
     load_repo,
     redis_now_ms,
+    refs_fingerprint,
     retired_problem,
     tracker_watermark_ms,
 )
@@ -269,6 +270,7 @@ class Run:
         self.r = redis_sync(settings)
         self.s3 = s3_client(settings)
         self.summary: dict[str, Any] = {}
+        self._refs: str | None = None  # refs_fingerprint the sweep was re-validated against
 
     # -- helpers
     def _save(self) -> None:
@@ -554,26 +556,28 @@ class Run:
                delete: bool = True) -> SweepStats:
         return sweep(self.spark, self.settings, self.opts.repo, lease_id, self.ns, parts,
                      cutoff_ms=int(self.summary["cutoff_ms"]), recheck=self.opts.recheck,
-                     delete=delete, report_run_id=self.summary["run_id"])
+                     delete=delete, report_run_id=self.summary["run_id"],
+                     refs=self._refs)
 
     def _do_sweep(self, lease_id: str, parts: list[str], lease: Lease) -> None:
         """Re-validate the mark against what is true now, check the blast radius and the
         cross-check, then sweep. Every refusal leaves the mark standing (``--sweep-only``)."""
         s = self.summary
-        export_started = (s.get("tracker") or {}).get("export_started_ms") or 0
         if not self.opts.ignore_tracker_progress:
-            # Events published while the mark ran must be visible to the sweep's re-check:
-            # wait (a little) for the tracker to have applied everything up to the export.
+            # What happened before the sweep (since the mark: refs, commits, copies) must be
+            # visible to its re-validation: wait (a little) for the tracker to have applied
+            # everything the broker held when the sweep started.
+            target = redis_now_ms(self.r)
             deadline = time.monotonic() + self.opts.tracker_wait_s
             watermark = tracker_watermark_ms(self.r)
-            while (watermark is None or watermark < export_started) \
+            while (watermark is None or watermark < target) \
                     and time.monotonic() < deadline:
                 time.sleep(0.25)
                 watermark = tracker_watermark_ms(self.r)
-            if watermark is None or watermark < export_started:
+            if watermark is None or watermark < target:
                 s["sweep"] = {"status": "deferred",
                               "reason": "the tracker has not yet applied everything up to the "
-                                        "mark's export; sweep later with --sweep-only "
+                                        "sweep's start; sweep later with --sweep-only "
                                         f"{s['run_id']}"}
                 return
         t0 = time.monotonic()
@@ -632,6 +636,9 @@ class Run:
             reval["fail_closed"] = reason
             return (f"the repository is fail-closed now ({reason}) but was not at the mark: "
                     "run a new mark", parts, retained)
+        # Taken before the state is read: every sweep batch checks it (a change after this
+        # point stops the sweep, one before it is in the state judged below).
+        self._refs = refs_fingerprint(self.r, self.opts.repo)
         state = load_repo(self.r, self.opts.repo)
         reval.update(fingerprint_at_mark=ret.get("fingerprint"),
                      fingerprint_now=state.fingerprint,

@@ -197,6 +197,20 @@ def retention_fingerprint(*hashes: dict[str, str]) -> str:
     return h.hexdigest()
 
 
+def refs_fingerprint(r: Any, repo: str) -> str:
+    """A cheap digest of what moves when retention may change (repository meta, branches,
+    tags, number of commits): read before every sweep batch. A new branch, tag or commit, a
+    moved head or a new policy changes it; the commit records themselves are not re-read."""
+    keys = RepoKeys(repo)
+    pipe = r.pipeline(transaction=True)
+    pipe.hgetall(keys.meta)
+    pipe.hgetall(keys.branches)
+    pipe.hgetall(keys.tags)
+    pipe.hlen(keys.commits)
+    meta, branches, tags, n = pipe.execute()
+    return retention_fingerprint(meta or {}, branches or {}, tags or {}, {"n": str(n)})
+
+
 def record_digest(fields: dict[str, str] | None,
                   token_states: dict[str, str | None]) -> str | None:
     """A digest of an address record and of the states of the tokens its references name.

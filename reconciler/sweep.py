@@ -29,6 +29,7 @@ from hardelete.clients import redis_sync
 from hardelete.settings import Settings
 from reconciler.records import token_state, verdict
 from reconciler.s3io import Namespace, cached_s3, put_parquet, read_parquet_rows
+from reconciler.state import refs_fingerprint
 from schemas.layout import RECONCILER_LEASE, OutsideNamespace, RepoKeys, namespace_key
 
 MAX_KEYS_PER_REQUEST = 1000
@@ -201,9 +202,13 @@ class SweepStats:
                 "samples": self.samples}
 
 
+class RetentionMoved(RuntimeError):
+    """Branches, tags, commits or policy changed while the sweep ran: it stops."""
+
+
 def sweep_part(settings: Settings, repo: str, lease_id: str, ns: Namespace, mark_key: str,
                out_key: str, *, cutoff_ms: int, recheck: bool = True,
-               delete: bool = True) -> SweepStats:
+               delete: bool = True, refs: str | None = None) -> SweepStats:
     """Sweep one mark part; write per-key outcomes to ``out_key``. Runs inside a task.
 
     ``delete=False`` only re-checks the mark against the online state (dry run).
@@ -228,10 +233,12 @@ def sweep_part(settings: Settings, repo: str, lease_id: str, ns: Namespace, mark
             batch.append((str(row[0]), str(row[1]), int(row[2] or 0),
                           None if row[3] is None else str(row[3])))
             if len(batch) >= MAX_KEYS_PER_REQUEST:
-                _sweep_batch(s3, r, repo, lease_id, ns, batch, cutoff_ms, stats, record, delete)
+                _sweep_batch(s3, r, repo, lease_id, ns, batch, cutoff_ms, stats, record, delete,
+                             refs)
                 batch = []
         if batch:
-            _sweep_batch(s3, r, repo, lease_id, ns, batch, cutoff_ms, stats, record, delete)
+            _sweep_batch(s3, r, repo, lease_id, ns, batch, cutoff_ms, stats, record, delete,
+                         refs)
     finally:
         if out["key"] and delete:
             put_parquet(s3, ns.bucket, out_key, out)
@@ -263,7 +270,8 @@ def changed_since_mark(r: Any, repo: str, ns: Namespace,
 
 def _sweep_batch(s3: Any, r: Any, repo: str, lease_id: str, ns: Namespace,
                  batch: list[tuple[str, str, int, str | None]], cutoff_ms: int,
-                 stats: SweepStats, record: Callable[..., None], delete: bool) -> None:
+                 stats: SweepStats, record: Callable[..., None], delete: bool,
+                 refs: str | None = None) -> None:
     stats.marked += len(batch)
     stats.marked_bytes += sum(b[2] for b in batch)
     info = {rel: (cat, size) for rel, cat, size, _ in batch}
@@ -273,6 +281,11 @@ def _sweep_batch(s3: Any, r: Any, repo: str, lease_id: str, ns: Namespace,
         holder = r.get(RECONCILER_LEASE + repo)
         if holder != lease_id:
             raise RuntimeError(f"reconciler lease lost (held by {holder!r}): sweep stopped")
+        if refs is not None and refs_fingerprint(r, repo) != refs:
+            # Retention was re-judged for the refs of the sweep's start; they moved since.
+            raise RetentionMoved("branches, tags, commits or retention changed during the "
+                                 "sweep: it stopped; sweep again with --sweep-only (the mark "
+                                 "is re-validated)")
         sec, usec = r.time()
         now_ms = int(sec) * 1000 + int(usec) // 1000
         live = still_referenced(r, repo, ns, list(info), cutoff_ms=cutoff_ms, now_ms=now_ms)
@@ -313,11 +326,13 @@ def _sweep_batch(s3: Any, r: Any, repo: str, lease_id: str, ns: Namespace,
 
 def sweep(spark: Any, settings: Settings, repo: str, lease_id: str, ns: Namespace,
           mark_parts: list[str], *, cutoff_ms: int, recheck: bool = True, delete: bool = True,
-          report_run_id: str | None = None) -> SweepStats:
+          report_run_id: str | None = None, refs: str | None = None) -> SweepStats:
     """Sweep every mark part in parallel Spark tasks; the merged stats come back.
 
     ``lease_id`` is the value the repository's reconciler lease must hold for every batch;
-    outcomes go to the report of ``report_run_id`` (default: ``lease_id``).
+    outcomes go to the report of ``report_run_id`` (default: ``lease_id``). ``refs``: the
+    :func:`reconciler.state.refs_fingerprint` the mark was re-validated against; every batch
+    checks it is unchanged (else :class:`RetentionMoved`).
     """
     total = SweepStats()
     if not mark_parts:
@@ -328,7 +343,7 @@ def sweep(spark: Any, settings: Settings, repo: str, lease_id: str, ns: Namespac
     def run(it: Iterator[tuple[str, str]]) -> Iterator[SweepStats]:
         for mark_key, out_key in it:
             yield sweep_part(settings, repo, lease_id, ns, mark_key, out_key,
-                             cutoff_ms=cutoff_ms, recheck=recheck, delete=delete)
+                             cutoff_ms=cutoff_ms, recheck=recheck, delete=delete, refs=refs)
 
     parts = spark.sparkContext.parallelize(items, max(1, min(len(items), 64))).mapPartitions(run)
     for st in parts.collect():

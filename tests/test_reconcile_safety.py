@@ -329,3 +329,44 @@ def test_a_retired_or_foreign_repository_is_refused(spark, rsettings, s3, redis_
     redis_client.srem(REPOS, "r")
     with pytest.raises(UserError, match="not a live repository"):
         reconcile(spark, rsettings, RunOptions("r", dry_run=True))
+
+
+class DuringSweep(Run):
+    """Something happens after the sweep's re-validation, before its first delete."""
+
+    def __init__(self, *args: Any, during: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.during = during
+
+    def _sweep(self, lease_id: str, parts: list[str], lease: Any,
+               delete: bool = True) -> Any:
+        if delete:
+            self.during()
+        return super()._sweep(lease_id, parts, lease, delete)
+
+
+def test_a_branch_created_during_the_sweep_stops_it(spark, rsettings, s3, redis_client):
+    w = make(rsettings, s3, redis_client)
+    h = history(w, f"s3://{BUCKET}/adv4/r/")
+    cutoff = boundary()
+    data_before = w.data("r")
+
+    def during() -> None:
+        call(w, M.create_branch, "r", "late", h["commits"][0])
+        w.track(None)
+
+    job = DuringSweep(spark, rsettings, RunOptions("r", cutoff_ms=cutoff,
+                                                   allow_large_sweep=True), during=during)
+    try:
+        res = job.run()
+    finally:
+        job.close()
+    assert res["sweep"]["status"] == "failed"
+    assert "changed during the sweep" in res["sweep"]["error"]
+    assert w.data("r") == data_before
+    # sweeping the same mark again re-validates it: P1 (the new branch's) is kept
+    again = reconcile(spark, rsettings, RunOptions("r", sweep_only=res["run_id"],
+                                                   allow_large_sweep=True))
+    assert again["sweep"]["status"] == "done", again["sweep"]
+    assert again["sweep"]["skipped_retained"] == 1 and again["sweep"]["confirmed"] == 2
+    assert w.data("r") == {h["addrs"][0], h["addrs"][3]}
