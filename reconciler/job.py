@@ -9,10 +9,13 @@ Order of a run (see reconciler/README.md):
    commits (seed 002: uncommitted first, so a commit landing in between is seen by one or the
    other);
 3. commit graph -> retention/expiration -> manifests of the retained commits;
-4. listing of the namespace (slices in Spark tasks, or an inventory);
+4. listing of the namespace (slices in Spark tasks, or an inventory), and the service's own
+   uncommitted export (a second witness; required for a fail-closed repository);
 5. classify and mark (Parquet + summary.json); any error so far: the run fails, nothing is
    deleted;
-6. sweep (unless ``--dry-run``), with an online re-check of every batch;
+6. sweep (unless ``--dry-run``): re-validate the mark against what is true now (retention
+   inputs, fail-closed state), the blast-radius guard, the cross-check gate, then per batch an
+   online re-check (live again, record changed since the export, refs moved);
 7. cross-check the mark against the online state.
 """
 
