@@ -810,8 +810,15 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
             max_mark_age_hours=args.max_mark_age_hours,
             uncommitted_export=args.uncommitted_export,
             allow_large_sweep=args.allow_large_sweep)
-        # One repository's failure (reported in its summary) does not stop the others.
-        summary = reconcile(spark, settings, opts, ui)
+        # One repository's failure (reported in its summary) does not stop the others; with
+        # --all a refused repository (retired, lease busy) is reported and the others go on.
+        try:
+            summary = reconcile(spark, settings, opts, ui)
+        except UserError as exc:
+            if not args.all:
+                raise
+            summary = {"repository": repo, "success": False, "status": "refused",
+                       "error": str(exc), "dry_run": args.dry_run}
         summaries.append(summary)
         if not args.json:
             from rich.console import Console
