@@ -426,3 +426,25 @@ def test_record_digest_sees_references_and_token_states():
     assert d != record_digest({**rec, "+r2": "t2"}, {"t1": "dropped"})  # a new reference
     assert d != record_digest({**rec, "since": "6"}, {"t1": "dropped"})  # grace restarted
     assert record_digest({}, {}) is None and record_digest(None, {}) is None
+
+
+def test_service_export_newest_of_the_repository_csv_and_parquet(tmp_path):
+    from reconciler.errors import ReconcileError
+    from reconciler.service_export import _rows, find_export, write_export
+
+    old = tmp_path / "e1"
+    old.mkdir()
+    (old / "export.json").write_text('{"format": 1, "exported_at": "2026-01-01T00:00:00Z"}')
+    (old / "a.csv").write_text("address,repository\ns3://b/r/data/x,r\ndata/y,other\n")
+    write_export(None, str(tmp_path / "e2"), ["s3://b/r/data/z"], exported_at_ms=1,
+                 repository="r")
+    write_export(None, str(tmp_path / "e3"), ["s3://b/q/data/w"], exported_at_ms=2 * 10**12,
+                 repository="q")  # newer, but another repository's
+    found = find_export(None, str(tmp_path), "r")
+    assert found is not None and found.location.endswith("/e1/")
+    assert found.exported_at_ms == 1_767_225_600_000 and found.as_dict(0)["fresh"]
+    assert list(_rows(None, found.files[0])) == [("s3://b/r/data/x", "r"), ("data/y", "other")]
+    assert find_export(None, str(tmp_path / "e3"), "r") is None
+    (old / "export.json").write_text('{"format": 1}')
+    with pytest.raises(ReconcileError, match="exported_at"):
+        find_export(None, str(tmp_path), "r")
