@@ -501,7 +501,8 @@ class Run:
         # 6. classify and mark
         with self.ui.phase("list the namespace and classify"):
             classified = classify_df(listing, committed, known, cutoff_ms, service=service,
-                                     withhold=withhold) \
+                                     withhold=withhold,
+                                     known_unique=export.extra_forms == 0) \
                 .persist(StorageLevel.MEMORY_AND_DISK)
             tally = tally_df(classified)
         timed("listing_classify_s", t0)

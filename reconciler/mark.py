@@ -198,25 +198,31 @@ def _bad_key() -> Any:
 
 
 def classify_df(listing: Any, committed: Any, known: Any, cutoff_ms: int,
-                service: Any = None, withhold: bool = False) -> Any:
+                service: Any = None, withhold: bool = False,
+                known_unique: bool = False) -> Any:
     """The same decision as :func:`classify`, on DataFrames.
 
     ``listing``: key, size, last_modified (ms). ``committed``: key (retained commits' keys,
     duplicates allowed). ``known``: the tracker export (key, live, kind, ..., digest); a key
     with several rows (two records naming one key) is live. ``service``: keys of the
-    service's uncommitted export (live), or None. Returns the listing with ``category`` and
-    ``digest`` (the tracker record's digest at export, None without a record).
+    service's uncommitted export (live), or None. ``known_unique``: the caller knows each key
+    has one row (no extra address forms), which spares a shuffle. Returns the listing with
+    ``category`` and ``digest`` (the tracker record's digest at export, None without a record).
     """
     from pyspark.sql import functions as F
 
     bad_key = _bad_key()
     c = committed.select("key").distinct().withColumn("_committed", F.lit(True))
     digest = F.col("digest") if "digest" in known.columns else F.lit(None).cast("string")
-    k = (known.select("key", "live", "kind", digest.alias("digest"))
-         .groupBy("key")
-         .agg((F.max(F.col("live").cast("int")).cast("boolean")
-               | (F.count(F.lit(1)) > 1)).alias("_live"),
-              F.first("kind").alias("_kind"), F.first("digest").alias("digest")))
+    if known_unique:
+        k = known.select("key", F.col("live").alias("_live"), F.col("kind").alias("_kind"),
+                         digest.alias("digest"))
+    else:
+        k = (known.select("key", "live", "kind", digest.alias("digest"))
+             .groupBy("key")
+             .agg((F.max(F.col("live").cast("int")).cast("boolean")
+                   | (F.count(F.lit(1)) > 1)).alias("_live"),
+                  F.first("kind").alias("_kind"), F.first("digest").alias("digest")))
     joined = listing.join(c, "key", "left").join(k, "key", "left")
     live = F.coalesce(F.col("_live"), F.lit(False))
     if service is not None:

@@ -335,6 +335,8 @@ def test_spark_classification_agrees_with_the_pure_one(spark, seed):
     want = {o.key: classify(o, cutoff_ms=CUTOFF, committed=committed, uncommitted=uncommitted,
                             known=known) for o in listing}
     assert got == want
+    unique = classify_df(ldf, cdf, kdf, CUTOFF, known_unique=True)
+    assert {r["key"]: r["category"] for r in unique.collect()} == want
     # the service's export is live too; withheld leaks/unreferenced when fail-closed
     service = set(rng.sample(pool, 40))
     sdf = spark.createDataFrame([(k,) for k in service], "key string")
