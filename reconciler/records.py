@@ -73,7 +73,8 @@ def verdict(fields: Mapping[str, str], *, token_states: Mapping[str, str | None]
     ``commit_ids``: known commit ids (to tell whether the ``committed`` flag names a commit).
     ``grace_ms``/``horizon_ms`` (SPEC safety 2): an address whose last reference ended (or
     whose upload expired) less than the grace window before the tracker horizon is live
-    (reason ``grace``): a copy published inside the window is legal and may not be applied yet.
+    (reason ``young``, or ``issued`` for an upload): a copy published inside the window is
+    legal and may not be applied yet.
     """
     adds = {k[1:]: v for k, v in fields.items() if k.startswith(REF_ADD)}
     removes = {k[1:] for k in fields if k.startswith(REF_REMOVE)}
@@ -120,7 +121,7 @@ def verdict(fields: Mapping[str, str], *, token_states: Mapping[str, str | None]
         return Verdict(False, "reaped", "", commit)
     if issued_until is not None and not adds:
         if _in_grace(issued_until, grace_ms, horizon_ms):
-            return Verdict(True, "issued", "grace", commit)
+            return Verdict(True, "issued", "issued", commit)
         return Verdict(False, "issued", "", commit)
     if state is None and not adds:
         # No state and no reference: a record we cannot read. Doubt keeps.
@@ -130,7 +131,7 @@ def verdict(fields: Mapping[str, str], *, token_states: Mapping[str, str | None]
         ended = max(x for x in (since, issued_until, 0) if x is not None)
         if since is None or _in_grace(ended, grace_ms, horizon_ms):
             # no `since`: when the last reference ended is unknown, doubt keeps
-            return Verdict(True, "unreferenced", "grace", commit)
+            return Verdict(True, "unreferenced", "young", commit)
     return Verdict(False, "unreferenced", "", commit)
 
 

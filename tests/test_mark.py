@@ -358,16 +358,15 @@ def test_verdict_keeps_an_address_unreferenced_less_than_grace_before_the_horizo
     unref = {"+r1": "t1", "-r1": "t1", "state": "unreferenced", "since": "1000"}
     g = {"grace_ms": 500}
     v = V(unref, {"t1": "open"}, horizon_ms=1499, **g)
-    assert v.live and v.reason == "grace" and v.kind == "unreferenced"
+    assert v.live and v.reason == "young" and v.kind == "unreferenced"
     assert not V(unref, {"t1": "open"}, horizon_ms=1500, **g).live
     assert not V(unref, {"t1": "open"}).live  # no grace given: the old reading
-    # no known horizon, or no `since`: nothing is proven past its grace
-    assert V(unref, {"t1": "open"}, horizon_ms=None, **g).live
+    # no `since`: when the last reference ended is unknown, doubt keeps
     assert V({"+r1": "t1", "-r1": "t1", "state": "unreferenced"}, {"t1": "open"},
              horizon_ms=10**9, **g).live
     # an expired upload: its grace runs from the expiry
     issued = {"iu": "900", "state": "issued"}
-    assert V(issued, cutoff_ms=950, horizon_ms=1399, **g).reason == "grace"
+    assert V(issued, cutoff_ms=950, horizon_ms=1399, **g).reason == "issued"
     assert not V(issued, cutoff_ms=950, horizon_ms=1400, **g).live
     # committed data is judged by retention, not by grace
     assert not V({"+r1": "t1", "committed": "1", "state": "committed"}, {"t1": "committed"},
