@@ -649,9 +649,15 @@ class Run:
                      retention_changed=state.fingerprint != ret.get("fingerprint"))
         if not reval["retention_changed"]:
             return None, parts, retained
+        # The mark's own retention options (expiration mode and ref deletion, when the mark
+        # recorded them): the same rules, applied to the refs and commits of now.
+        same: dict[str, Any] = {param: ret[key] for key, param in
+                                (("expiration_mode", "mode"),
+                                 ("delete_expired_refs", "delete_expired_refs")) if key in ret}
         try:
             plan = plan_retention(state, int(s["now_ms"]) / 1000.0,
-                                  expire_older_than_days=ret.get("expire_older_than_days"))
+                                  expire_older_than_days=ret.get("expire_older_than_days"),
+                                  **same)
         except ReconcileError as exc:
             return (f"branches, tags or commits changed since the mark and retention cannot "
                     f"be judged again ({exc}): nothing deleted, run a new mark", parts, retained)
