@@ -257,8 +257,12 @@ async def run_reconcile_phase(settings: Settings, service: ModelService,
     expected: set[str] = set()
     try:
         for repo in sorted(model.repositories):
+            # The service's own list of its uncommitted addresses: the reconciler's second
+            # witness beside the tracker's mirror (a lost event never turns into a delete).
+            await service.write_uncommitted_export(repo)
             with console.status(f"reconciler: mark and sweep of {repo}"):
-                summary = await asyncio.to_thread(reconcile, spark, settings, RunOptions(repo))
+                summary = await asyncio.to_thread(
+                    reconcile, spark, settings, RunOptions(repo, uncommitted_export="namespace"))
             mark = summary.get("mark") or {}
             sweep = summary.get("sweep") or {}
             runs.append({
@@ -277,7 +281,10 @@ async def run_reconcile_phase(settings: Settings, service: ModelService,
                 graph, heads, dict(r.tags),
                 RetentionPolicy(r.default_retention_days, r.branch_retention_days),
                 int(summary.get("now_ms") or time.time() * 1000) / 1000)
-            expected |= model.reconciler_garbage(retained, repository=repo)
+            horizon = (summary.get("tracker") or {}).get("grace_horizon_ms")
+            expected |= model.reconciler_garbage(
+                retained, repository=repo, grace_seconds=settings.grace_for(repo),
+                horizon=None if horizon is None else int(horizon) / 1000)
     finally:
         if not shared:
             await asyncio.to_thread(spark.stop)

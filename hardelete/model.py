@@ -833,11 +833,19 @@ class Model:
         repository: str | None = None,
         now: float | None = None,
         issued_ttl_respected: bool = True,
+        grace_seconds: float = 0.0,
+        horizon: float | None = None,
     ) -> frozenset[str]:
         """Objects in the namespace(s) that neither a retained commit, nor a live staged
-        reference, nor an unexpired issued address protects: what one reconciler run with
-        these retained commits must delete (before its age cutoff is applied)."""
+        reference, nor an unexpired issued address protects, nor the grace window: what one
+        reconciler run with these retained commits must delete (before its age cutoff).
+
+        Grace binds the reconciler as it binds the reaper (SPEC safety 2): online garbage that
+        became garbage less than ``grace_seconds`` before ``horizon`` (what the tracker has
+        processed; default ``now``) is kept, since a copy published inside the window is legal.
+        """
         truth = self.truth(now, issued_ttl_respected)
+        horizon = truth.now if horizon is None else horizon
         # The raw protections, not the categories: a superseded or committed address may also
         # be live in a token or still covered by its upload token.
         keep = set(truth.live_referenced)
@@ -845,10 +853,24 @@ class Model:
             keep.update(a for a, i in self.issued.items() if i.expires_at > truth.now)
         for cid in retained_commit_ids:
             keep.update(e.address for e in self.commits[cid].entries.values())
+        keep.update(a for a, since in truth.garbage_since.items()
+                    if since + grace_seconds > horizon)
         return frozenset(
             a for a, o in self.objects.items()
             if a not in keep and (repository is None or o.repository == repository)
         )
+
+    def uncommitted_addresses(self, repo: str, now: float | None = None) -> frozenset[str]:
+        """The service's own list of its uncommitted addresses (lakeFS PrepareGCUncommitted):
+        every address a live reference of an open or sealed token of ``repo`` names, and every
+        issued upload address whose token has not expired. Independent of any event."""
+        now = self.clock() if now is None else now
+        out = {ref.address for ref in self.references.values()
+               if ref.repository == repo and ref.removed_at is None
+               and self.tokens[ref.token].state in (TokenState.OPEN, TokenState.SEALED)}
+        out.update(a for a, i in self.issued.items()
+                   if i.repository == repo and i.linked_at is None and i.expires_at > now)
+        return frozenset(out)
 
     # -- internals --
 
@@ -1394,6 +1416,23 @@ class ModelService:
             missing_manifests=tuple(sorted(expected_manifests - manifests)),
             listed_by_category={**{c.value: 0 for c in Category}, **by_category},
         )
+
+    async def write_uncommitted_export(self, repo: str, location: str | None = None) -> str:
+        """Write the service's uncommitted-address export for the reconciler (format in
+        ``reconciler/README.md``): by default a new folder under the namespace's
+        ``_hardelete/exports/``. ``exported_at`` is the service's wall clock at the export.
+        Returns the folder."""
+        from reconciler.service_export import EXPORTS_PREFIX, write_export
+
+        exported_at = time.time()
+        addresses = sorted(self.model.uncommitted_addresses(repo))
+        if location is None:
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(exported_at))
+            location = (f"{self.model.repository(repo).storage_namespace}{EXPORTS_PREFIX}"
+                        f"{stamp}-{int(exported_at * 1000) % 1000:03d}/")
+        return await asyncio.to_thread(write_export, self.s3, location, addresses,
+                                       exported_at_ms=int(exported_at * 1000),
+                                       repository=repo)
 
     # -- internals --
 

@@ -112,6 +112,11 @@ class Settings:
     spark_master: str = "local[2]"
     spark_shuffle_partitions: int = field(default=0, metadata=_opt(_non_negative))
     reconcile_min_age_seconds: float = field(default=6 * 3_600.0, metadata=_opt(_non_negative))
+    uncommitted_export: str = ""
+    sweep_max_share: float = field(default=0.5, metadata=_opt(
+        lambda v: None if 0 < v <= 1 else "must be > 0 and <= 1"))
+    sweep_max_growth: float = field(default=10.0, metadata=_opt(_positive))
+    sweep_growth_floor: int = field(default=1_000, metadata=_opt(_non_negative))
 
     # --- operations ---
     metrics_port: int = field(default=0, metadata=_opt(_port, "0 disables the endpoint"))
@@ -200,6 +205,13 @@ DOCS: dict[str, str] = {
     "spark_shuffle_partitions": "Spark SQL shuffle partitions; 0: 4 in local mode, 200 on a "
                                 "cluster",
     "reconcile_min_age_seconds": "reconciler cutoff: younger objects are never candidates",
+    "uncommitted_export": "the service's uncommitted-address export for the reconciler: a path, "
+                          "s3:// prefix ({repo} is replaced), or 'namespace' "
+                          "(<namespace>_hardelete/exports/); empty: none",
+    "sweep_max_share": "a sweep deleting more than this share of the listed objects is refused "
+                       "without --allow-large-sweep",
+    "sweep_max_growth": "... or more than this many times the last successful run's deletes",
+    "sweep_growth_floor": "... and more than this many objects (growth check only)",
     "metrics_port": "Prometheus metrics port; 0 disables the endpoint",
     "metrics_textfile": "reconciler: write run metrics here (node-exporter textfile, *.prom)",
     "pushgateway_url": "reconciler: push run metrics to this Prometheus Pushgateway",

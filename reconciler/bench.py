@@ -152,10 +152,11 @@ def fill_redis(redis_url: str, n: int, per_manifest: int, per_slice: int) -> Non
     """Tracker state: repo, a commit per manifest (one chain on main), live/ended records."""
     import redis as redis_lib
 
-    from schemas.layout import PROGRESS, PROGRESS_META, RepoKeys
+    from schemas.layout import PROGRESS, PROGRESS_META, REPOS, RepoKeys
 
     r = redis_lib.Redis.from_url(redis_url, decode_responses=True)
     k = RepoKeys(REPO)
+    r.sadd(REPOS, REPO)  # a live repository (the reconciler refuses others)
     r.hset(k.meta, mapping={"namespace": f"s3://{BUCKET}/{PREFIX}", "default_branch": "main",
                             "default_retention_days": "100000", "branch_retention": "{}"})
     now = time.time()
@@ -305,8 +306,9 @@ def bench(n: int, *, inventory: bool, sweep: bool, per_slice: int, per_manifest:
         sampler = WorkerSampler(jvm)
         sampler.start()
         cutoff = int(time.time() * 1000)
+        # the bench measures throughput: the blast-radius guard is the operator's, not ours
         opts = RunOptions(REPO, dry_run=not sweep, cutoff_ms=cutoff,
-                          inventory=inv_dir if inventory else None)
+                          inventory=inv_dir if inventory else None, allow_large_sweep=True)
         t0 = time.monotonic()
         summary = reconcile(spark, settings, opts)
         wall = time.monotonic() - t0

@@ -7,7 +7,10 @@
    record or manifest is unknown is an error: its data cannot be protected, so the run fails.
 2. :func:`manifest_keys_df`: the manifests are read in parallel inside Spark tasks (boto3 +
    pyarrow; column ``address``, full ``s3://`` URI or namespace-relative) into a DataFrame of
-   namespace-relative keys. A missing or unreadable manifest fails the Spark job, and so the run.
+   namespace-relative keys in canonical form (``schemas.namespaces.address_forms``: ``s3a://``,
+   ``S3://``, percent escapes and relative rows are accepted; every form an ambiguous row may
+   name is kept). A missing or unreadable manifest, or a row outside the namespace, fails the
+   Spark job, and so the run.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from reconciler.retention import (
 from reconciler.s3io import Namespace, cached_s3, read_parquet_rows
 from reconciler.sparkio import distributed
 from reconciler.state import RepoState
+from schemas.layout import OutsideNamespace
+from schemas.namespaces import address_forms
 
 MANIFEST_ADDRESS_COLUMN = "address"
 
@@ -101,9 +106,16 @@ def manifest_keys_df(spark: Any, settings: Settings, ns: Namespace,
                                             [MANIFEST_ADDRESS_COLUMN]):
             if address is None:
                 raise ValueError(f"s3://{item['bucket']}/{item['key']}: null address")
-            rel = ns.rel_of_address(str(address))
-            if rel is not None:
-                yield (rel,)
+            try:
+                forms = address_forms(ns.uri, str(address))
+            except OutsideNamespace as exc:
+                # A row that cannot be put into the namespace's canonical form would protect
+                # nothing: the mark fails instead (never a silent drop).
+                raise ValueError(f"manifest s3://{item['bucket']}/{item['key']}: row "
+                                 f"{address!r} cannot be read as an address of "
+                                 f"{ns.uri}: {exc}") from None
+            for form in forms:
+                yield (form[len(ns.uri):],)
 
     return distributed(spark, manifests, "bucket string, key string", produce, KEYS_SCHEMA)
 
@@ -114,6 +126,8 @@ def export_df(spark: Any, settings: Settings, bucket: str, parts: list[str]) -> 
     from reconciler.state import EXPORT_COLUMNS
 
     def produce(item: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
-        yield from read_parquet_rows(cached_s3(settings), bucket, item["key"], EXPORT_COLUMNS)
+        # ``digest`` is optional: exports of format-1 runs (an optimized run's baseline) lack it
+        yield from read_parquet_rows(cached_s3(settings), bucket, item["key"],
+                                     EXPORT_COLUMNS[:-1], optional=EXPORT_COLUMNS[-1:])
 
     return distributed(spark, [(k,) for k in parts], "key string", produce, EXPORT_SCHEMA)

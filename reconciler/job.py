@@ -9,10 +9,13 @@ Order of a run (see reconciler/README.md):
    commits (seed 002: uncommitted first, so a commit landing in between is seen by one or the
    other);
 3. commit graph -> retention/expiration -> manifests of the retained commits;
-4. listing of the namespace (slices in Spark tasks, or an inventory);
+4. listing of the namespace (slices in Spark tasks, or an inventory), and the service's own
+   uncommitted export (a second witness; required for a fail-closed repository);
 5. classify and mark (Parquet + summary.json); any error so far: the run fails, nothing is
    deleted;
-6. sweep (unless ``--dry-run``), with an online re-check of every batch;
+6. sweep (unless ``--dry-run``): re-validate the mark against what is true now (retention
+   inputs, fail-closed state), the blast-radius guard, the cross-check gate, then per batch an
+   online re-check (live again, record changed since the export, refs moved);
 7. cross-check the mark against the online state.
 """
 
@@ -32,7 +35,11 @@ from hardelete import UserError
 from hardelete.clients import redis_sync, s3_client
 from hardelete.logs import get_logger
 from hardelete.settings import Settings
-from reconciler.committed import export_df, manifest_keys_df, plan_retention
+from reconciler.committed import (
+    export_df,
+    manifest_keys_df,
+    plan_retention,
+)
 from reconciler.errors import ReconcileError, SweepRefused
 from reconciler.listing import (
     discover_units,
@@ -42,7 +49,14 @@ from reconciler.listing import (
     newest_slice,
     select_optimized,
 )
-from reconciler.mark import LISTING_SCHEMA, MARKED_CATEGORIES, classify_df, tally_df
+from reconciler.mark import (
+    LISTING_SCHEMA,
+    MARK_COLUMNS,
+    MARK_SCHEMA,
+    MARKED_CATEGORIES,
+    classify_df,
+    tally_df,
+)
 from reconciler.report import (
     REPORT_FORMAT,
     is_swept_baseline,
@@ -52,17 +66,23 @@ from reconciler.report import (
     read_summary,
     write_summary,
 )
-from reconciler.s3io import Namespace, cached_s3, put_parquet
+from reconciler.s3io import Namespace, cached_s3, get_json, put_json, put_parquet, read_parquet_rows
+from reconciler.service_export import export_keys_df, find_export, resolve_location
+from reconciler.sparkio import distributed
 from reconciler.state import (
     Lease,
     export_addresses,
+    fail_closed_reason,
     load_namespace,
     load_repo,
     redis_now_ms,
+    refs_fingerprint,
+    retired_problem,
     tracker_watermark_ms,
 )
-from reconciler.sweep import SweepStats, sweep
+from reconciler.sweep import SKIPPED_RETAINED, SweepStats, sweep
 from reconciler.ui import NullUi, RichUi, summary_table
+from schemas.layout import RepoKeys
 
 log = get_logger("reconciler")
 
@@ -86,6 +106,8 @@ class RunOptions:
     lease_ttl_ms: int = 60_000
     recheck: bool = True
     tracker_wait_s: float = 120.0
+    uncommitted_export: str | None = None  # None: the ``uncommitted_export`` setting
+    allow_large_sweep: bool = False
 
 
 def _ms_now() -> int:
@@ -143,9 +165,22 @@ def parse_cutoff(text: str) -> int:
 def _write_mark(spark: Any, settings: Settings, ns: Namespace, run_id: str,
                 marked: Any) -> list[str]:
     """Write the marked rows as Parquet parts from the tasks; the part keys come back."""
-    prefix = ns.report_prefix(run_id) + "mark/"
+    return _write_rows(settings, ns, ns.report_prefix(run_id) + "mark/", marked, MARK_COLUMNS)
+
+
+def _mark_df(spark: Any, settings: Settings, ns: Namespace, parts: list[str]) -> Any:
+    """The rows of mark parts, read inside tasks."""
+
+    def produce(item: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
+        yield from read_parquet_rows(cached_s3(settings), ns.bucket, item["part"], MARK_COLUMNS)
+
+    return distributed(spark, [(p,) for p in parts], "part string", produce, MARK_SCHEMA)
+
+
+def _write_rows(settings: Settings, ns: Namespace, prefix: str, df: Any,
+                columns: tuple[str, ...]) -> list[str]:
+    """Write a DataFrame's rows as Parquet parts from the tasks; the part keys come back."""
     token = uuid.uuid4().hex[:6]
-    columns = ("key", "size", "last_modified", "category")
 
     def write(index: int, rows: Iterator[Any]) -> Iterator[tuple[str, int]]:
         from pyspark import TaskContext
@@ -179,7 +214,7 @@ def _write_mark(spark: Any, settings: Settings, ns: Namespace, run_id: str,
         if done:
             yield done
 
-    parts = marked.select(*columns).rdd.mapPartitionsWithIndex(write).collect()
+    parts = df.select(*columns).rdd.mapPartitionsWithIndex(write).collect()
     return sorted(p for p, _ in parts)
 
 
@@ -241,6 +276,7 @@ class Run:
         self.r = redis_sync(settings)
         self.s3 = s3_client(settings)
         self.summary: dict[str, Any] = {}
+        self._refs: str | None = None  # refs_fingerprint the sweep was re-validated against
 
     # -- helpers
     def _save(self) -> None:
@@ -261,6 +297,9 @@ class Run:
         except redis.exceptions.ConnectionError as exc:
             raise UserError(f"cannot reach the tracker's Redis ({exc}): nothing was done") \
                 from None
+        problem = retired_problem(self.r, self.opts.repo, self.ns)
+        if problem:
+            raise UserError(f"{problem}: nothing was done")
         if self.opts.sweep_only:
             return self.sweep_only(self.opts.sweep_only)
         return self.mark_and_sweep()
@@ -323,6 +362,10 @@ class Run:
         if not summary.get("success") or summary.get("status") == "running":
             raise SweepRefused(f"run {run_id} is not a successful mark "
                                f"(status {summary.get('status')}, error {summary.get('error')})")
+        if int(summary.get("format") or 0) < REPORT_FORMAT:
+            raise SweepRefused(f"run {run_id} was marked by an older reconciler (report format "
+                               f"{summary.get('format')}): it cannot be re-validated; run a "
+                               "new mark")
         marked_at = summary.get("marked_at_ms") or 0
         now_ms = redis_now_ms(self.r)
         age_h = (now_ms - int(marked_at)) / 3_600_000
@@ -371,11 +414,17 @@ class Run:
         pre_state = load_repo(self.r, o.repo)
         export_started = redis_now_ms(self.r)
         s["tracker"]["export_started_ms"] = export_started
+        # Grace binds the mark too (SPEC safety 2): an address unreferenced less than the grace
+        # window before the tracker horizon is live. Without a known horizon (ignored), now.
+        grace_ms = int(self.settings.grace_for(o.repo) * 1000)
+        horizon = export_started if watermark is None else min(watermark, export_started)
+        s["tracker"].update(grace_ms=grace_ms, grace_horizon_ms=horizon)
         with self.ui.phase("export tracker state (uncommitted live set)"):
             export = export_addresses(
                 self.r, self.s3, o.repo, ns, report + "uncommitted/", cutoff_ms=cutoff_ms,
                 now_ms=now_ms, token_commits=pre_state.token_commits,
-                commit_ids=set(pre_state.commits), progress=self.ui.count)
+                commit_ids=set(pre_state.commits), grace_ms=grace_ms, horizon_ms=horizon,
+                progress=self.ui.count)
         s["uncommitted"] = {**export.as_dict(), "part_keys": export.parts}
         timed("export_s", t0)
         lease.check()
@@ -394,7 +443,12 @@ class Run:
                                        if o.expire_older_than_days is not None
                                        else state.expire_older_than_days),
             "expiration_mode": o.expiration_mode,
-            "delete_expired_refs": o.delete_expired_refs}
+            "delete_expired_refs": o.delete_expired_refs,
+            "fingerprint": state.fingerprint, "retained_key": report + "retained.json"}
+        # What retention kept at the mark: the sweep re-judges retention against it.
+        put_json(self.s3, ns.bucket, report + "retained.json",
+                 {"retained": sorted(plan.retained),
+                  "manifests": [list(m) for m in plan.manifests]})
         known = export_df(self.spark, self.settings, ns.bucket, export.parts)
         known = known.persist(StorageLevel.MEMORY_AND_DISK)
         with self.ui.phase(f"read {len(plan.manifests)} manifests of "
@@ -448,9 +502,14 @@ class Run:
                                                          candidates))
                 listing = listing.dropDuplicates(["key"])
 
-        # 5. classify and mark
+        # 5. the service's own uncommitted export (a second witness) and fail-closed state
+        service, withhold = self._service_evidence(cutoff_ms)
+
+        # 6. classify and mark
         with self.ui.phase("list the namespace and classify"):
-            classified = classify_df(listing, committed, known, cutoff_ms) \
+            classified = classify_df(listing, committed, known, cutoff_ms, service=service,
+                                     withhold=withhold,
+                                     known_unique=export.extra_forms == 0) \
                 .persist(StorageLevel.MEMORY_AND_DISK)
             tally = tally_df(classified)
         timed("listing_classify_s", t0)
@@ -472,35 +531,100 @@ class Run:
         lease.check()
         return parts
 
+    def _service_evidence(self, cutoff_ms: int) -> tuple[Any, bool]:
+        """The service export's keys (or None) and whether leaks/unreferenced are withheld."""
+        o, s = self.opts, self.summary
+        setting = o.uncommitted_export if o.uncommitted_export is not None \
+            else self.settings.uncommitted_export
+        found = None
+        if setting:
+            location = resolve_location(setting, self.ns, o.repo)
+            found = find_export(self.s3, location, o.repo)
+            s["service_export"] = ({"location": location, "found": False} if found is None
+                                   else {**found.as_dict(cutoff_ms), "found": True})
+        else:
+            s["service_export"] = {"found": False, "location": None}
+        reason = fail_closed_reason(self.r, o.repo)
+        fresh = found is not None and found.exported_at_ms > cutoff_ms
+        withhold = reason is not None and not fresh
+        if reason is not None:
+            s["fail_closed"] = {
+                "reason": reason, "fresh_export": fresh, "withheld": withhold,
+                "note": ("the mirror is unproven and no service export made after the cutoff "
+                         "vouches for the uncommitted set: leaked and unreferenced objects "
+                         "are kept (category withheld)") if withhold else
+                        ("the mirror is unproven; a service export made after the cutoff "
+                         "vouches for the uncommitted set")}
+        service = None
+        if found is not None:
+            service = export_keys_df(self.spark, self.settings, self.ns, o.repo, found)
+            if found.exported_at_ms <= cutoff_ms:
+                s["service_export"]["note"] = ("exported before the cutoff: used as extra "
+                                               "evidence only")
+        return service, withhold
+
     def _sweep(self, lease_id: str, parts: list[str], lease: Lease,
                delete: bool = True) -> SweepStats:
         return sweep(self.spark, self.settings, self.opts.repo, lease_id, self.ns, parts,
                      cutoff_ms=int(self.summary["cutoff_ms"]), recheck=self.opts.recheck,
-                     delete=delete, report_run_id=self.summary["run_id"])
+                     delete=delete, report_run_id=self.summary["run_id"],
+                     refs=self._refs, export_vouched=bool(
+                         (self.summary.get("fail_closed") or {}).get("fresh_export")))
 
     def _do_sweep(self, lease_id: str, parts: list[str], lease: Lease) -> None:
+        """Re-validate the mark against what is true now, check the blast radius and the
+        cross-check, then sweep. Every refusal leaves the mark standing (``--sweep-only``)."""
         s = self.summary
-        export_started = (s.get("tracker") or {}).get("export_started_ms") or 0
         if not self.opts.ignore_tracker_progress:
-            # Events published while the mark ran must be visible to the sweep's re-check:
-            # wait (a little) for the tracker to have applied everything up to the export.
+            # What happened before the sweep (since the mark: refs, commits, copies) must be
+            # visible to its re-validation: wait (a little) for the tracker to have applied
+            # everything the broker held when the sweep started.
+            target = redis_now_ms(self.r)
             deadline = time.monotonic() + self.opts.tracker_wait_s
             watermark = tracker_watermark_ms(self.r)
-            while (watermark is None or watermark < export_started) \
+            while (watermark is None or watermark < target) \
                     and time.monotonic() < deadline:
                 time.sleep(0.25)
                 watermark = tracker_watermark_ms(self.r)
-            if watermark is None or watermark < export_started:
+            if watermark is None or watermark < target:
                 s["sweep"] = {"status": "deferred",
                               "reason": "the tracker has not yet applied everything up to the "
-                                        "mark's export; sweep later with --sweep-only "
+                                        "sweep's start; sweep later with --sweep-only "
                                         f"{s['run_id']}"}
                 return
+        paused = self.r.get(RepoKeys(self.opts.repo).paused)
+        if paused is not None:  # `hardelete pause`: the operator stopped deletion here
+            s["sweep"] = {"status": "paused", "reason": f"the repository is paused ({paused}): "
+                          f"nothing is deleted; `hardelete resume {self.opts.repo}`, then "
+                          f"--sweep-only {s['run_id']}"}
+            return
         t0 = time.monotonic()
         try:
             lease.check()
+            with self.ui.phase("re-validate the mark (retention, fail-closed state)"):
+                refusal, parts, retained = self._revalidate(lease_id, parts)
+            if refusal is None:
+                refusal = self._blast_radius(parts, retained)
+            if refusal is None:
+                with self.ui.phase("cross-check the mark online before deleting"):
+                    pre = self._sweep(lease_id, parts, lease, delete=False)
+                s.setdefault("crosscheck", {})["marked_but_referenced_online"] = {
+                    "count": pre.skipped_live, "sample": pre.samples.get("skipped_live", [])}
+                if pre.skipped_live:
+                    refusal = (f"cross-check: {pre.skipped_live} marked object(s) are "
+                               "referenced online: the mark diverges from the online state, "
+                               "nothing of this run is deleted; find out why, then run a new "
+                               "mark")
+            if refusal is not None:
+                s["sweep"] = {"status": "refused", "reason": refusal,
+                              "skipped_retained": retained.skipped_retained,
+                              "samples": retained.samples}
+                log.warning("reconcile.sweep_refused", run_id=s["run_id"], reason=refusal)
+                return
+            lease.check()
             with self.ui.phase(f"sweep {s['mark']['marked']:,} marked objects"):
                 stats = self._sweep(lease_id, parts, lease)
+            stats.merge(retained)
         except Exception as exc:
             s["sweep"] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
             log.error("reconcile.sweep_failed", run_id=s["run_id"], error=str(exc))
@@ -510,6 +634,108 @@ class Run:
         s.setdefault("crosscheck", {})["marked_but_referenced_online"] = {
             "count": stats.skipped_live, "sample": stats.samples.get("skipped_live", [])}
         s["status"] = "done"
+
+    def _revalidate(self, lease_id: str, parts: list[str]) -> tuple[str | None, list[str],
+                                                                     SweepStats]:
+        """Judge the mark's retention again with the branches, tags and commits of now.
+
+        Unchanged inputs (same fingerprint): the mark's parts. Changed: retention is
+        recomputed at the mark's clock; the keys of every manifest retained now and not at
+        the mark are taken out of the sweep (``skipped_retained``, written to the report);
+        the rest is swept from new parts. A refusal (a reason) when that cannot be done.
+        """
+        s = self.summary
+        retained = SweepStats()
+        ret = s.get("retention") or {}
+        reval: dict[str, Any] = {}
+        s["revalidation"] = reval
+        reason = fail_closed_reason(self.r, self.opts.repo)
+        if reason is not None and not (s.get("fail_closed") or {}):
+            reval["fail_closed"] = reason
+            return (f"the repository is fail-closed now ({reason}) but was not at the mark: "
+                    "run a new mark", parts, retained)
+        # Taken before the state is read: every sweep batch checks it (a change after this
+        # point stops the sweep, one before it is in the state judged below).
+        self._refs = refs_fingerprint(self.r, self.opts.repo)
+        state = load_repo(self.r, self.opts.repo)
+        reval.update(fingerprint_at_mark=ret.get("fingerprint"),
+                     fingerprint_now=state.fingerprint,
+                     retention_changed=state.fingerprint != ret.get("fingerprint"))
+        if not reval["retention_changed"]:
+            return None, parts, retained
+        # The mark's own retention options (expiration mode and ref deletion, when the mark
+        # recorded them): the same rules, applied to the refs and commits of now.
+        same: dict[str, Any] = {param: ret[key] for key, param in
+                                (("expiration_mode", "mode"),
+                                 ("delete_expired_refs", "delete_expired_refs")) if key in ret}
+        try:
+            plan = plan_retention(state, int(s["now_ms"]) / 1000.0,
+                                  expire_older_than_days=ret.get("expire_older_than_days"),
+                                  **same)
+        except ReconcileError as exc:
+            return (f"branches, tags or commits changed since the mark and retention cannot "
+                    f"be judged again ({exc}): nothing deleted, run a new mark", parts, retained)
+        at_mark = get_json(self.s3, self.ns.bucket, ret["retained_key"])
+        mark_manifests = {tuple(m) for m in at_mark["manifests"]}
+        new = [m for m in plan.manifests if tuple(m) not in mark_manifests]
+        reval.update(newly_retained_commits=len(plan.retained - set(at_mark["retained"])),
+                     new_manifests=len(new))
+        if not new:
+            return None, parts, retained
+        from pyspark import StorageLevel
+
+        protected = manifest_keys_df(self.spark, self.settings, self.ns, new).distinct()
+        marked = _mark_df(self.spark, self.settings, self.ns, parts) \
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            skipped = marked.join(protected, "key", "left_semi")
+            retained.skipped_retained = skipped.count()
+            for key in _sample(skipped):
+                retained.sample(SKIPPED_RETAINED, key)
+            base = self.ns.report_prefix(s["run_id"]) + f"revalidated/{lease_id.replace(':', '-')}/"
+            if retained.skipped_retained:
+                from pyspark.sql import functions as F
+
+                _write_rows(self.settings, self.ns, base + "skipped/",
+                            skipped.withColumn("outcome", F.lit(SKIPPED_RETAINED)),
+                            (*MARK_COLUMNS, "outcome"))
+            parts = _write_rows(self.settings, self.ns, base + "mark/",
+                                marked.join(protected, "key", "left_anti"), MARK_COLUMNS)
+        finally:
+            marked.unpersist()
+        reval.update(skipped_retained=retained.skipped_retained, parts=parts)
+        return None, parts, retained
+
+    def _blast_radius(self, parts: list[str], retained: SweepStats) -> str | None:
+        """Why the sweep is too large to go without ``--allow-large-sweep``, or None."""
+        s, cfg = self.summary, self.settings
+        marked = int(s["mark"]["marked"]) - retained.skipped_retained
+        listed = int(s["mark"]["listed"])
+        guard: dict[str, Any] = {"would_delete": marked, "listed": listed,
+                                 "max_share": cfg.sweep_max_share,
+                                 "allowed_by_flag": self.opts.allow_large_sweep}
+        s["blast_radius"] = guard
+        problems = []
+        if listed and marked / listed > cfg.sweep_max_share:
+            problems.append(f"it would delete {marked:,} of {listed:,} listed objects "
+                            f"({marked / listed:.0%} > sweep_max_share "
+                            f"{cfg.sweep_max_share:.0%})")
+        previous = next((p for p in previous_runs(self.s3, self.ns, self.opts.repo,
+                                                  before=s["run_id"])
+                         if (p.get("sweep") or {}).get("status") == "done"), None)
+        if previous is not None:
+            before = int((previous.get("sweep") or {}).get("confirmed") or 0)
+            guard.update(previous_run=previous["run_id"], previous_confirmed=before)
+            if marked > cfg.sweep_growth_floor and marked > cfg.sweep_max_growth * before:
+                problems.append(f"it would delete {marked:,} objects, more than "
+                                f"{cfg.sweep_max_growth:g}x the {before:,} of the last "
+                                f"successful run {previous['run_id']} (and more than "
+                                f"sweep_growth_floor {cfg.sweep_growth_floor:,})")
+        guard["problems"] = problems
+        if not problems or self.opts.allow_large_sweep:
+            return None
+        return ("blast-radius guard: " + "; ".join(problems) + ". Check the mark, then sweep "
+                f"it with --sweep-only {s['run_id']} --allow-large-sweep")
 
 
 def reconcile(spark: Any, settings: Settings, opts: RunOptions, ui: Any = None) -> dict[str,
@@ -556,13 +782,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="DANGEROUS: do not hold the cutoff back to the tracker's progress")
     parser.add_argument("--max-mark-age-hours", type=float, default=24.0,
                         help="--sweep-only refuses older marks (default 24)")
+    parser.add_argument("--uncommitted-export", metavar="PATH",
+                        help="the service's own export of its uncommitted addresses (Parquet/"
+                             "CSV + export.json): a directory, s3:// prefix, or 'namespace'; "
+                             "default: the uncommitted_export setting")
+    parser.add_argument("--allow-large-sweep", action="store_true",
+                        help="sweep even when the blast-radius guard refuses (share of the "
+                             "listing, growth over the last run)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
 def _check_args(args: argparse.Namespace) -> None:
     if args.inventory and args.optimized:
         raise UserError("--inventory and --optimized do not go together")
-    if args.sweep_only and (args.optimized or args.inventory or args.cutoff):
+    if args.sweep_only and (args.optimized or args.inventory or args.cutoff
+                            or args.uncommitted_export):
         raise UserError("--sweep-only takes no listing options")
     if args.expire_older_than_days is not None and args.expire_older_than_days < 0:
         raise UserError("--expire-older-than-days must be >= 0")
@@ -603,9 +837,18 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
             inventory=args.inventory, expire_older_than_days=args.expire_older_than_days,
             expiration_mode=args.expiration_mode, delete_expired_refs=args.delete_expired_refs,
             ignore_tracker_progress=args.ignore_tracker_progress,
-            max_mark_age_hours=args.max_mark_age_hours)
-        # One repository's failure (reported in its summary) does not stop the others.
-        summary = reconcile(spark, settings, opts, ui)
+            max_mark_age_hours=args.max_mark_age_hours,
+            uncommitted_export=args.uncommitted_export,
+            allow_large_sweep=args.allow_large_sweep)
+        # One repository's failure (reported in its summary) does not stop the others; with
+        # --all a refused repository (retired, lease busy) is reported and the others go on.
+        try:
+            summary = reconcile(spark, settings, opts, ui)
+        except UserError as exc:
+            if not args.all:
+                raise
+            summary = {"repository": repo, "success": False, "status": "refused",
+                       "error": str(exc), "dry_run": args.dry_run}
         summaries.append(summary)
         if not args.json:
             from rich.console import Console

@@ -168,7 +168,8 @@ def _read_inventory_file(s3: Any, path: str) -> Iterator[tuple[Any, Any, Any]]:
             raise ValueError(f"inventory file {path}: missing column(s) {missing}")
         batches = pf.iter_batches(columns=list(INVENTORY_COLUMNS), batch_size=65_536)
     else:
-        table = pacsv.read_csv(data)
+        table = pacsv.read_csv(data, convert_options=pacsv.ConvertOptions(
+            column_types={"key": "string"}))
         missing = [c for c in INVENTORY_COLUMNS if c not in table.column_names]
         if missing:
             raise ValueError(f"inventory file {path}: missing column(s) {missing}")
@@ -177,18 +178,37 @@ def _read_inventory_file(s3: Any, path: str) -> Iterator[tuple[Any, Any, Any]]:
         yield from zip(*(batch.column(c).to_pylist() for c in INVENTORY_COLUMNS), strict=True)
 
 
+def inventory_key(raw: str, path: str) -> str:
+    """The bucket key of an inventory row in canonical (listing) form.
+
+    S3 Inventory writes CSV keys URL-encoded (form encoding: ``+`` is a space, ``%2B`` a
+    plus) and Parquet/ORC keys as they are; a CSV key is decoded so that it compares with
+    the listing, the manifests and the tracker's addresses.
+    """
+    if path.endswith(".parquet"):
+        return raw
+    from urllib.parse import unquote_plus
+
+    return unquote_plus(raw, errors="strict")
+
+
 def inventory_df(spark: Any, settings: Settings, ns: Namespace, files: Sequence[str]) -> Any:
     """The listing from inventory files, read inside Spark tasks; keys are bucket keys (as S3
-    Inventory writes them) and only those under the namespace are kept."""
+    Inventory writes them: URL-encoded in CSV, see :func:`inventory_key`) and only those
+    under the namespace are kept."""
     if not files:
         raise ValueError("the inventory has no .parquet or .csv files")
     plen = len(ns.prefix)
     prefix = ns.prefix
 
     def produce(item: dict[str, Any]) -> Iterator[tuple[str, int, int]]:
-        for key, size, modified in _read_inventory_file(cached_s3(settings), item["path"]):
-            if key is None or not str(key).startswith(prefix):
+        path = item["path"]
+        for raw, size, modified in _read_inventory_file(cached_s3(settings), path):
+            if raw is None:
                 continue
-            yield str(key)[plen:], int(size or 0), _to_ms(modified)
+            key = inventory_key(str(raw), path)
+            if not key.startswith(prefix):
+                continue
+            yield key[plen:], int(size or 0), _to_ms(modified)
 
     return distributed(spark, [(f,) for f in files], "path string", produce, LISTING_SCHEMA)

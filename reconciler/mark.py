@@ -8,8 +8,11 @@ Every listed object falls in exactly one category, decided in this order:
 ``committed``       referenced by a retained commit (its manifest, or the tracker's committed
                     record of a retained commit): live
 ``uncommitted``     live in the tracker's state (a live reference in an open or sealed token,
-                    an unexpired issued upload, a reaper's claim in flight, or doubt): live
+                    an unexpired issued upload, a reaper's claim in flight, inside the grace
+                    window, or doubt), or listed by the service's own uncommitted export: live
 ``recent``          not live, but last modified at or after the cutoff: not a candidate yet
+``withheld``        would be ``leaked`` or ``unreferenced``, but the repository is fail-closed
+                    (its mirror is unproven) and no fresh service export vouches: kept
 ``leaked``          MARKED: the tracker never heard of it (written with no event)
 ``unreferenced``    MARKED: the tracker knows it, every reference ended (uncommitted garbage)
 ``expired_upload``  MARKED: issued for an upload that was never linked, and expired
@@ -34,15 +37,19 @@ RESERVED = "reserved"
 COMMITTED = "committed"
 UNCOMMITTED = "uncommitted"
 RECENT = "recent"
+WITHHELD = "withheld"
 LEAKED = "leaked"
 UNREFERENCED = "unreferenced"
 EXPIRED_UPLOAD = "expired_upload"
 COMMITTED_EXPIRED = "committed_expired"
 REAPED = "reaped"
 
-KEPT_CATEGORIES = (RESERVED, COMMITTED, UNCOMMITTED, RECENT)
+KEPT_CATEGORIES = (RESERVED, COMMITTED, UNCOMMITTED, RECENT, WITHHELD)
 MARKED_CATEGORIES = (LEAKED, UNREFERENCED, EXPIRED_UPLOAD, COMMITTED_EXPIRED, REAPED)
 CATEGORIES = KEPT_CATEGORIES + MARKED_CATEGORIES
+
+# Marked only when the mirror is proven (or a fresh service export vouches for it).
+WITHHOLDABLE = (LEAKED, UNREFERENCED)
 
 # What the tracker's record says about a non-live address (the ``kind`` column of the export)
 # -> the marked category. Unknown kinds are ``unreferenced``.
@@ -115,8 +122,14 @@ class Tally:
 
 
 def classify(obj: Listed, *, cutoff_ms: int, committed: Container[str],
-             uncommitted: Container[str], known: Mapping[str, str]) -> str:
-    """The category of one listed object (see the module docstring for the order)."""
+             uncommitted: Container[str], known: Mapping[str, str],
+             withhold: bool = False) -> str:
+    """The category of one listed object (see the module docstring for the order).
+
+    ``uncommitted``: the tracker's live keys and the service export's, together.
+    ``withhold``: the mirror is unproven (fail-closed without a fresh service export):
+    what only the mirror's silence makes garbage is kept.
+    """
     if not is_plain_key(obj.key):
         return RESERVED
     if obj.key in committed:
@@ -126,9 +139,10 @@ def classify(obj: Listed, *, cutoff_ms: int, committed: Container[str],
     if obj.last_modified_ms >= cutoff_ms:
         return RECENT
     kind = known.get(obj.key)
-    if kind is None:
-        return LEAKED
-    return KIND_TO_CATEGORY.get(kind, UNREFERENCED)
+    category = LEAKED if kind is None else KIND_TO_CATEGORY.get(kind, UNREFERENCED)
+    if withhold and category in WITHHOLDABLE:
+        return WITHHELD
+    return category
 
 
 @dataclass
@@ -143,7 +157,8 @@ class MarkResult:
 
 def compute_mark(listing: Iterable[Listed], *, cutoff_ms: int, committed: Container[str],
                  uncommitted: Container[str],
-                 known: Mapping[str, str] | None = None) -> MarkResult:
+                 known: Mapping[str, str] | None = None,
+                 withhold: bool = False) -> MarkResult:
     """listed - committed - uncommitted - reserved, older than the cutoff; with a tally.
 
     ``known`` maps keys the tracker has a record of to that record's kind (for the category of
@@ -154,7 +169,7 @@ def compute_mark(listing: Iterable[Listed], *, cutoff_ms: int, committed: Contai
     marked: list[tuple[Listed, str]] = []
     for obj in listing:
         category = classify(obj, cutoff_ms=cutoff_ms, committed=committed,
-                            uncommitted=uncommitted, known=known)
+                            uncommitted=uncommitted, known=known, withhold=withhold)
         tally.add(category, obj.size)
         if category in MARKED_CATEGORIES:
             marked.append((obj, category))
@@ -165,7 +180,10 @@ def compute_mark(listing: Iterable[Listed], *, cutoff_ms: int, committed: Contai
 
 LISTING_SCHEMA = "key string, size long, last_modified long"
 KEYS_SCHEMA = "key string"
-EXPORT_SCHEMA = "key string, live boolean, kind string, reason string, commit string"
+EXPORT_SCHEMA = ("key string, live boolean, kind string, reason string, commit string, "
+                 "digest string")
+MARK_COLUMNS = ("key", "size", "last_modified", "category", "digest")
+MARK_SCHEMA = "key string, size long, last_modified long, category string, digest string"
 
 
 def _bad_key() -> Any:
@@ -179,28 +197,50 @@ def _bad_key() -> Any:
     return cond
 
 
-def classify_df(listing: Any, committed: Any, known: Any, cutoff_ms: int) -> Any:
+def classify_df(listing: Any, committed: Any, known: Any, cutoff_ms: int,
+                service: Any = None, withhold: bool = False,
+                known_unique: bool = False) -> Any:
     """The same decision as :func:`classify`, on DataFrames.
 
     ``listing``: key, size, last_modified (ms). ``committed``: key (retained commits' keys,
-    duplicates allowed). ``known``: the tracker export (key, live, kind, ...; one row per key).
-    Returns the listing with a ``category`` column.
+    duplicates allowed). ``known``: the tracker export (key, live, kind, ..., digest); a key
+    with several rows (two records naming one key) is live. ``service``: keys of the
+    service's uncommitted export (live), or None. ``known_unique``: the caller knows each key
+    has one row (no extra address forms), which spares a shuffle. Returns the listing with
+    ``category`` and ``digest`` (the tracker record's digest at export, None without a record).
     """
     from pyspark.sql import functions as F
 
     bad_key = _bad_key()
     c = committed.select("key").distinct().withColumn("_committed", F.lit(True))
-    k = known.select("key", F.col("live").alias("_live"), F.col("kind").alias("_kind"))
+    digest = F.col("digest") if "digest" in known.columns else F.lit(None).cast("string")
+    if known_unique:
+        k = known.select("key", F.col("live").alias("_live"), F.col("kind").alias("_kind"),
+                         digest.alias("digest"))
+    else:
+        k = (known.select("key", "live", "kind", digest.alias("digest"))
+             .groupBy("key")
+             .agg((F.max(F.col("live").cast("int")).cast("boolean")
+                   | (F.count(F.lit(1)) > 1)).alias("_live"),
+                  F.first("kind").alias("_kind"), F.first("digest").alias("digest")))
     joined = listing.join(c, "key", "left").join(k, "key", "left")
+    live = F.coalesce(F.col("_live"), F.lit(False))
+    if service is not None:
+        svc = service.select("key").distinct().withColumn("_service", F.lit(True))
+        joined = joined.join(svc, "key", "left")
+        live = live | F.col("_service").isNotNull()
     category = F.when(bad_key, F.lit(RESERVED))
     category = category.when(F.col("_committed").isNotNull(), F.lit(COMMITTED))
-    category = category.when(F.coalesce(F.col("_live"), F.lit(False)), F.lit(UNCOMMITTED))
+    category = category.when(live, F.lit(UNCOMMITTED))
     category = category.when(F.col("last_modified") >= F.lit(cutoff_ms), F.lit(RECENT))
-    category = category.when(F.col("_kind").isNull(), F.lit(LEAKED))
+    leaked = F.lit(WITHHELD if withhold else LEAKED)
+    category = category.when(F.col("_kind").isNull(), leaked)
     for kind, cat in KIND_TO_CATEGORY.items():
+        if withhold and cat in WITHHOLDABLE:
+            cat = WITHHELD
         category = category.when(F.col("_kind") == kind, F.lit(cat))
-    category = category.otherwise(F.lit(UNREFERENCED))
-    return joined.select("key", "size", "last_modified", category.alias("category"))
+    category = category.otherwise(F.lit(WITHHELD if withhold else UNREFERENCED))
+    return joined.select("key", "size", "last_modified", category.alias("category"), "digest")
 
 
 def mark_df(listing: Any, committed: Any, uncommitted_live: Any, cutoff_ms: int) -> Any:

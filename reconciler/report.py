@@ -10,7 +10,7 @@ from typing import Any
 from reconciler.s3io import Namespace, get_json, list_dirs, put_json
 from schemas.layout import REPORTS_PREFIX
 
-REPORT_FORMAT = 1
+REPORT_FORMAT = 2  # 2: digests in the mark, retention fingerprint
 SUMMARY = "summary.json"
 
 

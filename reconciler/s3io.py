@@ -92,21 +92,26 @@ def put_parquet(s3: Any, bucket: str, key: str, columns: dict[str, list[Any]],
     return len(data)
 
 
-def read_parquet_rows(s3: Any, bucket: str, key: str,
-                      columns: Sequence[str]) -> Iterator[tuple[Any, ...]]:
-    """Rows (tuples of ``columns``) of one Parquet object, batch by batch.
+def read_parquet_rows(s3: Any, bucket: str, key: str, columns: Sequence[str],
+                      optional: Sequence[str] = ()) -> Iterator[tuple[Any, ...]]:
+    """Rows (tuples of ``columns`` then ``optional``) of one Parquet object, batch by batch.
 
     A missing column or an unreadable file raises: callers building a live set must fail.
+    A missing ``optional`` column reads as None.
     """
     import pyarrow.parquet as pq
 
     body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     pf = pq.ParquetFile(io.BytesIO(body))
-    missing = [c for c in columns if c not in pf.schema_arrow.names]
+    names = pf.schema_arrow.names
+    missing = [c for c in columns if c not in names]
     if missing:
         raise ValueError(f"s3://{bucket}/{key}: missing column(s) {missing}")
-    for batch in pf.iter_batches(columns=list(columns), batch_size=65_536):
-        cols = [batch.column(c).to_pylist() for c in columns]
+    present = [c for c in optional if c in names]
+    for batch in pf.iter_batches(columns=[*columns, *present], batch_size=65_536):
+        n = batch.num_rows
+        cols = [batch.column(c).to_pylist() if c in columns or c in present else [None] * n
+                for c in [*columns, *optional]]
         yield from zip(*cols, strict=True)
 
 

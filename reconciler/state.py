@@ -9,6 +9,7 @@ states and claims are metadata (small) and are read whole.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import threading
 from collections.abc import Iterator
@@ -21,7 +22,17 @@ from reconciler.errors import LeaseBusy, ReconcileError
 from reconciler.records import token_state, verdict
 from reconciler.retention import Commit, RetentionPolicy
 from reconciler.s3io import Namespace, put_parquet
-from schemas.layout import RECONCILER_LEASE, RepoKeys
+from schemas.layout import (
+    FAIL_CLOSED,
+    NAMESPACES,
+    RECONCILER_LEASE,
+    REF_ADD,
+    REPOS,
+    RETIRED,
+    OutsideNamespace,
+    RepoKeys,
+)
+from schemas.namespaces import address_forms, canonical_namespace
 
 
 def redis_now_ms(r: Any) -> int:
@@ -93,6 +104,9 @@ class RepoState:
     branch_heads: dict[str, str]
     tags: dict[str, str]
     staging_tokens: set[str] = field(default_factory=set)
+    # A digest of every retention input as read (repository meta, commits, branches, tags):
+    # the sweep compares it with the mark's to know whether retention must be judged again.
+    fingerprint: str = ""
 
     @property
     def graph(self) -> dict[str, Commit]:
@@ -118,8 +132,14 @@ def load_namespace(r: Any, repo: str) -> Namespace:
 def load_repo(r: Any, repo: str) -> RepoState:
     """Read the repository's metadata, commit graph, branches and tags; raise if garbled."""
     keys = RepoKeys(repo)
-    meta = r.hgetall(keys.meta) or {}
+    # One transaction: the fingerprint and the state are of the same moment.
+    pipe = r.pipeline(transaction=True)
+    for name in (keys.meta, keys.commits, keys.branches, keys.tags):
+        pipe.hgetall(name)
+    raw_meta, raw_commits, raw_branches, raw_tags = (x or {} for x in pipe.execute())
+    meta = raw_meta
     namespace = load_namespace(r, repo)
+    fingerprint = retention_fingerprint(raw_meta, raw_commits, raw_branches, raw_tags)
     raw_default = meta.get("default_retention_days")
     # No retention configured: keep everything (doubt keeps).
     default_days = math.inf if raw_default in (None, "") else _num(raw_default,
@@ -142,7 +162,7 @@ def load_repo(r: Any, repo: str) -> RepoState:
     expire = None if raw_expire in (None, "") else _num(raw_expire, "expire_older_than_days")
 
     commits: dict[str, CommitRecord] = {}
-    for cid, raw in (r.hgetall(keys.commits) or {}).items():
+    for cid, raw in raw_commits.items():
         rec = _json_record("commit", cid, raw)
         parents = rec.get("parents") or []
         if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
@@ -156,21 +176,92 @@ def load_repo(r: Any, repo: str) -> RepoState:
         )
     heads: dict[str, str] = {}
     staging: set[str] = set()
-    for branch, raw in (r.hgetall(keys.branches) or {}).items():
+    for branch, raw in raw_branches.items():
         rec = _json_record("branch", branch, raw)
         if rec.get("head"):
             heads[branch] = str(rec["head"])
         if rec.get("staging_token"):
             staging.add(str(rec["staging_token"]))
         staging.update(str(t) for t in rec.get("sealed_tokens") or [])
-    tags = {str(k): str(v) for k, v in (r.hgetall(keys.tags) or {}).items()}
+    tags = {str(k): str(v) for k, v in raw_tags.items()}
     return RepoState(repo, namespace, meta.get("default_branch"), policy, expire, commits,
-                     heads, tags, staging)
+                     heads, tags, staging, fingerprint)
+
+
+def retention_fingerprint(*hashes: dict[str, str]) -> str:
+    """A digest of raw Redis hashes (order-independent within each hash)."""
+    h = hashlib.blake2b(digest_size=16)
+    for one in hashes:
+        h.update(orjson.dumps(sorted(one.items())))
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def refs_fingerprint(r: Any, repo: str) -> str:
+    """A cheap digest of what moves when retention may change (repository meta, branches,
+    tags, number of commits): read before every sweep batch. A new branch, tag or commit, a
+    moved head or a new policy changes it; the commit records themselves are not re-read."""
+    keys = RepoKeys(repo)
+    pipe = r.pipeline(transaction=True)
+    pipe.hgetall(keys.meta)
+    pipe.hgetall(keys.branches)
+    pipe.hgetall(keys.tags)
+    pipe.hlen(keys.commits)
+    meta, branches, tags, n = pipe.execute()
+    return retention_fingerprint(meta or {}, branches or {}, tags or {}, {"n": str(n)})
+
+
+def record_digest(fields: dict[str, str] | None,
+                  token_states: dict[str, str | None]) -> str | None:
+    """A digest of an address record and of the states of the tokens its references name.
+
+    The mark stores it per marked key; the sweep recomputes it right before the delete: a
+    record that changed since the mark (a new reference, a commit that took it, a token that
+    moved, a restarted grace window) is kept and judged again by the next mark. None: no record.
+    """
+    if not fields:
+        return None
+    tokens = sorted({v for k, v in fields.items() if k.startswith(REF_ADD)})
+    h = hashlib.blake2b(digest_size=12)
+    h.update(orjson.dumps(sorted(fields.items())))
+    h.update(orjson.dumps([(t, token_states.get(t)) for t in tokens]))
+    return h.hexdigest()
+
+
+def fail_closed_reason(r: Any, repo: str) -> str | None:
+    """Why the mirror of ``repo`` is not proven complete (Safety I), or None.
+
+    Reads the layout's keys directly: the global ``FAIL_CLOSED`` hash and the repository's
+    ``fail_closed`` hash (present = fail-closed)."""
+    for key, scope in ((FAIL_CLOSED, "every repository"), (RepoKeys(repo).fail_closed, repo)):
+        rec = r.hgetall(key)
+        if rec:
+            return f"{scope}: {rec.get('reason') or 'fail-closed'}"
+    return None
+
+
+def retired_problem(r: Any, repo: str, namespace: Namespace) -> str | None:
+    """Why ``repo`` is not a live repository that owns its namespace, or None."""
+    if r.hexists(RETIRED, repo):
+        return f"repository {repo!r} is retired ({RETIRED}): the reconciler never runs for it"
+    if not r.sismember(REPOS, repo):
+        return f"repository {repo!r} is not a live repository (not in {REPOS})"
+    registry = r.hgetall(NAMESPACES) or {}
+    if registry:
+        try:
+            ns = canonical_namespace(namespace.uri)
+        except OutsideNamespace as exc:
+            return str(exc)
+        owner = registry.get(ns)
+        if owner != repo:
+            return (f"namespace {ns} is not registered to repository {repo!r} in {NAMESPACES} "
+                    f"(owner: {owner!r}): retired or unknown, refused")
+    return None
 
 
 # ------------------------------------------------------------------------------ export
 
-EXPORT_COLUMNS = ("key", "live", "kind", "reason", "commit")
+EXPORT_COLUMNS = ("key", "live", "kind", "reason", "commit", "digest")
 
 
 @dataclass
@@ -179,12 +270,14 @@ class ExportResult:
     addresses: int = 0
     live: int = 0
     outside: int = 0
+    extra_forms: int = 0  # rows for another form of an address (non-canonical or with %)
     by_reason: dict[str, int] = field(default_factory=dict)
     by_kind: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"parts": len(self.parts), "addresses": self.addresses, "live": self.live,
-                "outside_namespace": self.outside, "live_by_reason": self.by_reason,
+                "outside_namespace": self.outside, "extra_forms": self.extra_forms,
+                "live_by_reason": self.by_reason,
                 "by_kind": self.by_kind}
 
 
@@ -223,6 +316,7 @@ def load_claims(r: Any, repo: str) -> set[str]:
 def export_addresses(r: Any, s3: Any, repo: str, namespace: Namespace, dest_prefix: str, *,
                      cutoff_ms: int, now_ms: int, token_commits: dict[str, str],
                      commit_ids: set[str], chunk_rows: int = 200_000,
+                     grace_ms: int | None = None, horizon_ms: int | None = None,
                      progress: Any = None) -> ExportResult:
     """Write every address record of ``repo`` with its verdict to Parquet chunks.
 
@@ -232,7 +326,8 @@ def export_addresses(r: Any, s3: Any, repo: str, namespace: Namespace, dest_pref
     import pyarrow as pa
 
     schema = pa.schema([("key", pa.string()), ("live", pa.bool_()), ("kind", pa.string()),
-                        ("reason", pa.string()), ("commit", pa.string())])
+                        ("reason", pa.string()), ("commit", pa.string()),
+                        ("digest", pa.string())])
     token_states = load_token_states(r, repo)
     claims = load_claims(r, repo)
     result = ExportResult(parts=[])
@@ -248,23 +343,30 @@ def export_addresses(r: Any, s3: Any, repo: str, namespace: Namespace, dest_pref
 
     for batch in scan_addresses(r, repo):
         for address, fields in batch:
-            rel = namespace.rel_of_address(address)
-            if rel is None:
+            try:
+                forms = address_forms(namespace.uri, address)
+            except OutsideNamespace:
                 result.outside += 1
                 continue
             v = verdict(fields, token_states=token_states, cutoff_ms=cutoff_ms, now_ms=now_ms,
                         claimed=address in claims, token_commits=token_commits,
-                        commit_ids=frozen_ids)
+                        commit_ids=frozen_ids, grace_ms=grace_ms or 0, horizon_ms=horizon_ms)
+            digest = record_digest(fields, token_states)
             result.addresses += 1
             result.by_kind[v.kind] = result.by_kind.get(v.kind, 0) + 1
             if v.live:
                 result.live += 1
                 result.by_reason[v.reason] = result.by_reason.get(v.reason, 0) + 1
-            cols["key"].append(rel)
-            cols["live"].append(v.live)
-            cols["kind"].append(v.kind)
-            cols["reason"].append(v.reason)
-            cols["commit"].append(v.commit)
+            result.extra_forms += sum(1 for form in forms if form != address)
+            for form in forms:
+                # A non-canonical or ambiguous (``%``) record protects each form it may name;
+                # only the tracker's own key form may be marked (the sweep re-reads that key).
+                cols["key"].append(form[len(namespace.uri):])
+                cols["live"].append(v.live or form != address)
+                cols["kind"].append(v.kind)
+                cols["reason"].append(v.reason if form == address or v.live else "doubt")
+                cols["commit"].append(v.commit)
+                cols["digest"].append(digest)
         if len(cols["key"]) >= chunk_rows:
             write()
         if progress is not None:

@@ -4,9 +4,11 @@ Each task reads mark parts, and for every batch of at most 1,000 keys:
 
 1. **guard** (:func:`guard`): a key outside the namespace, under a reserved prefix or not a
    plain key is refused whatever the mark says (``schemas.layout.namespace_key``);
-2. **re-check** against the tracker's current state: the lease must still be ours, and a key
+2. **re-check** against the tracker's current state: the lease must still be ours, a key
    whose record now has a live reference, an unexpired issued upload or a claim is skipped
-   (``marked but still referenced online``);
+   (``marked but still referenced online``), and a key whose record (or the state of a token
+   it names) changed since the mark's export is skipped (``skipped_changed``: judged again by
+   the next mark; a new reference, a commit unknown at mark time, a restarted grace window);
 3. **delete** (:func:`delete_batch`): one ``delete_objects`` request (never more than 1,000
    keys), retried with jittered exponential backoff; per-key errors are retried when they are
    transient and reported otherwise. Only keys the store lists under ``Deleted`` count as
@@ -19,16 +21,17 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hardelete.clients import redis_sync
 from hardelete.deletes import RetryPolicy, delete_keys, read_gate
 from hardelete.settings import Settings
 from reconciler.s3io import Namespace, cached_s3, put_parquet, read_parquet_rows
+from reconciler.state import refs_fingerprint
 from schemas.layout import RECONCILER_LEASE, OutsideNamespace, RepoKeys, namespace_key
-from schemas.liveness import judge
+from schemas.liveness import Keep, judge
 from schemas.records import decode_address
 
 MAX_KEYS_PER_REQUEST = 1000
@@ -37,6 +40,13 @@ CONFIRMED = "deleted"
 FAILED = "failed"
 REFUSED = "refused"
 SKIPPED_LIVE = "skipped_live"
+SKIPPED_GUARD = "skipped_guard"
+GUARD_REASONS = frozenset({Keep.HELD, Keep.PAUSED, Keep.FAIL_CLOSED, Keep.NOT_OWNER})
+# What a fresh service export vouches for in a fail-closed repository: garbage that only the
+# uncommitted side makes garbage. committed_expired is never vouched (refs come from the mirror).
+VOUCHED_CATEGORIES = frozenset({"leaked", "unreferenced", "expired_upload"})
+SKIPPED_CHANGED = "skipped_changed"
+SKIPPED_RETAINED = "skipped_retained"
 NOT_ATTEMPTED = "not_attempted"
 
 
@@ -111,11 +121,15 @@ def delete_batch(s3: Any, ns: Namespace, keys: list[str], *, attempts: int = 5,
 # ------------------------------------------------------------------------ online re-check
 
 def judge_rels(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutoff_ms: int,
-               now_ms: int, horizon_ms: int | None = None,
-               grace_ms: int = 0) -> dict[str, str]:
+               now_ms: int, horizon_ms: int | None = None, grace_ms: int = 0,
+               vouched: Container[str] = ()) -> dict[str, str]:
     """rel -> reason, for the rels that must be kept right now: the guards (holds,
     fail-closed, pause, namespace ownership, ``hardelete.deletes.Gate``) and the tracker's
-    record judged again (``schemas.liveness.judge``, path ``reconciler``)."""
+    record judged again (``schemas.liveness.judge``, path ``reconciler``).
+
+    ``vouched``: rels whose garbage verdict a fresh service export vouched for at the mark
+    (leaked / unreferenced / expired uploads of a fail-closed repository, SPEC safety 10): the
+    fail-closed guard does not keep them; every other guard and the record still do."""
     keys = RepoKeys(repo)
     addresses = [ns.address(rel) for rel in rels]
     gate = read_gate(r, repo, addresses)
@@ -133,9 +147,12 @@ def judge_rels(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutoff_ms: 
     claimed = claims_pipe.execute()
     keep: dict[str, str] = {}
     for rel, address, rec, claim in zip(rels, addresses, decoded, claimed, strict=True):
+        guards = gate.guards(repo, ns.uri, address)
+        if rel in vouched and guards.fail_closed is not None:
+            guards = replace(guards, fail_closed=None)
         j = judge(rec, token_states, now_ms=now_ms, horizon_ms=horizon_ms, grace_ms=grace_ms,
                   path="reconciler", cutoff_ms=cutoff_ms, claimed=claim is not None,
-                  guards=gate.guards(repo, ns.uri, address))
+                  guards=guards)
         if not j.may_delete:
             keep[rel] = j.reason
     return keep
@@ -150,8 +167,8 @@ def still_referenced(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutof
 
 
 def recheck_for(r: Any, repo: str, ns: Namespace, *, cutoff_ms: int,
-                horizon_ms: int | None = None,
-                grace_ms: int = 0) -> Callable[[list[str]], dict[str, str]]:
+                horizon_ms: int | None = None, grace_ms: int = 0,
+                vouched: Container[str] = ()) -> Callable[[list[str]], dict[str, str]]:
     """The recheck :func:`delete_batch` runs right before each request (Redis clock).
 
     ``horizon_ms``/``grace_ms`` make the re-check grace-aware (an address unreferenced less
@@ -162,7 +179,7 @@ def recheck_for(r: Any, repo: str, ns: Namespace, *, cutoff_ms: int,
         sec, usec = r.time()
         now_ms = int(sec) * 1000 + int(usec) // 1000
         return judge_rels(r, repo, ns, rels, cutoff_ms=cutoff_ms, now_ms=now_ms,
-                          horizon_ms=horizon_ms, grace_ms=grace_ms)
+                          horizon_ms=horizon_ms, grace_ms=grace_ms, vouched=vouched)
 
     return run
 
@@ -175,7 +192,10 @@ class SweepStats:
     confirmed_bytes: int = 0
     failed: int = 0
     refused: int = 0
-    skipped_live: int = 0
+    skipped_live: int = 0  # the record is live now: the mark diverges from the online state
+    skipped_guard: int = 0  # a hold, pause, fail-closed state or ownership check keeps it
+    skipped_changed: int = 0
+    skipped_retained: int = 0
     requests: int = 0
     samples: dict[str, list[str]] = field(default_factory=dict)
 
@@ -186,7 +206,8 @@ class SweepStats:
 
     def merge(self, other: SweepStats) -> None:
         for name in ("marked", "marked_bytes", "confirmed", "confirmed_bytes", "failed",
-                     "refused", "skipped_live", "requests"):
+                     "refused", "skipped_live", "skipped_guard", "skipped_changed",
+                     "skipped_retained", "requests"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for what, lst in other.samples.items():
             for text in lst:
@@ -196,13 +217,31 @@ class SweepStats:
         return {"marked": self.marked, "marked_bytes": self.marked_bytes,
                 "confirmed": self.confirmed, "confirmed_bytes": self.confirmed_bytes,
                 "failed": self.failed, "refused": self.refused,
-                "skipped_live": self.skipped_live, "requests": self.requests,
+                "skipped_live": self.skipped_live, "skipped_guard": self.skipped_guard,
+                "skipped_changed": self.skipped_changed,
+                "skipped_retained": self.skipped_retained, "requests": self.requests,
                 "samples": self.samples}
+
+
+def _count_kept(stats: SweepStats, rel: str, why: str) -> None:
+    """A guard (hold, pause, fail-closed, ownership) keeping a key is the operator's will, not
+    a divergence of the mark from the online state: counted apart, it never gates the sweep."""
+    if why in GUARD_REASONS:
+        stats.skipped_guard += 1
+        stats.sample("skipped_guard", f"{rel}: {why}")
+    else:
+        stats.skipped_live += 1
+        stats.sample("skipped_live", f"{rel}: {why}")
+
+
+class RetentionMoved(RuntimeError):
+    """Branches, tags, commits or policy changed while the sweep ran: it stops."""
 
 
 def sweep_part(settings: Settings, repo: str, lease_id: str, ns: Namespace, mark_key: str,
                out_key: str, *, cutoff_ms: int, recheck: bool = True,
-               delete: bool = True) -> SweepStats:
+               delete: bool = True, refs: str | None = None,
+               export_vouched: bool = False) -> SweepStats:
     """Sweep one mark part; write per-key outcomes to ``out_key``. Runs inside a task.
 
     ``delete=False`` only re-checks the mark against the online state (dry run).
@@ -220,16 +259,19 @@ def sweep_part(settings: Settings, repo: str, lease_id: str, ns: Namespace, mark
         out["outcome"].append(outcome)
         out["error"].append(error)
 
-    rows = read_parquet_rows(s3, ns.bucket, mark_key, ["key", "category", "size"])
+    rows = read_parquet_rows(s3, ns.bucket, mark_key, ["key", "category", "size", "digest"])
     try:
-        batch: list[tuple[str, str, int]] = []
+        batch: list[tuple[str, str, int, str | None]] = []
         for row in rows:
-            batch.append((str(row[0]), str(row[1]), int(row[2] or 0)))
+            batch.append((str(row[0]), str(row[1]), int(row[2] or 0),
+                          None if row[3] is None else str(row[3])))
             if len(batch) >= MAX_KEYS_PER_REQUEST:
-                _sweep_batch(s3, r, repo, lease_id, ns, batch, cutoff_ms, stats, record, delete)
+                _sweep_batch(s3, r, repo, lease_id, ns, batch, cutoff_ms, stats, record, delete,
+                             refs, export_vouched)
                 batch = []
         if batch:
-            _sweep_batch(s3, r, repo, lease_id, ns, batch, cutoff_ms, stats, record, delete)
+            _sweep_batch(s3, r, repo, lease_id, ns, batch, cutoff_ms, stats, record, delete,
+                         refs, export_vouched)
     finally:
         if out["key"] and delete:
             put_parquet(s3, ns.bucket, out_key, out)
@@ -238,25 +280,63 @@ def sweep_part(settings: Settings, repo: str, lease_id: str, ns: Namespace, mark
     return stats
 
 
+def changed_since_mark(r: Any, repo: str, ns: Namespace,
+                       digests: dict[str, str | None]) -> set[str]:
+    """The rels whose tracker record (or a state of a token it names) is not the one the
+    mark judged: ``digests`` maps rel -> the record's digest at the export (None: no record)."""
+    from reconciler.records import token_state
+    from reconciler.state import record_digest
+
+    keys = RepoKeys(repo)
+    rels = list(digests)
+    pipe = r.pipeline(transaction=False)
+    for rel in rels:
+        pipe.hgetall(keys.address(ns.address(rel)))
+    records = pipe.execute()
+    tokens = sorted({v for rec in records for k, v in (rec or {}).items()
+                     if k.startswith("+")})
+    states = ({t: token_state(v) for t, v in zip(tokens, r.hmget(keys.tokens, tokens),
+                                                 strict=True)} if tokens else {})
+    return {rel for rel, rec in zip(rels, records, strict=True)
+            if record_digest(rec or None, states) != digests[rel]}
+
+
 def _sweep_batch(s3: Any, r: Any, repo: str, lease_id: str, ns: Namespace,
-                 batch: list[tuple[str, str, int]], cutoff_ms: int, stats: SweepStats,
-                 record: Callable[..., None], delete: bool) -> None:
+                 batch: list[tuple[str, str, int, str | None]], cutoff_ms: int,
+                 stats: SweepStats, record: Callable[..., None], delete: bool,
+                 refs: str | None = None, export_vouched: bool = False) -> None:
     stats.marked += len(batch)
     stats.marked_bytes += sum(b[2] for b in batch)
-    info = {rel: (cat, size) for rel, cat, size in batch}
-    live: set[str] = set()
+    info = {rel: (cat, size) for rel, cat, size, _ in batch}
+    vouched = frozenset(rel for rel, cat, _, _ in batch if cat in VOUCHED_CATEGORIES) \
+        if export_vouched else frozenset()
+    kept: dict[str, str] = {}
+    changed: set[str] = set()
     if r is not None:
         holder = r.get(RECONCILER_LEASE + repo)
         if holder != lease_id:
             raise RuntimeError(f"reconciler lease lost (held by {holder!r}): sweep stopped")
+        if refs is not None and refs_fingerprint(r, repo) != refs:
+            # Retention was re-judged for the refs of the sweep's start; they moved since.
+            raise RetentionMoved("branches, tags, commits or retention changed during the "
+                                 "sweep: it stopped; sweep again with --sweep-only (the mark "
+                                 "is re-validated)")
         sec, usec = r.time()
         now_ms = int(sec) * 1000 + int(usec) // 1000
-        live = still_referenced(r, repo, ns, list(info), cutoff_ms=cutoff_ms, now_ms=now_ms)
-    for rel in sorted(live):
-        stats.skipped_live += 1
-        stats.sample("skipped_live", rel)
-        record(rel, info[rel][0], info[rel][1], SKIPPED_LIVE)
-    ok, refused = guard(ns, [rel for rel in info if rel not in live])
+        kept = judge_rels(r, repo, ns, list(info), cutoff_ms=cutoff_ms, now_ms=now_ms,
+                          vouched=vouched)
+        changed = changed_since_mark(r, repo, ns, {rel: d for rel, _, _, d in batch
+                                                   if rel not in kept})
+    for rel, why in sorted(kept.items()):
+        _count_kept(stats, rel, why)
+        record(rel, info[rel][0], info[rel][1],
+               SKIPPED_GUARD if why in GUARD_REASONS else SKIPPED_LIVE, why)
+    live = set(kept)
+    for rel in sorted(changed):
+        stats.skipped_changed += 1
+        stats.sample("skipped_changed", rel)
+        record(rel, info[rel][0], info[rel][1], SKIPPED_CHANGED)
+    ok, refused = guard(ns, [rel for rel in info if rel not in live and rel not in changed])
     for rel in refused:
         stats.refused += 1
         stats.sample("refused", rel)
@@ -264,13 +344,13 @@ def _sweep_batch(s3: Any, r: Any, repo: str, lease_id: str, ns: Namespace,
     if not ok or not delete:
         return
     res = delete_batch(s3, ns, ok, recheck=None if r is None else recheck_for(
-        r, repo, ns, cutoff_ms=cutoff_ms))
+        r, repo, ns, cutoff_ms=cutoff_ms, vouched=vouched))
     stats.requests += res.requests
     for key, why in res.kept.items():  # kept by the re-check right before the request
         rel = key[len(ns.prefix):]
-        stats.skipped_live += 1
-        stats.sample("skipped_live", f"{rel}: {why}")
-        record(rel, info[rel][0], info[rel][1], SKIPPED_LIVE, why)
+        _count_kept(stats, rel, why)
+        record(rel, info[rel][0], info[rel][1],
+               SKIPPED_GUARD if why in GUARD_REASONS else SKIPPED_LIVE, why)
     for key in res.refused:
         rel = key[len(ns.prefix):]
         stats.refused += 1
@@ -289,11 +369,14 @@ def _sweep_batch(s3: Any, r: Any, repo: str, lease_id: str, ns: Namespace,
 
 def sweep(spark: Any, settings: Settings, repo: str, lease_id: str, ns: Namespace,
           mark_parts: list[str], *, cutoff_ms: int, recheck: bool = True, delete: bool = True,
-          report_run_id: str | None = None) -> SweepStats:
+          report_run_id: str | None = None, refs: str | None = None,
+          export_vouched: bool = False) -> SweepStats:
     """Sweep every mark part in parallel Spark tasks; the merged stats come back.
 
     ``lease_id`` is the value the repository's reconciler lease must hold for every batch;
-    outcomes go to the report of ``report_run_id`` (default: ``lease_id``).
+    outcomes go to the report of ``report_run_id`` (default: ``lease_id``). ``refs``: the
+    :func:`reconciler.state.refs_fingerprint` the mark was re-validated against; every batch
+    checks it is unchanged (else :class:`RetentionMoved`).
     """
     total = SweepStats()
     if not mark_parts:
@@ -304,7 +387,8 @@ def sweep(spark: Any, settings: Settings, repo: str, lease_id: str, ns: Namespac
     def run(it: Iterator[tuple[str, str]]) -> Iterator[SweepStats]:
         for mark_key, out_key in it:
             yield sweep_part(settings, repo, lease_id, ns, mark_key, out_key,
-                             cutoff_ms=cutoff_ms, recheck=recheck, delete=delete)
+                             cutoff_ms=cutoff_ms, recheck=recheck, delete=delete, refs=refs,
+                             export_vouched=export_vouched)
 
     parts = spark.sparkContext.parallelize(items, max(1, min(len(items), 64))).mapPartitions(run)
     for st in parts.collect():

@@ -121,8 +121,10 @@ def summary_table(summary: dict[str, Any]) -> Any:
                       human_bytes(mark.get("marked_bytes", 0)), "", end_section=True)
     sweep = summary.get("sweep") or {}
     if sweep:
-        table.add_row("sweep", sweep.get("status", ""), "", sweep.get("error") or "")
-        for k in ("confirmed", "failed", "skipped_live", "refused"):
+        table.add_row("sweep", sweep.get("status", ""), "",
+                      sweep.get("error") or sweep.get("reason") or "")
+        for k in ("confirmed", "failed", "skipped_live", "skipped_changed", "skipped_retained",
+                  "refused"):
             if k in sweep:
                 extra = human_bytes(sweep.get("confirmed_bytes", 0)) if k == "confirmed" else ""
                 table.add_row(f"  {k}", f"{sweep[k]:,}", extra, "")
@@ -130,6 +132,9 @@ def summary_table(summary: dict[str, Any]) -> Any:
     for name, v in cross.items():
         if isinstance(v, dict) and "count" in v:
             table.add_row(f"cross-check: {name}", f"{v['count']:,}", "", "")
+    closed = summary.get("fail_closed") or {}
+    if closed:
+        table.add_row("[yellow]fail-closed[/]", "", "", str(closed.get("note", "")))
     if summary.get("error"):
         table.add_row("[red]error[/]", "", "", str(summary["error"]))
     return table

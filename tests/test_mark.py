@@ -335,6 +335,18 @@ def test_spark_classification_agrees_with_the_pure_one(spark, seed):
     want = {o.key: classify(o, cutoff_ms=CUTOFF, committed=committed, uncommitted=uncommitted,
                             known=known) for o in listing}
     assert got == want
+    unique = classify_df(ldf, cdf, kdf, CUTOFF, known_unique=True)
+    assert {r["key"]: r["category"] for r in unique.collect()} == want
+    # the service's export is live too; withheld leaks/unreferenced when fail-closed
+    service = set(rng.sample(pool, 40))
+    sdf = spark.createDataFrame([(k,) for k in service], "key string")
+    for withhold in (False, True):
+        got = {r["key"]: r["category"] for r in classify_df(ldf, cdf, kdf, CUTOFF, service=sdf,
+                                                            withhold=withhold).collect()}
+        want = {o.key: classify(o, cutoff_ms=CUTOFF, committed=committed,
+                                uncommitted=uncommitted | service, known=known,
+                                withhold=withhold) for o in listing}
+        assert got == want
     assert tally_df(classified).as_dict() == pure.tally.as_dict()
     anti = {r["key"] for r in mark_df(ldf, cdf, kdf.filter("live"), CUTOFF).collect()}
     assert anti == pure.marked_keys
@@ -379,3 +391,102 @@ def test_reconcile_cli_takes_the_expiration_mode():
     assert args.expiration_mode == "seed" and not args.delete_expired_refs
     with pytest.raises(SystemExit):
         parser.parse_args(["--repo", "r", "--expiration-mode", "bogus"])
+
+
+# ------------------------------------------------------------------- grace binds the mark
+
+def test_verdict_keeps_an_address_unreferenced_less_than_grace_before_the_horizon():
+    unref = {"+r1": "t1", "-r1": "t1", "state": "unreferenced", "since": "1000"}
+    g = {"grace_ms": 500}
+    v = V(unref, {"t1": "open"}, horizon_ms=1499, **g)
+    assert v.live and v.reason == "young" and v.kind == "unreferenced"
+    assert not V(unref, {"t1": "open"}, horizon_ms=1500, **g).live
+    assert not V(unref, {"t1": "open"}).live  # no grace given: the old reading
+    # no `since`: when the last reference ended is unknown, doubt keeps
+    assert V({"+r1": "t1", "-r1": "t1", "state": "unreferenced"}, {"t1": "open"},
+             horizon_ms=10**9, **g).live
+    # an expired upload: its grace runs from the expiry
+    issued = {"iu": "900", "state": "issued", "since": "900"}  # (the tracker's shape)
+    assert V(issued, cutoff_ms=950, horizon_ms=1399, **g).reason == "issued"
+    assert not V(issued, cutoff_ms=950, horizon_ms=1400, **g).live
+    # committed data is judged by retention, not by grace
+    assert not V({"+r1": "t1", "committed": "1", "state": "committed"}, {"t1": "committed"},
+                 horizon_ms=0, **g).live
+
+
+# ---------------------------------------------------------------- one canonical address
+
+def test_canonical_address_forms():
+    from schemas.layout import OutsideNamespace
+    from schemas.namespaces import address_forms, canonical_address
+
+    ns = "s3://bucket/repo/"
+    want = "s3://bucket/repo/data/s/x"
+    for raw in ("s3://bucket/repo/data/s/x", "S3://bucket/repo/data/s/x",
+                "s3a://bucket/repo/data/s/x", "S3N://BUCKET/repo/data/s/x", "data/s/x"):
+        assert canonical_address(ns, raw) == want, raw
+    assert canonical_address(ns, "s3://bucket/repo/data%2Fs%2Fx", decode=True) == want
+    # a key with % may be literal or encoded: both forms are protected
+    assert address_forms(ns, "s3://bucket/repo/data/a%20b") == (
+        "s3://bucket/repo/data/a%20b", "s3://bucket/repo/data/a b")
+    assert address_forms(ns, "data/100%") == ("s3://bucket/repo/data/100%",)
+    assert address_forms(ns, "s3://bucket/repo%2Fdata%2Fx") == ("s3://bucket/repo/data/x",)
+    for bad in ("s3://other/repo/x", "s3://bucket/repo2/x", "/abs/x", "http://bucket/repo/x",
+                "s3://bucket/repo/", "", "s3://"):
+        with pytest.raises(OutsideNamespace):
+            address_forms(ns, bad)
+
+
+def test_inventory_csv_keys_are_url_decoded_parquet_keys_are_not():
+    from reconciler.listing import inventory_key
+
+    assert inventory_key("ns/data/a+b%2Bc%25d", "inv/x.csv") == "ns/data/a b+c%d"
+    assert inventory_key("ns/data/a+b%2Bc", "inv/x.csv.gz") == "ns/data/a b+c"
+    assert inventory_key("ns/data/a+b%2Bc", "inv/x.parquet") == "ns/data/a+b%2Bc"
+
+
+def test_withhold_keeps_what_only_the_mirrors_silence_makes_garbage():
+    from reconciler.mark import WITHHELD
+
+    known = {"data/s/unref": "unreferenced", "data/s/issued": "issued",
+             "data/s/comm": "committed"}
+    kw = {"cutoff_ms": CUTOFF, "committed": set(), "uncommitted": set(), "known": known,
+          "withhold": True}
+    assert classify(L("data/s/leak"), **kw) == WITHHELD
+    assert classify(L("data/s/unref"), **kw) == WITHHELD
+    assert classify(L("data/s/issued"), **kw) == EXPIRED_UPLOAD
+    assert classify(L("data/s/comm"), **kw) == COMMITTED_EXPIRED
+
+
+def test_record_digest_sees_references_and_token_states():
+    from reconciler.state import record_digest
+
+    rec = {"+r1": "t1", "-r1": "t1", "state": "unreferenced", "since": "5"}
+    d = record_digest(rec, {"t1": "dropped"})
+    assert d == record_digest(dict(reversed(list(rec.items()))), {"t1": "dropped", "x": "o"})
+    assert d != record_digest(rec, {"t1": "committed"})  # a token moved
+    assert d != record_digest({**rec, "+r2": "t2"}, {"t1": "dropped"})  # a new reference
+    assert d != record_digest({**rec, "since": "6"}, {"t1": "dropped"})  # grace restarted
+    assert record_digest({}, {}) is None and record_digest(None, {}) is None
+
+
+def test_service_export_newest_of_the_repository_csv_and_parquet(tmp_path):
+    from reconciler.errors import ReconcileError
+    from reconciler.service_export import _rows, find_export, write_export
+
+    old = tmp_path / "e1"
+    old.mkdir()
+    (old / "export.json").write_text('{"format": 1, "exported_at": "2026-01-01T00:00:00Z"}')
+    (old / "a.csv").write_text("address,repository\ns3://b/r/data/x,r\ndata/y,other\n")
+    write_export(None, str(tmp_path / "e2"), ["s3://b/r/data/z"], exported_at_ms=1,
+                 repository="r")
+    write_export(None, str(tmp_path / "e3"), ["s3://b/q/data/w"], exported_at_ms=2 * 10**12,
+                 repository="q")  # newer, but another repository's
+    found = find_export(None, str(tmp_path), "r")
+    assert found is not None and found.location.endswith("/e1/")
+    assert found.exported_at_ms == 1_767_225_600_000 and found.as_dict(0)["fresh"]
+    assert list(_rows(None, found.files[0])) == [("s3://b/r/data/x", "r"), ("data/y", "other")]
+    assert find_export(None, str(tmp_path / "e3"), "r") is None
+    (old / "export.json").write_text('{"format": 1}')
+    with pytest.raises(ReconcileError, match="exported_at"):
+        find_export(None, str(tmp_path), "r")

@@ -711,3 +711,35 @@ async def test_model_service_call_and_store_check_detects_divergence(
     assert not check.ok
     assert check.missing == (written.address,)
     assert check.unexpected == (f"s3://{bucket}/r/data/0000000000/stray",)
+
+
+def test_the_services_uncommitted_list_and_the_grace_rule_of_the_garbage_oracle() -> None:
+    from hardelete.model import ManualClock, Model
+
+    clock = ManualClock(start=1_000.0, step=1.0)
+    m = Model(clock=clock, upload_ttl_seconds=100)
+    m.create_repository("r", "s3://b/r/")
+    staged = m.write("r", "main", "a", 1).address
+    committed = m.write("r", "main", "c", 1).address
+    m.commit("r", "main")
+    m.seal("r", "main")  # a sealed token's entries are still uncommitted
+    sealed = m.write("r", "main", "s", 1).address
+    m.seal("r", "main")
+    pending = m.unlinked_upload("r", 1).address
+    leak = m.leak("r", 1).address
+    gone = m.write("r", "main", "g", 1).address
+    m.delete("r", "main", "g")
+    ended = clock.now
+    uncommitted = m.uncommitted_addresses("r")
+    assert {sealed, pending} <= uncommitted
+    assert staged not in uncommitted and committed not in uncommitted  # committed since
+    assert leak not in uncommitted and gone not in uncommitted
+    assert pending not in m.uncommitted_addresses("r", now=clock.now + 1_000)  # expired
+    # grace: an address unreferenced less than grace before the horizon is not garbage
+    later = ended + 1_000  # every upload expired
+    assert gone not in m.reconciler_garbage([], repository="r", now=later,
+                                            grace_seconds=3_600, horizon=later)
+    assert gone in m.reconciler_garbage([], repository="r", now=later, grace_seconds=10,
+                                        horizon=later)
+    assert leak in m.reconciler_garbage([], repository="r", now=later, grace_seconds=3_600,
+                                        horizon=later)

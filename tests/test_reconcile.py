@@ -97,6 +97,14 @@ def boundary() -> int:
     return cutoff
 
 
+def past_grace(settings: Any, repo: str = "") -> None:
+    """Wait until the grace window of everything the tracker applied so far has passed (the
+    reconciler never marks an address unreferenced for less than the grace window)."""
+    until = time.time() + settings.grace_for(repo) + 0.2
+    while time.time() < until:
+        time.sleep(0.02)
+
+
 def make_world(settings: Any, s3: Any, r: Any, seed: int = 7) -> World:
     clock = Clock(time.time() - 2 * 3600)
     model = Model(clock=clock, upload_ttl_seconds=60, new_id=seeded_ids(seed),
@@ -104,8 +112,10 @@ def make_world(settings: Any, s3: Any, r: Any, seed: int = 7) -> World:
     return World(settings, s3, r, clock, model, ModelService(settings, s3, None, model=model))
 
 
-def expected_garbage(w: World, repo: str, now_ms: int, objects: set[str]) -> set[str]:
-    """The model's reconciler garbage, with retention computed at the run's clock."""
+def expected_garbage(w: World, repo: str, now_ms: int, objects: set[str],
+                     horizon_ms: int | None = None) -> set[str]:
+    """The model's reconciler garbage, with retention computed at the run's clock and the
+    grace window measured against ``horizon_ms`` (default: the run's clock)."""
     m = w.model
     rep = m.repository(repo)
     graph = {c.id: Commit(c.id, c.parents, c.time) for c in m.commits.values()
@@ -113,7 +123,9 @@ def expected_garbage(w: World, repo: str, now_ms: int, objects: set[str]) -> set
     heads = {b: br.head for b, br in rep.branches.items() if br.head}
     policy = RetentionPolicy(rep.default_retention_days, rep.branch_retention_days)
     retained = retained_commits(graph, heads, dict(rep.tags), policy, now_ms / 1000)
-    garbage = m.reconciler_garbage(retained, repository=repo, now=w.clock.now)
+    garbage = m.reconciler_garbage(retained, repository=repo, now=w.clock.now,
+                                   grace_seconds=w.settings.grace_for(repo),
+                                   horizon=(now_ms if horizon_ms is None else horizon_ms) / 1000)
     return set(garbage) & objects
 
 
@@ -135,6 +147,7 @@ def workload_world(rsettings, s3, redis_client, ops1=160, ops2=40):
     w.clock.now = time.time()
     w.run(Workload(seed=12, ops=ops2, bucket=BUCKET, name="e2e", branches=3, paths=25))
     w.track(None)
+    past_grace(rsettings, repo)
     return w, repo, old, cutoff
 
 
@@ -152,10 +165,22 @@ async def _stack_phase(settings: Any, svc: ModelService, wl: Workload) -> None:
 
 
 async def _reconcile_with_tracker(spark: Any, settings: Any, opts: RunOptions) -> Any:
-    """A reconcile while the tracker daemon keeps running (its progress moves on)."""
+    """A reconcile while the tracker daemon keeps running (its progress moves on), once the
+    tracker horizon is past the grace window of everything applied so far."""
+    import redis.asyncio as aredis
+
     from tracker.daemon import running_tracker
+    from tracker.state import await_horizon
 
     async with running_tracker(settings):
+        r = aredis.Redis.from_url(settings.redis_url, decode_responses=True)
+        try:
+            sec, usec = await r.time()
+            target = int(sec) * 1000 + int(usec) // 1000 + int(settings.grace_for(opts.repo)
+                                                               * 1000)
+            await await_horizon(r, target, timeout=60)
+        finally:
+            await r.aclose()
         return await asyncio.to_thread(reconcile, spark, settings, opts)
 
 
@@ -265,7 +290,8 @@ def test_a_failure_while_building_a_live_set_deletes_nothing(spark, rsettings, s
     _fail_and_check(spark, rsettings, w, repo, cutoff, "tracker progress")
 
 
-def test_sweep_only_from_a_dry_run_mark_and_the_lease(spark, rsettings, s3, redis_client):
+def test_sweep_only_from_a_dry_run_mark_the_lease_the_guard_and_the_crosscheck(
+        spark, rsettings, s3, redis_client):
     w, repo, old, cutoff = workload_world(rsettings, s3, redis_client, ops1=80, ops2=10)
     data_before = w.data(repo)
     dry = reconcile(spark, rsettings, RunOptions(repo, dry_run=True, cutoff_ms=cutoff))
@@ -279,25 +305,41 @@ def test_sweep_only_from_a_dry_run_mark_and_the_lease(spark, rsettings, s3, redi
         reconcile(spark, rsettings, RunOptions(repo, dry_run=True, cutoff_ms=cutoff))
     redis_client.delete(RECONCILER_LEASE + repo)
 
-    # after the mark, one marked object gets a live reference again (a copy): kept
-    victim = None
-    for addr in sorted(expected_garbage(w, repo, dry["now_ms"], old)):
-        victim = addr
-        break
-    assert victim is not None
+    # the mark would delete more than sweep_max_share of the listing: refused without the flag
+    expected = expected_garbage(w, repo, dry["now_ms"], old)
+    assert len(expected) > rsettings.sweep_max_share * dry["mark"]["listed"]
+    res = reconcile(spark, rsettings, RunOptions(repo, sweep_only=dry["run_id"]))
+    assert res["sweep"]["status"] == "refused"
+    assert "sweep_max_share" in res["sweep"]["reason"]
+    assert res["blast_radius"]["would_delete"] == len(expected)
+    assert w.data(repo) == data_before
+
+    # after the mark, one marked object gets a live reference again (a copy): the cross-check
+    # finds the mark diverging from the online state and stops the whole sweep
     keys = RepoKeys(repo)
+    victim = next(a for a in sorted(expected) if redis_client.hget(keys.address(a), "since"))
+    original = redis_client.hgetall(keys.address(victim))
     redis_client.hset(keys.address(victim), mapping={"+late-ref": "late-token",
                                                      "state": "staged"})
     redis_client.hset(keys.tokens, "late-token", "open:1")
-
-    res = reconcile(spark, rsettings, RunOptions(repo, sweep_only=dry["run_id"]))
-    assert res["sweep"]["status"] == "done"
-    deleted = data_before - w.data(repo)
-    expected = expected_garbage(w, repo, dry["now_ms"], old) - {victim}
-    assert deleted == expected
-    assert res["sweep"]["skipped_live"] == 1
+    res = reconcile(spark, rsettings, RunOptions(repo, sweep_only=dry["run_id"],
+                                                 allow_large_sweep=True))
+    assert res["sweep"]["status"] == "refused" and "cross-check" in res["sweep"]["reason"]
     assert res["crosscheck"]["marked_but_referenced_online"]["sample"] == [
         victim[len(w.model.repository(repo).storage_namespace):]]
+    assert w.data(repo) == data_before
+
+    # the late reference ends again: the record is not the one the mark judged, so the
+    # victim is kept (judged again by the next mark); the rest goes with the flag
+    redis_client.hset(keys.address(victim), mapping={"-late-ref": "late-token",
+                                                     "state": original["state"]})
+    res = reconcile(spark, rsettings, RunOptions(repo, sweep_only=dry["run_id"],
+                                                 allow_large_sweep=True))
+    assert res["sweep"]["status"] == "done", res["sweep"]
+    deleted = data_before - w.data(repo)
+    assert deleted == expected - {victim}
+    assert res["sweep"]["skipped_changed"] == 1 and res["sweep"]["skipped_live"] == 0
+    assert res["blast_radius"]["allowed_by_flag"]
 
     with pytest.raises(SweepRefused):
         reconcile(spark, rsettings, RunOptions(repo, sweep_only="20000101T000000Z-000000"))
@@ -348,6 +390,7 @@ def test_optimized_run_lists_only_new_slices_plus_the_previous_uncommitted_set(
     hidden_leak = newest_leak()
     w.clock.now = time.time()
     w.track(None)
+    past_grace(rsettings)
     cutoff2 = boundary()
 
     opt = reconcile(spark, rsettings, RunOptions("r", optimized=True, cutoff_ms=cutoff2))
