@@ -39,7 +39,7 @@ from reaper.quarantine import purge_expired, quarantine, quarantine_size
 from schemas.layout import REPOS, RepoKeys
 from schemas.liveness import judge
 from schemas.records import decode_address
-from tracker.state import afail_closed_reason, aredis_time_ms, atracker_horizon_ms
+from tracker.state import aredis_time_ms, atracker_horizon_ms
 
 log = get_logger(__name__)
 
@@ -136,9 +136,6 @@ class Reaper:
         namespace = await self.redis.hget(keys.meta, "namespace")
         if not namespace:
             self.log.warning("repository has no namespace; skipped", repository=repo)
-            return result
-        if reason := await afail_closed_reason(self.redis, repo):  # Safety I: unproven mirror
-            self.log.warning("repository fail-closed; skipped", repository=repo, reason=reason)
             return result
         grace_ms = int(self.settings.grace_for(repo) * 1000)
         cutoff = horizon - grace_ms
