@@ -176,12 +176,18 @@ def judge(rec: DecodedAddress | None, token_states: Mapping[str, str | None], *,
     if state is None and (online or (not rec.adds and rec.issued_until is None)):
         return _keep(Keep.DOUBT, "unknown", "no state")
 
-    bound: int | None = None if horizon_ms is None else horizon_ms - grace_ms
+    # Grace binds every path (SPEC safety 2): unreferenced for at least the grace window before
+    # the tracker horizon. An issued upload is also bound by the caller's cutoff (the run's
+    # margin against a skewed service clock); when the horizon is unknown the cutoff is the
+    # only bound the reconciler has.
+    grace_bound: int | None = None if horizon_ms is None else horizon_ms - grace_ms
+    iu_bound = grace_bound
     if cutoff_ms is not None:
-        bound = cutoff_ms if bound is None else min(bound, cutoff_ms)
+        iu_bound = cutoff_ms if iu_bound is None else min(iu_bound, cutoff_ms)
+    bound = grace_bound if grace_bound is not None else cutoff_ms
     iu = rec.issued_until
     kind = "issued" if iu is not None and not rec.adds else "unreferenced"
-    if iu is not None and (iu > now_ms or (bound is not None and iu > bound)):
+    if iu is not None and (iu > now_ms or (iu_bound is not None and iu > iu_bound)):
         return _keep(Keep.ISSUED, "issued", f"issued upload protected until {iu}",
                      iu + grace_ms)
     if online or horizon_ms is not None:

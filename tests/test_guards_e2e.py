@@ -20,7 +20,7 @@ from hardelete.settings import Settings
 from reaper.claims import ClaimStore
 from reaper.daemon import Reaper
 from reconciler.s3io import Namespace, put_parquet
-from reconciler.sweep import CONFIRMED, SKIPPED_LIVE, sweep_part
+from reconciler.sweep import CONFIRMED, SKIPPED_GUARD, sweep_part
 from schemas.layout import (
     FAIL_CLOSED,
     NAMESPACES,
@@ -225,7 +225,8 @@ def _sweep(s: Settings, r: Any, s3: Any, repo: str, ns: Namespace, rels: list[st
     mark_key = ns.key("_hardelete/reports/run1/mark/part-00000.parquet")
     out_key = ns.key("_hardelete/reports/run1/sweep/part-00000.parquet")
     put_parquet(s3, ns.bucket, mark_key, {"key": rels, "category": ["leaked"] * len(rels),
-                                          "size": [1] * len(rels)})
+                                          "size": [1] * len(rels),
+                                          "digest": [None] * len(rels)})  # no record at mark
     r.set(RECONCILER_LEASE + repo, "run1")
     stats = sweep_part(s, repo, "run1", ns, mark_key, out_key, cutoff_ms=redis_time_ms(r))
     from reconciler.s3io import read_parquet_rows
@@ -248,9 +249,10 @@ def test_the_sweep_keeps_held_not_owned_and_fail_closed_keys(settings, redis_cli
     r.hset(k.hold_prefixes, ns.address("data/1/prefix"), HOLD)
     r.hset(NAMESPACES, mapping={ns.uri: "repo", ns.uri + "data/2/": "inner"})
     stats, outcomes = _sweep(s, r, s3, "repo", ns, rels)
-    assert outcomes == {"data/1/held": SKIPPED_LIVE, "data/1/prefixheld": SKIPPED_LIVE,
-                        "data/2/other-repo": SKIPPED_LIVE, "data/1/go": CONFIRMED}
-    assert stats.confirmed == 1 and stats.skipped_live == 3
+    # kept by guards: counted apart from divergences (they never gate the sweep)
+    assert outcomes == {"data/1/held": SKIPPED_GUARD, "data/1/prefixheld": SKIPPED_GUARD,
+                        "data/2/other-repo": SKIPPED_GUARD, "data/1/go": CONFIRMED}
+    assert stats.confirmed == 1 and stats.skipped_guard == 3 and stats.skipped_live == 0
     for rel in rels[:3]:
         assert exists(s3, ns.address(rel))
     assert not exists(s3, ns.address("data/1/go"))
@@ -258,4 +260,4 @@ def test_the_sweep_keeps_held_not_owned_and_fail_closed_keys(settings, redis_cli
     s3.put_object(Bucket=bucket, Key=ns.key("data/1/go"), Body=b"x")
     r.hset(k.fail_closed, mapping={"reason": "log reset"})
     stats, outcomes = _sweep(s, r, s3, "repo", ns, ["data/1/go"])
-    assert outcomes == {"data/1/go": SKIPPED_LIVE} and exists(s3, ns.address("data/1/go"))
+    assert outcomes == {"data/1/go": SKIPPED_GUARD} and exists(s3, ns.address("data/1/go"))

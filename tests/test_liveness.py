@@ -98,9 +98,13 @@ def test_reconciler_path():
     # grace binds the reconciler too (issue 9 item 2)
     assert J({**UNREF, "since": "86000"}, {"t": "dropped"}, path="reconciler").reason == \
         Keep.YOUNG
-    # the run's cutoff is an extra, earlier bound
-    assert J({**UNREF, "since": "80000"}, {"t": "dropped"}, path="reconciler",
-             cutoff_ms=70_000).reason == Keep.YOUNG
+    # the run's cutoff is an extra, earlier bound on an issued upload's expiry; the end of the
+    # last reference is bound by the grace before the horizon only (the cutoff bounds the
+    # object's age, in the listing)
+    assert J({**UNREF, "since": "80000", "iu": "75000"}, {"t": "dropped"}, path="reconciler",
+             cutoff_ms=70_000).reason == Keep.ISSUED
+    assert J({**UNREF, "since": "80000", "iu": "65000"}, {"t": "dropped"}, path="reconciler",
+             cutoff_ms=70_000).may_delete
     # without a horizon (legacy callers) only the cutoff bounds an issued upload
     j = J({**UNREF, "since": "99999"}, {"t": "dropped"}, path="reconciler", horizon_ms=None,
           cutoff_ms=50_000)

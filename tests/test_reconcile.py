@@ -326,7 +326,7 @@ def test_sweep_only_from_a_dry_run_mark_the_lease_the_guard_and_the_crosscheck(
                                                  allow_large_sweep=True))
     assert res["sweep"]["status"] == "refused" and "cross-check" in res["sweep"]["reason"]
     assert res["crosscheck"]["marked_but_referenced_online"]["sample"] == [
-        victim[len(w.model.repository(repo).storage_namespace):]]
+        victim[len(w.model.repository(repo).storage_namespace):] + ": staged"]
     assert w.data(repo) == data_before
 
     # the late reference ends again: the record is not the one the mark judged, so the

@@ -86,7 +86,7 @@ class Tracked:
     def verdict(self, address: str, cutoff_ms: int, now_ms: int, *, grace: bool) -> Any:
         return verdict(self.records.get(address, {}), token_states=self.tokens,
                        cutoff_ms=cutoff_ms, now_ms=now_ms,
-                       grace_ms=GRACE_MS if grace else None, horizon_ms=now_ms)
+                       grace_ms=GRACE_MS if grace else 0, horizon_ms=now_ms)
 
     def digest(self, address: str) -> str | None:
         return record_digest(self.records.get(address), self.tokens)
