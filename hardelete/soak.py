@@ -24,8 +24,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -191,8 +193,15 @@ def schedule(o: SoakOptions) -> list[Step]:
     return [s for s in steps if o.reconcile or not isinstance(s.action, ReconcileKind)]
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # run the clean-up: servers and daemons are stopped
+
+
 def run_cli(settings: Settings, args: argparse.Namespace) -> int:
     options = options_from_args(args)
+    signal.signal(signal.SIGTERM, _terminate)
+    # The soak's own producer logs every refused connection while it kills the broker.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     if args.plan:
         for s in schedule(options):
             sys.stdout.write(orjson.dumps({"at_op": s.at_op, "action": s.action.value,
@@ -572,6 +581,11 @@ class Soak:
         await asyncio.to_thread(self.servers.restart_broker, lose_log=False,
                                 down_seconds=step.delay)
         self._injected(FaultKind.BROKER_RESTART)
+
+    async def _fault_broker_kill(self, step: Step) -> None:
+        await asyncio.to_thread(self.servers.restart_broker, lose_log=False,
+                                down_seconds=step.delay, hard=True)
+        self._injected(FaultKind.BROKER_KILL)
 
     async def _fault_broker_log_lost(self, step: Step) -> None:
         await asyncio.to_thread(self.servers.restart_broker, lose_log=True,
@@ -1043,6 +1057,7 @@ class Soak:
             garbage_left_sample=left[:10], fail_closed_repos=sorted(closed),
             fail_closed_garbage=closed_garbage, fail_closed_periods=self.fail_closed_periods,
             incidents=incidents, dead_lettered=await self._dead_lettered(),
+            log_regressions=await self._log_regressions(),
             daemons={n: {"starts": d.starts, "kills": d.kills, "exits": d.exits}
                      for n, d in self.sup.daemons.items()},
             checks=self.checks, tracker_caught_up=caught_up,
@@ -1070,6 +1085,35 @@ class Soak:
                         "no deliberate contract violation explains it"))
         finally:
             r.close()
+        return out
+
+    async def _log_regressions(self) -> list[str]:
+        """Partitions whose log ends below what a repository says it applied: the log went
+        back (reset or lost tail) and new records reuse offsets the tracker skips."""
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        c = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap)
+        out: list[str] = []
+        r = redis_async(self.settings)
+        try:
+            await c.start()
+            topic = self.settings.events_topic
+            parts = c.partitions_for_topic(topic) or set()
+            ends = await c.end_offsets([TopicPartition(topic, p) for p in parts])
+            end_of = {tp.partition: off for tp, off in ends.items()}
+            for repo in sorted(await r.smembers(REPOS)):
+                for part, applied in (await r.hgetall(RepoKeys(repo).applied)).items():
+                    end = end_of.get(int(part))
+                    if end is not None and int(applied) >= end:
+                        out.append(f"{repo} partition {part}: applied offset {applied} but the "
+                                   f"log ends at {end}")
+        except Exception as exc:
+            out.append(f"could not compare: {type(exc).__name__}: {exc}")
+        finally:
+            with contextlib.suppress(Exception):
+                await c.stop()
+            with contextlib.suppress(Exception):
+                await r.aclose()
         return out
 
     async def _dead_lettered(self) -> int:

@@ -85,8 +85,14 @@ class SoakServers:
 
     # -- broker --
 
-    def restart_broker(self, *, lose_log: bool, down_seconds: float = 0.0) -> None:
-        self.broker.kill()
+    def restart_broker(self, *, lose_log: bool, down_seconds: float = 0.0,
+                       hard: bool = False) -> None:
+        """Restart the broker: stopped (``hard``: kill -9), down a moment, started again on
+        the same log, or on an empty one (``lose_log``)."""
+        if hard:
+            self.broker.kill()
+        else:
+            self.broker.stop()
         time.sleep(down_seconds)
         if lose_log:
             self.log_generation += 1

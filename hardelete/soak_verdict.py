@@ -152,6 +152,7 @@ class SoakVerdict:
     fail_closed_periods: list[FailClosedPeriod]
     incidents: list[IncidentRecord]
     dead_lettered: int
+    log_regressions: list[str]  # the events log went back under the tracker's feet
     daemons: dict[str, dict[str, Any]]  # starts, kills, unplanned exits
     checks: int
     tracker_caught_up: bool
@@ -240,6 +241,8 @@ def print_verdict(v: SoakVerdict, console: Console) -> None:
     t.add_row("incidents (legitimate / not)", f"{legit} / {v.illegitimate_incidents}")
     t.add_row("dead-lettered events", str(v.dead_lettered))
     t.add_row("tracker caught up in the drain", "yes" if v.tracker_caught_up else "[red]no")
+    t.add_row("partitions whose log went back (offsets reused)",
+              f"[red]{len(v.log_regressions)}" if v.log_regressions else "0")
     for name, d in v.daemons.items():
         t.add_row(f"{name}: starts / kills / unplanned exits",
                   f"{d['starts']} / {d['kills']} / {len(d['exits'])}")
@@ -252,6 +255,8 @@ def print_verdict(v: SoakVerdict, console: Console) -> None:
     for p in v.fail_closed_periods:
         end = f"{p.end_s:.1f}s" if p.end_s is not None else "the end"
         console.print(f"fail-closed {p.scope}: {p.reason} from {p.start_s:.1f}s to {end}")
+    for line in v.log_regressions:
+        console.print(f"[red]log went back[/red]: {line}")
     for inc in v.incidents:
         if not inc.legitimate:
             console.print(f"[red]illegitimate incident[/red] {inc.repository} {inc.address} "
