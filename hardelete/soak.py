@@ -179,15 +179,19 @@ def options_from_args(args: argparse.Namespace) -> SoakOptions:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if args.no_reconcile:
-        faults -= {FaultKind.KILL_RECONCILER, FaultKind.MARK_SWEEP_RACE}
+        faults -= _NEEDS_SPARK
     return SoakOptions(seed=args.seed, ops=args.ops, repos=args.repos, branches=args.branches,
                        faults=faults, faults_per_1000_ops=args.faults_per_1000,
                        reconcile=not args.no_reconcile, grace_seconds=args.grace,
                        check_every=args.check_every, keep_workdir=args.keep_workdir)
 
 
+_NEEDS_SPARK = frozenset({FaultKind.KILL_RECONCILER, FaultKind.MARK_SWEEP_RACE})
+
+
 def schedule(o: SoakOptions) -> list[Step]:
-    steps = plan(o.seed, o.ops, o.faults, repos=o.repos, grace_seconds=o.grace_seconds,
+    faults = o.faults if o.reconcile else o.faults - _NEEDS_SPARK
+    steps = plan(o.seed, o.ops, faults, repos=o.repos, grace_seconds=o.grace_seconds,
                  per_1000_ops=o.faults_per_1000_ops,
                  reconciles_per_1000_ops=o.reconciles_per_1000_ops)
     return [s for s in steps if o.reconcile or not isinstance(s.action, ReconcileKind)]
