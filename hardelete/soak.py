@@ -186,6 +186,8 @@ def options_from_args(args: argparse.Namespace) -> SoakOptions:
                        check_every=args.check_every, keep_workdir=args.keep_workdir)
 
 
+_BROKER_FAULTS = frozenset({FaultKind.BROKER_RESTART, FaultKind.BROKER_KILL,
+                            FaultKind.BROKER_LOG_LOST})
 _NEEDS_SPARK = frozenset({FaultKind.KILL_RECONCILER, FaultKind.MARK_SWEEP_RACE})
 
 
@@ -233,8 +235,9 @@ def run_soak(settings: Settings, options: SoakOptions,
     servers: SoakServers | None = None
     supervisor: Supervisor | None = None
     try:
-        with console.status("soak: starting moto, Redis (AOF) and Tansu (s3:// log)"):
-            servers = start_servers(soak_settings(settings, options), workdir)
+        with console.status("soak: starting moto, Redis (AOF) and Tansu"):
+            servers = start_servers(soak_settings(settings, options), workdir,
+                                    durable_log=bool(options.faults & _BROKER_FAULTS))
         supervisor = make_daemons(servers.daemon_settings, workdir, trackers=2, reapers=2,
                                   command=_PYTHON_CLI, reaper_command=options.reaper_command)
         soak = Soak(options, servers, supervisor, run_id, console, started)

@@ -119,7 +119,9 @@ def _create_bucket(settings: Settings, bucket: str) -> None:
         s3.create_bucket(Bucket=bucket)
 
 
-def start_servers(base: Settings, workdir: Path) -> SoakServers:
+def start_servers(base: Settings, workdir: Path, *, durable_log: bool = True) -> SoakServers:
+    """``durable_log=False`` keeps the broker's log in memory (faster: fetches do not read
+    moto); only a soak without broker restarts may use it."""
     started: list[Server] = []
     try:
         moto = moto_server(workdir)
@@ -135,7 +137,8 @@ def start_servers(base: Settings, workdir: Path) -> SoakServers:
                "AWS_ACCESS_KEY_ID": base.s3_access_key,
                "AWS_SECRET_ACCESS_KEY": base.s3_secret_key,
                "AWS_DEFAULT_REGION": base.s3_region}
-        broker = tansu_server(workdir, storage=f"s3://{_log_bucket(workdir, 0)}/", env=aws)
+        storage = f"s3://{_log_bucket(workdir, 0)}/" if durable_log else "memory://tansu/"
+        broker = tansu_server(workdir, storage=storage, env=aws)
         broker.start()
         started.append(broker)
         proxy = FaultProxy(s3_url).__enter__()
