@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -309,6 +309,8 @@ class Soak:
                                         model=self.model)
         self.published_upto = 0  # index into model.events
         self.held = _Held()
+        self.diverted: dict[str, list[Event]] = {}  # repository -> events held back by a fault
+        self.recent: deque[Event] = deque(maxlen=5_000)  # published: material for duplicates
         self.producer: Any = None
         self.ops_by_kind: Counter[str] = Counter()
         self.ops_refused = 0
@@ -329,6 +331,7 @@ class Soak:
         self.fail_closed: dict[str, FailClosedPeriod] = {}
         self.fail_closed_periods: list[FailClosedPeriod] = []
         self.phases: dict[str, float] = {}
+        self.max_horizon_lag = 0.0
         self.timing: defaultdict[str, float] = defaultdict(float)  # where the load goes
         self.stopping = False
         self.counter = 0
@@ -380,13 +383,22 @@ class Soak:
                 delay = min(delay * 2, 2.0)
 
     async def flush(self) -> None:
-        """Publish the model's new events (after their effects), skipping withheld ones."""
+        """Publish the model's new events (after their effects), skipping withheld ones and
+        diverting those of repositories a fault holds back."""
         t0 = time.monotonic()
         await self.service.settle()
         end = len(self.model.events)
-        batch = [e for e in self.model.events[self.published_upto:end]
-                 if e.event_id not in self.held.ids]
+        batch = []
+        for e in self.model.events[self.published_upto:end]:
+            if e.event_id in self.held.ids:
+                continue
+            diverted = self.diverted.get(e.repository)
+            if diverted is not None:
+                diverted.append(e)
+            else:
+                batch.append(e)
         await self._publish(batch)
+        self.recent.extend(batch)
         self.published_upto = end
         self.timing["publish"] += time.monotonic() - t0
 
@@ -500,11 +512,22 @@ class Soak:
                 await asyncio.sleep(0.5)
                 try:
                     await self._poll_fail_closed(r)
+                    await self._poll_horizon(r)
                 except Exception:
                     continue  # Redis down (a fault): try again
         finally:
             with contextlib.suppress(Exception):
                 await r.aclose()
+
+    async def _poll_horizon(self, r: Any) -> None:
+        """The longest the trackers' proven progress trailed the Redis clock (a stall holds
+        reaping back: safe, but nothing is reclaimed meanwhile)."""
+        from tracker.state import aredis_time_ms, atracker_horizon_ms
+
+        now = await aredis_time_ms(r)
+        horizon = await atracker_horizon_ms(r)
+        if horizon is not None:
+            self.max_horizon_lag = max(self.max_horizon_lag, (now - horizon) / 1000)
 
     async def _poll_fail_closed(self, r: Any) -> None:
         now = {}
@@ -616,8 +639,7 @@ class Soak:
 
     async def _fault_duplicate(self, step: Step) -> None:
         await self.flush()
-        published = [e for e in self.model.events[:self.published_upto]
-                     if e.event_id not in self.held.ids]
+        published = list(self.recent)
         if not published:
             return
         start = self.rng.randrange(len(published))
@@ -632,19 +654,20 @@ class Soak:
         """A repository's next events are published after later ones; and a stale tag event
         (a tag deleted, re-created, then the old delete delivered again)."""
         repo = self._repo(step.target)
+        if repo in self.diverted:
+            return
         await self.flush()
-        mark = len(self.model.events)
+        self.diverted[repo] = []
         target_ops = self.op_index + max(2, step.span)
 
         async def release() -> None:
             while self.op_index < target_ops and not self.stopping:
                 await asyncio.sleep(0.02)
-            block = [e for e in self.model.events[mark:] if e.repository == repo
-                     and e.event_id not in self.held.ids]
-            head = block[:len(block) // 2]
-            self._withhold(head)
-            await self.flush()  # the later half first ...
-            await self._publish(head)  # ... then the earlier half
+            await self.flush()
+            block = self.diverted.pop(repo, [])
+            half = len(block) // 2
+            await self._publish(block[half:])  # the later half first ...
+            await self._publish(block[:half])  # ... then the earlier half
             self._injected(FaultKind.REORDER)
 
         self._background(release(), "reorder")
@@ -657,7 +680,7 @@ class Soak:
             deleted = await self.service.call(Model.delete_tag, repo, tag)
             await self.service.call(Model.create_tag, repo, tag, heads[-1])
             await self.flush()
-            await self._publish(list(deleted))  # the stale delete, delivered again
+            self._later(1.0, lambda: self._publish(list(deleted)), "reorder")  # stale, again
 
     def _two_branches(self, repo: str) -> tuple[str, str] | None:
         r = self.model.repository(repo)
@@ -758,18 +781,18 @@ class Soak:
         """The next operations' events of one repository go out under another's key."""
         repo = self._repo(step.target)
         other = self._repo(step.target + 1)
+        if repo in self.diverted:
+            return
         await self.flush()
-        mark = len(self.model.events)
+        self.diverted[repo] = []
         until = self.op_index + 10
 
         async def go() -> None:
             while self.op_index < until and not self.stopping:
                 await asyncio.sleep(0.02)
-            block = self._withhold([e for e in self.model.events[mark:]
-                                    if e.repository == repo and e.event_id not in self.held.ids])
             await self.flush()
-            key = other.encode() if other != repo else b""
-            await self._publish(block, key=key)
+            block = self.diverted.pop(repo, [])
+            await self._publish(block, key=other.encode() if other != repo else b"")
             self._injected(FaultKind.MISKEYED)
 
         self._background(go(), "miskeyed")
@@ -1068,6 +1091,7 @@ class Soak:
             daemons={n: {"starts": d.starts, "kills": d.kills, "exits": d.exits}
                      for n, d in self.sup.daemons.items()},
             checks=self.checks, tracker_caught_up=caught_up,
+            max_horizon_lag_s=round(self.max_horizon_lag, 1),
             phases_s={k: round(v, 2) for k, v in self.phases.items()},
             elapsed_s=round(self._elapsed(), 2))
 

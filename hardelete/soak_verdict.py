@@ -156,6 +156,7 @@ class SoakVerdict:
     daemons: dict[str, dict[str, Any]]  # starts, kills, unplanned exits
     checks: int
     tracker_caught_up: bool
+    max_horizon_lag_s: float  # longest the trackers' proven progress trailed the Redis clock
     phases_s: dict[str, float]
     elapsed_s: float
     workdir: str | None = None
@@ -241,6 +242,8 @@ def print_verdict(v: SoakVerdict, console: Console) -> None:
     t.add_row("incidents (legitimate / not)", f"{legit} / {v.illegitimate_incidents}")
     t.add_row("dead-lettered events", str(v.dead_lettered))
     t.add_row("tracker caught up in the drain", "yes" if v.tracker_caught_up else "[red]no")
+    t.add_row("longest tracker stall: horizon behind the Redis clock (s)",
+              f"{v.max_horizon_lag_s:.1f}")
     t.add_row("partitions whose log went back (offsets reused)",
               f"[red]{len(v.log_regressions)}" if v.log_regressions else "0")
     for name, d in v.daemons.items():
