@@ -323,6 +323,7 @@ class Soak:
         self.checks = 0
         self.runs: list[ReconcileRun] = []
         self.dry_runs: dict[str, str] = {}  # repo -> run id of its last dry run
+        self.dry_pending: dict[str, asyncio.Event] = {}  # repo -> set when its dry run ended
         self.spark: Any = None
         self.spark_shared = False
         self.spark_ready: asyncio.Future[Any] | None = None
@@ -912,22 +913,31 @@ class Soak:
         from reconciler.job import RunOptions
 
         if kind is ReconcileKind.SWEEP_ONLY:
+            pending = self.dry_pending.get(repo)
+            if pending is not None:
+                await pending.wait()
             run_id = self.dry_runs.pop(repo, None)
             if run_id is None:
                 return
             opts = RunOptions(repo, sweep_only=run_id, tracker_wait_s=20.0)
         else:
             opts = RunOptions(repo, dry_run=kind is ReconcileKind.DRY_RUN, tracker_wait_s=20.0)
-        deadline = time.monotonic() + (75.0 if retry_lease else 0.0)
-        while True:
-            summary = await self._run_reconcile(opts, label or kind.value, repo, at_op)
-            busy = "lease" in str(summary.get("error") or "").lower()
-            if not (busy and time.monotonic() < deadline and not self.stopping):
-                break
-            self.runs.pop()
-            await asyncio.sleep(2.0)
-        if kind is ReconcileKind.DRY_RUN and summary.get("success"):
-            self.dry_runs[repo] = str(summary.get("run_id"))
+        done = asyncio.Event()
+        if kind is ReconcileKind.DRY_RUN:
+            self.dry_pending[repo] = done  # a sweep-only of this repository waits for it
+        try:
+            deadline = time.monotonic() + (75.0 if retry_lease else 0.0)
+            while True:
+                summary = await self._run_reconcile(opts, label or kind.value, repo, at_op)
+                busy = "lease" in str(summary.get("error") or "").lower()
+                if not (busy and time.monotonic() < deadline and not self.stopping):
+                    break
+                self.runs.pop()
+                await asyncio.sleep(2.0)
+            if kind is ReconcileKind.DRY_RUN and summary.get("success"):
+                self.dry_runs[repo] = str(summary.get("run_id"))
+        finally:
+            done.set()
 
     async def _run_reconcile(self, opts: Any, label: str, repo: str,
                              at_op: int) -> dict[str, Any]:
@@ -983,6 +993,11 @@ class Soak:
             await self.flush()
             if self.tasks:  # held events released, reconciler runs finished
                 await asyncio.wait(self.tasks, timeout=o.drain_timeout)
+            # Reconciler runs queue behind one Spark session: let the scheduled ones finish.
+            runs = [t for t in self.tasks if not t.done() and t.get_name().startswith(
+                ("reconcile", "kill_reconciler", "mark_sweep_race"))]
+            if runs:
+                await asyncio.wait(runs, timeout=max(600.0, o.drain_timeout))
             for t in self.tasks:
                 t.cancel()
             self.sup.check()
@@ -1130,8 +1145,19 @@ class Soak:
             await c.start()
             topic = self.settings.events_topic
             parts = c.partitions_for_topic(topic) or set()
-            ends = await c.end_offsets([TopicPartition(topic, p) for p in parts])
-            end_of = {tp.partition: off for tp, off in ends.items()}
+            tps = [TopicPartition(topic, p) for p in parts]
+            # The high watermark a fetch reports (what the trackers see); Tansu's ListOffsets
+            # answer lags the last batch.
+            c.assign(tps)
+            await c.seek_to_beginning(*tps)
+            end_of: dict[int, int] = {}
+            deadline = time.monotonic() + 10
+            while len(end_of) < len(tps) and time.monotonic() < deadline:
+                await c.getmany(timeout_ms=500, max_records=1)
+                for tp in tps:
+                    hw = c.highwater(tp)
+                    if hw is not None:
+                        end_of[tp.partition] = hw
             for repo in sorted(await r.smembers(REPOS)):
                 for part, applied in (await r.hgetall(RepoKeys(repo).applied)).items():
                     end = end_of.get(int(part))
