@@ -93,3 +93,19 @@ def test_parse_faults() -> None:
 def test_groups_cover_every_kind_once() -> None:
     assert SURVIVED.isdisjoint(NEEDS_FIX)
     assert SURVIVED | set(NEEDS_FIX) == set(FaultKind)
+
+
+def test_cli_prints_the_schedule_of_a_seed_and_refuses_unknown_faults(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import orjson
+
+    from hardelete.cli import main
+
+    assert main(["soak", "--plan", "--ops", "2000", "--seed", "4", "--faults", "all"]) == 0
+    first = capsys.readouterr().out
+    assert main(["soak", "--plan", "--ops", "2000", "--seed", "4", "--faults", "all"]) == 0
+    assert capsys.readouterr().out == first
+    steps = [orjson.loads(line) for line in first.splitlines()]
+    assert {s["action"] for s in steps} >= {k.value for k in FaultKind}
+    assert main(["soak", "--plan", "--faults", "bogus"]) == 2
+    assert "unknown fault kind 'bogus'" in capsys.readouterr().err
