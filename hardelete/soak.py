@@ -702,7 +702,13 @@ class Soak:
         src, dst = pair
         self.counter += 1
         path = f"soak/{kind.value}-{self.counter}"
-        written = await self.service.call(Model.write, repo, src, path, 16)
+        # A short upload token: the address' protection as an issued upload ends well inside
+        # the grace window, so the grace window alone protects the delayed copy.
+        issued = await self.service.call(Model.issue_address, repo, 0.5)
+        assert issued.address is not None and issued.signed_token is not None
+        await self.service.call(Model.upload, repo, issued.address, 16)
+        written = await self.service.call(Model.link, repo, src, path, issued.address,
+                                          issued.signed_token)
         assert written.address is not None
         copied = self.model.copy(repo, src, path, dst, path)
         held = self._withhold(copied)
