@@ -320,6 +320,8 @@ class Soak:
         self.late: dict[str, str] = {}  # address -> note: a reference published beyond grace
         self.notes: dict[str, list[str]] = {}  # address -> what the soak did with it
         self.violations: dict[str, str] = {}  # address -> where first seen gone while live
+        self.violation_op: dict[str, int] = {}  # address -> operation index of that check
+        self.fault_log: list[tuple[int, str]] = []  # (operation index, fault kind) injected
         self.checks = 0
         self.runs: list[ReconcileRun] = []
         self.dry_runs: dict[str, str] = {}  # repo -> run id of its last dry run
@@ -347,6 +349,7 @@ class Soak:
 
     def _injected(self, kind: FaultKind) -> None:
         self.faults_injected[kind.value] += 1
+        self.fault_log.append((min(self.op_index, self.o.ops), kind.value))
 
     def _failed(self, kind: FaultKind, why: str) -> None:
         self.fault_errors.setdefault(kind.value, []).append(why)
@@ -985,6 +988,7 @@ class Soak:
         allowed = may_be_gone(self.model, time.time())
         for address in gone - allowed:
             self.violations.setdefault(address, where)
+            self.violation_op.setdefault(address, min(self.op_index, self.o.ops))
         self.checks += 1
         return listed
 
@@ -1073,6 +1077,9 @@ class Soak:
                 d = LiveDeletion(address, obj.repository, why_live(self.model, address, now),
                                  seen, event_history(self.model, address,
                                                      self.notes.get(address, [])))
+                seen_op = self.violation_op.get(address, self.o.ops)
+                d.faults_before = [f"{kind} at op {op}" for op, kind in self.fault_log
+                                   if op <= seen_op]
                 if address in self.late and address in incident_addresses:
                     d.attributed_to = (f"{self.late[address]}: the publisher broke the "
                                        "contract and the tracker raised an incident")

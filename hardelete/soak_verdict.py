@@ -96,6 +96,7 @@ class LiveDeletion:
     events: list[str] = field(default_factory=list)
     explain: list[str] = field(default_factory=list)
     attributed_to: str | None = None  # a deliberate contract violation that raised an incident
+    faults_before: list[str] = field(default_factory=list)  # injected before it was seen gone
 
 
 @dataclass
@@ -270,6 +271,8 @@ def print_verdict(v: SoakVerdict, console: Console) -> None:
         console.print(f"  live because: {dead.why_live}")
         if dead.attributed_to:
             console.print(f"  [yellow]{dead.attributed_to}")
+        if dead.faults_before:
+            console.print(f"  faults injected before: {', '.join(dead.faults_before)}")
         for line in dead.events:
             console.print(f"  event: {line}")
         for line in dead.explain:

@@ -89,4 +89,5 @@ def test_soak_reports_live_deletions_when_the_reapers_grace_check_is_disabled() 
     assert any(e.startswith("object_copied") for e in dead.events)
     assert any("delay: copy" in e for e in dead.events)
     assert dead.explain and "reaped" in " ".join(dead.explain)
+    assert any(f.startswith("delay at op") for f in dead.faults_before)
     assert "LIVE OBJECT DELETED" in report
