@@ -453,12 +453,13 @@ class Soak:
                 await asyncio.to_thread(self.spark.stop)
 
     def _get_spark(self) -> Any:
-        from pyspark.sql import SparkSession
+        from pyspark import SparkContext
 
         from reconciler.spark import get_spark
 
-        # Someone else's session (a test run's) is used, not stopped.
-        self.spark_shared = SparkSession.getActiveSession() is not None
+        # Someone else's session (a test run's) is used, not stopped. (getActiveSession is per
+        # thread, and this runs in a worker thread: ask for the process' context.)
+        self.spark_shared = SparkContext._active_spark_context is not None
         self.spark = get_spark(self.servers.daemon_settings)
         return self.spark
 
