@@ -21,6 +21,8 @@ from hardelete.settings import ConfigError, Settings, load_settings
 # (command path, module implementing it, help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("demo",), "hardelete.demo", "run the model service (and daemons) on the embedded stack"),
+    (("soak",), "hardelete.soak", "a long randomized workload under injected faults, judged by "
+                                  "the model's ground truth"),
     (("tracker", "run"), "tracker.daemon", "consume events into Redis reference state"),
     (("reaper", "run"), "reaper.daemon", "hard-delete addresses unreferenced past the grace"),
     (("restore",), "reaper.quarantine", "bring a quarantined address back"),

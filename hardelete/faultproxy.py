@@ -1,0 +1,156 @@
+"""A fault-injecting HTTP proxy in front of the S3 server (the soak's, and fault tests').
+
+Requests pass through to the real server; the proxy can answer the next N ``DeleteObjects``
+requests with 503 SlowDown, can fail chosen keys inside a ``DeleteObjects`` request (they are
+removed from the forwarded request and reported back as per-key ``<Error>`` entries, as real S3
+does on partial failure), and can fail a seeded random share of delete requests and of the keys
+inside them (``error_share``). Nothing here imitates the reaper: it exercises it.
+
+(A copy of tests/faults.py grown by the random share; the soak command needs it in the package.)
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import random
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlparse
+from xml.sax.saxutils import escape
+
+_KEY_RE = re.compile(rb"<Object>\s*<Key>(.*?)</Key>.*?</Object>", re.S)
+_DROP_HEADERS = {"host", "content-length", "content-md5", "x-amz-sdk-checksum-algorithm",
+                 "transfer-encoding", "connection"}
+
+
+@dataclass
+class Faults:
+    throttle_deletes: int = 0  # next N DeleteObjects requests answer 503 SlowDown
+    fail_keys: dict[str, tuple[str, int]] = field(default_factory=dict)  # key -> (code, times)
+    hold_deletes: threading.Event | None = None  # DeleteObjects wait until this is set
+    deletes_waiting: threading.Event = field(default_factory=threading.Event)
+    drop_held: bool = False  # once released, held deletes are dropped, never forwarded
+    delete_requests: int = 0
+    # A seeded share of DeleteObjects requests answer 503, and the same share of the keys of
+    # the others fail with InternalError (0 disables).
+    error_share: float = 0.0
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    injected_requests: int = 0
+    injected_keys: int = 0
+    keys_per_request: list[int] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class FaultProxy:
+    def __init__(self, upstream: str) -> None:
+        self.upstream = urlparse(upstream)
+        self.faults = Faults()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                injected: list[tuple[str, str]] = []
+                is_delete = self.command == "POST" and "delete" in self.path.split("?", 1)[-1]
+                hold = proxy.faults.hold_deletes
+                if is_delete and hold is not None:
+                    proxy.faults.deletes_waiting.set()
+                    hold.wait(30)
+                    if proxy.faults.drop_held:
+                        self.close_connection = True
+                        return
+                if is_delete:
+                    with proxy.faults.lock:
+                        proxy.faults.delete_requests += 1
+                        proxy.faults.keys_per_request.append(len(_KEY_RE.findall(body)))
+                        share = proxy.faults.error_share
+                        random_503 = share > 0 and proxy.faults.rng.random() < share
+                        if random_503:
+                            proxy.faults.injected_requests += 1
+                        if proxy.faults.throttle_deletes > 0 or random_503:
+                            if not random_503:
+                                proxy.faults.throttle_deletes -= 1
+                            self._reply(503, b"<Error><Code>SlowDown</Code><Message>"
+                                             b"Reduce your request rate.</Message></Error>")
+                            return
+                        body, injected = proxy._strip_failing(body)
+                        if injected and not _KEY_RE.search(body):
+                            # Every key failed: answer as S3 would, without an empty request.
+                            errors = "".join(
+                                f"<Error><Key>{escape(k)}</Key><Code>{c}</Code>"
+                                f"<Message>injected</Message></Error>" for k, c in injected)
+                            self._reply(200, f"<DeleteResult>{errors}</DeleteResult>".encode())
+                            return
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in _DROP_HEADERS and not k.lower().startswith(
+                               "x-amz-checksum")}
+                if is_delete:
+                    headers["Content-MD5"] = base64.b64encode(hashlib.md5(body).digest()).decode()
+                conn = http.client.HTTPConnection(proxy.upstream.hostname or "127.0.0.1",
+                                                  proxy.upstream.port,
+                                                  timeout=60)
+                conn.request(self.command, self.path, body=body or None, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                if injected and resp.status == 200:
+                    errors = "".join(
+                        f"<Error><Key>{escape(k)}</Key><Code>{c}</Code>"
+                        f"<Message>injected</Message></Error>" for k, c in injected)
+                    data = data.replace(b"</DeleteResult>", errors.encode() + b"</DeleteResult>")
+                self._reply(resp.status, data, resp.getheaders())
+                conn.close()
+
+            def _reply(self, status: int, data: bytes,
+                       headers: list[tuple[str, str]] | None = None) -> None:
+                self.send_response(status)
+                for k, v in headers or []:
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _strip_failing(self, body: bytes) -> tuple[bytes, list[tuple[str, str]]]:
+        injected: list[tuple[str, str]] = []
+
+        share = self.faults.error_share
+
+        def keep(match: re.Match[bytes]) -> bytes:
+            key = match.group(1).decode()
+            if share > 0 and self.faults.rng.random() < share:
+                self.faults.injected_keys += 1
+                injected.append((key, "InternalError"))
+                return b""
+            rule = self.faults.fail_keys.get(key)
+            if rule and rule[1] > 0:
+                self.faults.fail_keys[key] = (rule[0], rule[1] - 1)
+                injected.append((key, rule[0]))
+                return b""
+            return match.group(0)
+
+        return _KEY_RE.sub(keep, body), injected
+
+    def __enter__(self) -> FaultProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,1208 @@
+"""``hardelete soak`` (``./dev soak``): a long randomized workload under injected faults, judged
+by the model's ground truth.
+
+The model service drives a seeded lakeFS-like workload over several repositories and branches
+through the real stack: Tansu (its log in ``s3://`` on moto, so a restart keeps it), Redis with
+AOF, moto behind a fault proxy, two trackers and two reapers as separate OS processes (kill -9
+is real), and reconciler runs on a shared local Spark session scheduled during the load
+(mark+sweep, dry run, sweep-only of an earlier mark; a killed run is a subprocess).
+
+:func:`hardelete.soak_plan.plan` decides, from the seed alone, which fault and which reconciler
+run happen before which operation; this module only carries the steps out and keeps the
+evidence. Every ``check_every`` operations, and at the end, the namespaces are listed: an object
+the model wrote that is gone while the model's oracle (:func:`hardelete.soak_verdict.may_be_gone`)
+says it is live is a *live object deleted*. At the end the faults stop, the trackers catch up,
+the reapers drain and a final reconciler run per repository takes the rest; what is left of
+the model's reclaimable garbage is the recovery figure.
+
+Short grace windows, upload lifetimes and reconciler min-age are used so that reaping happens
+within the run (``allow_unsafe_grace``): never production values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+
+from hardelete import UserError
+from hardelete.clients import redis_async, redis_sync, s3_client
+from hardelete.logs import get_logger
+from hardelete.model import (
+    Model,
+    ModelError,
+    ModelService,
+    Op,
+    Workload,
+    seeded_ids,
+)
+from hardelete.settings import Settings
+from hardelete.soak_plan import (
+    SURVIVED,
+    FaultKind,
+    ReconcileKind,
+    Step,
+    parse_faults,
+    plan,
+)
+from hardelete.soak_procs import (
+    Daemon,
+    SoakServers,
+    Supervisor,
+    make_daemons,
+    settings_env,
+    start_servers,
+)
+from hardelete.soak_verdict import (
+    FailClosedPeriod,
+    IncidentRecord,
+    LiveDeletion,
+    ReconcileRun,
+    SoakVerdict,
+    event_history,
+    may_be_gone,
+    print_verdict,
+    why_live,
+)
+from schemas.events import (
+    BranchCreated,
+    Event,
+    ObjectDeleted,
+    ObjectWritten,
+    RepositoryCreated,
+    encode,
+)
+from schemas.layout import FAIL_CLOSED, REPOS, RepoKeys
+from schemas.publisher import ensure_topics
+
+log = get_logger(__name__)
+
+_PYTHON_CLI = (sys.executable, "-m", "hardelete.cli")
+
+
+@dataclass(frozen=True)
+class SoakOptions:
+    seed: int = 1
+    ops: int = 10_000
+    repos: int = 4
+    branches: int = 3
+    faults: frozenset[FaultKind] = SURVIVED
+    faults_per_1000_ops: float = 4.0
+    reconciles_per_1000_ops: float = 1.0
+    reconcile: bool = True
+    grace_seconds: float = 2.0
+    upload_ttl_seconds: float = 2.0
+    min_age_seconds: float = 3.0
+    lease_seconds: float = 4.0
+    flush_every: int = 20  # operations per publish batch (events still follow their effects)
+    check_every: int = 2_500  # operations between two listings of the namespaces
+    payload_cap: int = 64
+    span_days: float = 30.0  # commits back-dated over this span: retention has work
+    retention_days: float = 7.0
+    drain_timeout: float = 90.0
+    keep_workdir: bool = False
+    # The command that starts a reaper daemon (``... reaper run`` is appended). Tests point it
+    # at a wrapper that patches a safety check, to prove the soak catches the damage; there is
+    # no production switch for that.
+    reaper_command: tuple[str, ...] = _PYTHON_CLI
+
+    def workload(self, run_id: str) -> Workload:
+        try:
+            return Workload(seed=self.seed, ops=self.ops, repos=self.repos,
+                            branches=self.branches, bucket="soak", name=f"soak-{run_id}",
+                            span_days=self.span_days, retention_days=self.retention_days,
+                            max_size=self.payload_cap)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+
+
+def soak_settings(base: Settings, o: SoakOptions) -> Settings:
+    return base.replace(
+        grace_seconds=o.grace_seconds, allow_unsafe_grace=True,
+        upload_ttl_seconds=o.upload_ttl_seconds, reconcile_min_age_seconds=o.min_age_seconds,
+        lease_seconds=o.lease_seconds, session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
+        tracker_poll_ms=50, reaper_poll_seconds=0.2, metrics_port=0, log_format="json",
+        kafka_bootstrap="", redis_url="", s3_endpoint_url="", redis_cluster=False,
+        quarantine_days=0.0, repository_grace="")
+
+
+# --- CLI -----------------------------------------------------------------------------------
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    d = SoakOptions()
+    parser.add_argument("--ops", type=int, default=d.ops, help="random operations")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--repos", type=int, default=d.repos)
+    parser.add_argument("--branches", type=int, default=d.branches)
+    parser.add_argument("--faults", default="survived",
+                        help="survived (default: what the current code survives), all, none, "
+                             "needs-fix, or a comma list of kinds; +kind/-kind adjust the "
+                             "default. Kinds: " + ", ".join(k.value for k in FaultKind))
+    parser.add_argument("--faults-per-1000", type=float, default=d.faults_per_1000_ops)
+    parser.add_argument("--no-reconcile", action="store_true",
+                        help="no reconciler runs (no Spark); kill_reconciler and "
+                             "mark_sweep_race are dropped")
+    parser.add_argument("--grace", type=float, default=d.grace_seconds,
+                        help="grace window in seconds (soak only: unsafe in production)")
+    parser.add_argument("--check-every", type=int, default=d.check_every)
+    parser.add_argument("--keep-workdir", action="store_true",
+                        help="keep the servers' data and the daemons' logs")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the fault schedule for the seed and exit")
+    parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
+
+
+def options_from_args(args: argparse.Namespace) -> SoakOptions:
+    if args.ops < 0 or args.repos < 1 or args.branches < 1:
+        raise UserError("--ops must be >= 0, --repos and --branches >= 1")
+    if args.grace <= 0 or args.check_every < 1 or args.faults_per_1000 < 0:
+        raise UserError("--grace must be > 0, --check-every >= 1, --faults-per-1000 >= 0")
+    try:
+        faults = parse_faults(args.faults)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if args.no_reconcile:
+        faults -= _NEEDS_SPARK
+    return SoakOptions(seed=args.seed, ops=args.ops, repos=args.repos, branches=args.branches,
+                       faults=faults, faults_per_1000_ops=args.faults_per_1000,
+                       reconcile=not args.no_reconcile, grace_seconds=args.grace,
+                       check_every=args.check_every, keep_workdir=args.keep_workdir)
+
+
+_BROKER_FAULTS = frozenset({FaultKind.BROKER_RESTART, FaultKind.BROKER_KILL,
+                            FaultKind.BROKER_LOG_LOST})
+_NEEDS_SPARK = frozenset({FaultKind.KILL_RECONCILER, FaultKind.MARK_SWEEP_RACE})
+
+
+def schedule(o: SoakOptions) -> list[Step]:
+    faults = o.faults if o.reconcile else o.faults - _NEEDS_SPARK
+    steps = plan(o.seed, o.ops, faults, repos=o.repos, grace_seconds=o.grace_seconds,
+                 per_1000_ops=o.faults_per_1000_ops,
+                 reconciles_per_1000_ops=o.reconciles_per_1000_ops)
+    return [s for s in steps if o.reconcile or not isinstance(s.action, ReconcileKind)]
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # run the clean-up: servers and daemons are stopped
+
+
+def run_cli(settings: Settings, args: argparse.Namespace) -> int:
+    options = options_from_args(args)
+    signal.signal(signal.SIGTERM, _terminate)
+    # The soak's own producer logs every refused connection while it kills the broker.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    if args.plan:
+        for s in schedule(options):
+            sys.stdout.write(orjson.dumps({"at_op": s.at_op, "action": s.action.value,
+                                           "target": s.target, "delay": s.delay,
+                                           "span": s.span, "share": s.share}).decode() + "\n")
+        return 0
+    verdict = run_soak(settings, options, Console(stderr=True))
+    if args.json:
+        sys.stdout.write(verdict.as_json().decode() + "\n")
+    else:
+        print_verdict(verdict, Console())
+    if not verdict.safe:
+        return 1
+    return 0 if verdict.ok else 3
+
+
+def run_soak(settings: Settings, options: SoakOptions,
+             console: Console | None = None) -> SoakVerdict:
+    """Start the servers and daemons, run the soak, stop everything; return the verdict."""
+    console = console or Console(stderr=True, quiet=True)
+    run_id = uuid.uuid4().hex[:8]
+    options.workload(run_id)  # a bad option fails before any server starts
+    workdir = Path(tempfile.mkdtemp(prefix="hardelete-soak-"))
+    started = time.monotonic()
+    servers: SoakServers | None = None
+    supervisor: Supervisor | None = None
+    try:
+        with console.status("soak: starting moto, Redis (AOF) and Tansu"):
+            servers = start_servers(soak_settings(settings, options), workdir,
+                                    durable_log=bool(options.faults & _BROKER_FAULTS))
+        supervisor = make_daemons(servers.daemon_settings, workdir, trackers=2, reapers=2,
+                                  command=_PYTHON_CLI, reaper_command=options.reaper_command)
+        soak = Soak(options, servers, supervisor, run_id, console, started)
+        verdict = asyncio.run(soak.run())
+    finally:
+        if supervisor is not None:
+            supervisor.stop_all()
+        if servers is not None:
+            servers.stop()
+        if not options.keep_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    verdict.workdir = str(workdir) if options.keep_workdir else None
+    return verdict
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+class PipelinedService(ModelService):
+    """The model service with its S3 writes in flight while the next operations run.
+
+    Events still follow their effects: :meth:`settle` (called before every publish) waits for
+    every write issued so far.
+    """
+
+    def __init__(self, *args: Any, inflight: int = 16, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._inflight: list[asyncio.Future[None]] = []
+        self._limit = inflight
+
+    async def _put_object(self, record: Any) -> None:
+        await self._queue(super()._put_object(record))
+
+    async def _put_manifest(self, commit: Any) -> None:
+        await self._queue(super()._put_manifest(commit))
+
+    async def _queue(self, write: Awaitable[None]) -> None:
+        self._inflight.append(asyncio.ensure_future(write))
+        if len(self._inflight) >= self._limit:
+            await self._inflight.pop(0)
+
+    async def settle(self) -> None:
+        pending, self._inflight = self._inflight, []
+        if pending:
+            await asyncio.gather(*pending)
+
+
+@dataclass
+class _Held:
+    """Events withheld from the stream, published later (delays, reorders)."""
+
+    ids: set[str] = field(default_factory=set)
+
+
+class Soak:
+    def __init__(self, o: SoakOptions, servers: SoakServers, supervisor: Supervisor,
+                 run_id: str, console: Console, started: float) -> None:
+        self.o = o
+        self.servers = servers
+        self.sup = supervisor
+        self.run_id = run_id
+        self.console = console
+        self.started = started
+        self.settings = servers.settings
+        self.rng = random.Random(f"hardelete-soak-run:{o.seed}")
+        self.steps = schedule(o)
+        self.model = Model.from_settings(self.settings, new_id=seeded_ids(o.seed))
+        self.service = PipelinedService(self.settings, s3_client(self.settings), None,
+                                        model=self.model)
+        self.published_upto = 0  # index into model.events
+        self.held = _Held()
+        self.diverted: dict[str, list[Event]] = {}  # repository -> events held back by a fault
+        self.recent: deque[Event] = deque(maxlen=5_000)  # published: material for duplicates
+        self.producer: Any = None
+        self.ops_by_kind: Counter[str] = Counter()
+        self.ops_refused = 0
+        self.op_index = 0
+        self.faults_injected: Counter[str] = Counter()
+        self.fault_errors: dict[str, list[str]] = {}
+        self.late: dict[str, str] = {}  # address -> note: a reference published beyond grace
+        self.notes: dict[str, list[str]] = {}  # address -> what the soak did with it
+        self.violations: dict[str, str] = {}  # address -> where first seen gone while live
+        self.violation_op: dict[str, int] = {}  # address -> operation index of that check
+        self.fault_log: list[tuple[int, str]] = []  # (operation index, fault kind) injected
+        self.checks = 0
+        self.runs: list[ReconcileRun] = []
+        self.dry_runs: dict[str, str] = {}  # repo -> run id of its last dry run
+        self.dry_pending: dict[str, asyncio.Event] = {}  # repo -> set when its dry run ended
+        self.spark: Any = None
+        self.spark_shared = False
+        self.spark_ready: asyncio.Future[Any] | None = None
+        self.recon_lock = asyncio.Lock()
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.fail_closed: dict[str, FailClosedPeriod] = {}
+        self.fail_closed_periods: list[FailClosedPeriod] = []
+        self.phases: dict[str, float] = {}
+        self.max_horizon_lag = 0.0
+        self.timing: defaultdict[str, float] = defaultdict(float)  # where the load goes
+        self.stopping = False
+        self.counter = 0
+
+    # -- plumbing --
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def _note(self, address: str, text: str) -> None:
+        self.notes.setdefault(address, []).append(f"soak: {text}")
+
+    def _injected(self, kind: FaultKind) -> None:
+        self.faults_injected[kind.value] += 1
+        self.fault_log.append((min(self.op_index, self.o.ops), kind.value))
+
+    def _failed(self, kind: FaultKind, why: str) -> None:
+        self.fault_errors.setdefault(kind.value, []).append(why)
+        log.warning("soak.fault_not_injected", fault=kind.value, why=why)
+
+    def _background(self, coro: Awaitable[Any], name: str) -> None:
+        async def guarded() -> None:
+            try:
+                await coro
+            except Exception as exc:
+                log.exception("soak.task_failed", task=name)
+                self.fault_errors.setdefault(name, []).append(f"{type(exc).__name__}: {exc}")
+
+        self.tasks.append(asyncio.create_task(guarded(), name=name))
+
+    async def _publish(self, events: list[Event], key: bytes | None = None,
+                       budget: float = 120.0) -> None:
+        """Publish raw (retrying through broker restarts); ``key`` overrides the repository."""
+        if not events:
+            return
+        deadline = time.monotonic() + budget
+        delay = 0.1
+        while True:
+            try:
+                futures = [await self.producer.send(self.settings.events_topic, encode(e),
+                                                    key=key if key is not None else e.key)
+                           for e in events]
+                await asyncio.gather(*futures)
+                return
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("soak.publish_retry", error=str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def flush(self) -> None:
+        """Publish the model's new events (after their effects), skipping withheld ones and
+        diverting those of repositories a fault holds back."""
+        t0 = time.monotonic()
+        await self.service.settle()
+        end = len(self.model.events)
+        batch = []
+        for e in self.model.events[self.published_upto:end]:
+            if e.event_id in self.held.ids:
+                continue
+            diverted = self.diverted.get(e.repository)
+            if diverted is not None:
+                diverted.append(e)
+            else:
+                batch.append(e)
+        await self._publish(batch)
+        self.recent.extend(batch)
+        self.published_upto = end
+        self.timing["publish"] += time.monotonic() - t0
+
+    def _withhold(self, events: list[Event]) -> list[Event]:
+        self.held.ids.update(e.event_id for e in events)
+        return list(events)
+
+    async def _release(self, events: list[Event], key: bytes | None = None) -> None:
+        await self.flush()  # whatever came before the release goes first
+        await self._publish(events, key=key)
+
+    async def _start_producer(self) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=self.settings.kafka_bootstrap, acks="all", linger_ms=5,
+            max_batch_size=1 << 20, max_request_size=8 << 20, request_timeout_ms=15_000)
+        await self.producer.start()
+
+    # -- main --
+
+    async def run(self) -> SoakVerdict:
+        o = self.o
+        await ensure_topics(self.settings)
+        await self._start_producer()
+        self.sup.start_all()
+        if o.reconcile:
+            self.spark_ready = asyncio.ensure_future(asyncio.to_thread(self._get_spark))
+        watcher = asyncio.create_task(self._watch())
+        try:
+            t0 = time.monotonic()
+            await self._load()
+            self.phases["load"] = time.monotonic() - t0
+            for what, seconds in self.timing.items():
+                self.phases[f"  load: {what}"] = seconds
+            t0 = time.monotonic()
+            caught_up = await self._drain()
+            self.phases["drain and final reconcile"] = time.monotonic() - t0
+            return await self._verdict(caught_up)
+        finally:
+            self.stopping = True
+            watcher.cancel()
+            for t in self.tasks:
+                t.cancel()
+            with contextlib.suppress(Exception):
+                await self.producer.stop()
+            if self.spark is not None and not self.spark_shared:
+                await asyncio.to_thread(self.spark.stop)
+
+    def _get_spark(self) -> Any:
+        from pyspark import SparkContext
+
+        from reconciler.spark import get_spark
+
+        # Someone else's session (a test run's) is used, not stopped. (getActiveSession is per
+        # thread, and this runs in a worker thread: ask for the process' context.)
+        self.spark_shared = SparkContext._active_spark_context is not None
+        self.spark = get_spark(self.servers.daemon_settings)
+        return self.spark
+
+    async def _load(self) -> None:
+        o = self.o
+        workload = o.workload(self.run_id)
+        steps = list(self.steps)
+        setup = workload.setup_ops
+        total = o.ops + setup
+        last_sup = time.monotonic()
+        with self.console.status("soak: load") as status:
+            for n, op in enumerate(workload.operations(self.model)):
+                i = n - setup
+                self.op_index = max(i, 0)
+                while steps and i >= 0 and steps[0].at_op <= i:
+                    await self._step(steps.pop(0))
+                await self._apply(op)
+                if n % o.flush_every == 0 or n == total - 1:
+                    await self.flush()
+                if i > 0 and i % o.check_every == 0:
+                    await self.flush()
+                    t0 = time.monotonic()
+                    await self._check(f"op {i}")
+                    self.timing["checks"] += time.monotonic() - t0
+                if time.monotonic() - last_sup > 0.5:
+                    last_sup = time.monotonic()
+                    self.sup.check()
+                    status.update(f"soak: op {max(i, 0)}/{o.ops}, faults "
+                                  f"{sum(self.faults_injected.values())}, reconciler runs "
+                                  f"{len(self.runs)}")
+                    await asyncio.sleep(0)
+            for s in steps:  # steps past the end (none unless ops was tiny)
+                await self._step(s)
+            await self.flush()
+        self.op_index = sys.maxsize  # the load is over: steps waiting for an op go on now
+
+    async def _apply(self, op: Op) -> None:
+        t0 = time.monotonic()
+        try:
+            await self.service.apply(op)
+        except ModelError:
+            # A fault step changed the repository between the draw and now: skip it.
+            self.ops_refused += 1
+            return
+        finally:
+            self.timing["apply (model + S3 writes)"] += time.monotonic() - t0
+        self.ops_by_kind[op.kind.value] += 1
+
+    # -- watching: daemons and fail-closed state --
+
+    async def _watch(self) -> None:
+        r = redis_async(self.settings)
+        try:
+            while not self.stopping:
+                await asyncio.sleep(0.5)
+                try:
+                    await self._poll_fail_closed(r)
+                    await self._poll_horizon(r)
+                except Exception:
+                    continue  # Redis down (a fault): try again
+        finally:
+            with contextlib.suppress(Exception):
+                await r.aclose()
+
+    async def _poll_horizon(self, r: Any) -> None:
+        """The longest the trackers' proven progress trailed the Redis clock (a stall holds
+        reaping back: safe, but nothing is reclaimed meanwhile)."""
+        from tracker.state import aredis_time_ms, atracker_horizon_ms
+
+        now = await aredis_time_ms(r)
+        horizon = await atracker_horizon_ms(r)
+        if horizon is not None:
+            self.max_horizon_lag = max(self.max_horizon_lag, (now - horizon) / 1000)
+
+    async def _poll_fail_closed(self, r: Any) -> None:
+        now = {}
+        glob = await r.hgetall(FAIL_CLOSED)
+        if glob:
+            now["*"] = str(glob.get("reason", "?"))
+        for repo in await r.smembers(REPOS):
+            h = await r.hgetall(RepoKeys(repo).fail_closed)
+            if h:
+                now[repo] = str(h.get("reason", "?"))
+        t = self._elapsed()
+        for scope, reason in now.items():
+            if scope not in self.fail_closed:
+                p = FailClosedPeriod(scope, reason, t)
+                self.fail_closed[scope] = p
+                self.fail_closed_periods.append(p)
+        for scope in list(self.fail_closed):
+            if scope not in now:
+                self.fail_closed.pop(scope).end_s = t
+
+    # -- the steps --
+
+    async def _step(self, step: Step) -> None:
+        action = step.action
+        log.debug("soak.step", at_op=step.at_op, action=action.value, target=step.target)
+        if isinstance(action, ReconcileKind):
+            repo = self._repo(step.target)
+            self._background(self._reconcile(action, repo, step.at_op), f"reconcile-{action}")
+            return
+        handler = getattr(self, f"_fault_{action.value}")
+        try:
+            await handler(step)
+        except Exception as exc:
+            self._failed(action, f"{type(exc).__name__}: {exc}")
+
+    def _repo(self, index: int) -> str:
+        repos = sorted(self.model.repositories)
+        return repos[index % len(repos)]
+
+    def _later(self, delay: float, fn: Callable[[], Awaitable[Any]], name: str) -> None:
+        async def go() -> None:
+            await asyncio.sleep(delay)
+            await fn()
+
+        self._background(go(), name)
+
+    async def _fault_kill_tracker(self, step: Step) -> None:
+        async def kill() -> None:
+            self.sup.kill_and_restart(f"tracker-{step.target % 2}")
+            self._injected(FaultKind.KILL_TRACKER)
+
+        self._later(step.delay, kill, "kill_tracker")
+
+    async def _fault_kill_reaper(self, step: Step) -> None:
+        async def kill() -> None:
+            self.sup.kill_and_restart(f"reaper-{step.target % 2}")
+            self._injected(FaultKind.KILL_REAPER)
+
+        self._later(step.delay, kill, "kill_reaper")
+
+    async def _fault_redis_restart(self, step: Step) -> None:
+        async def go() -> None:
+            await asyncio.to_thread(self.servers.kill_redis, step.delay)
+            self._injected(FaultKind.REDIS_RESTART)
+
+        self._background(go(), "redis_restart")
+
+    async def _fault_redis_rollback(self, step: Step) -> None:
+        snapshot = await asyncio.to_thread(self.servers.snapshot_redis)
+        target = step.at_op + max(1, step.span)
+
+        async def go() -> None:
+            while self.op_index < target and not self.stopping:
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(self.servers.rollback_redis, snapshot)
+            self._injected(FaultKind.REDIS_ROLLBACK)
+
+        self._background(go(), "redis_rollback")
+
+    async def _fault_broker_restart(self, step: Step) -> None:
+        await asyncio.to_thread(self.servers.restart_broker, lose_log=False,
+                                down_seconds=step.delay)
+        self._injected(FaultKind.BROKER_RESTART)
+
+    async def _fault_broker_kill(self, step: Step) -> None:
+        await asyncio.to_thread(self.servers.restart_broker, lose_log=False,
+                                down_seconds=step.delay, hard=True)
+        self._injected(FaultKind.BROKER_KILL)
+
+    async def _fault_broker_log_lost(self, step: Step) -> None:
+        await asyncio.to_thread(self.servers.restart_broker, lose_log=True,
+                                down_seconds=step.delay)
+        await ensure_topics(self.settings)  # the operator re-creates the topics
+        self._injected(FaultKind.BROKER_LOG_LOST)
+
+    async def _fault_add_partition(self, step: Step) -> None:
+        from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+        await admin.start()
+        try:
+            topic = self.settings.events_topic
+            meta = await admin.describe_topics([topic])
+            count = len(meta[0]["partitions"])
+            await admin.create_partitions({topic: NewPartitions(total_count=count + 1)})
+        finally:
+            await admin.close()
+        self._injected(FaultKind.ADD_PARTITION)
+
+    async def _fault_duplicate(self, step: Step) -> None:
+        await self.flush()
+        published = list(self.recent)
+        if not published:
+            return
+        start = self.rng.randrange(len(published))
+        chunk = published[start:start + max(1, step.span)]
+        # Half the time out of order too: a redelivery is not always of the latest events.
+        if self.rng.random() < 0.5:
+            self.rng.shuffle(chunk)
+        await self._publish(chunk)
+        self._injected(FaultKind.DUPLICATE)
+
+    async def _fault_reorder(self, step: Step) -> None:
+        """A repository's next events are published after later ones; and a stale tag event
+        (a tag deleted, re-created, then the old delete delivered again)."""
+        repo = self._repo(step.target)
+        if repo in self.diverted:
+            return
+        await self.flush()
+        self.diverted[repo] = []
+        target_ops = self.op_index + max(2, step.span)
+
+        async def release() -> None:
+            while self.op_index < target_ops and not self.stopping:
+                await asyncio.sleep(0.02)
+            await self.flush()
+            block = self.diverted.pop(repo, [])
+            half = len(block) // 2
+            await self._publish(block[half:])  # the later half first ...
+            await self._publish(block[:half])  # ... then the earlier half
+            self._injected(FaultKind.REORDER)
+
+        self._background(release(), "reorder")
+        r = self.model.repository(repo)
+        heads = sorted(b for b, br in r.branches.items() if br.head)
+        if heads:
+            self.counter += 1
+            tag = f"soak-tag-{self.counter}"
+            await self.service.call(Model.create_tag, repo, tag, heads[0])
+            deleted = await self.service.call(Model.delete_tag, repo, tag)
+            await self.service.call(Model.create_tag, repo, tag, heads[-1])
+            await self.flush()
+            self._later(1.0, lambda: self._publish(list(deleted)), "reorder")  # stale, again
+
+    def _two_branches(self, repo: str) -> tuple[str, str] | None:
+        r = self.model.repository(repo)
+        names = sorted(r.branches)
+        if len(names) < 2:
+            return None
+        src = r.default_branch
+        dst = self.rng.choice([b for b in names if b != src])
+        return src, dst
+
+    async def _copy_then_delete_source(self, repo: str, kind: FaultKind
+                                       ) -> tuple[str, list[Event]] | None:
+        """Write X on one branch, shallow-copy it to another (the copy's event withheld),
+        delete X from the first: the tracker sees X unreferenced until the copy arrives."""
+        pair = self._two_branches(repo)
+        if pair is None:
+            return None
+        src, dst = pair
+        self.counter += 1
+        path = f"soak/{kind.value}-{self.counter}"
+        # A short upload token: the address' protection as an issued upload ends well inside
+        # the grace window, so the grace window alone protects the delayed copy.
+        issued = await self.service.call(Model.issue_address, repo, 0.5)
+        assert issued.address is not None and issued.signed_token is not None
+        await self.service.call(Model.upload, repo, issued.address, 16)
+        written = await self.service.call(Model.link, repo, src, path, issued.address,
+                                          issued.signed_token)
+        assert written.address is not None
+        copied = self.model.copy(repo, src, path, dst, path)
+        held = self._withhold(copied)
+        await self.service.call(Model.delete, repo, src, path)
+        await self.flush()
+        self._note(written.address, f"{kind.value}: copy {src}->{dst}:{path} withheld, "
+                                    f"source deleted")
+        return written.address, held
+
+    async def _fault_delay(self, step: Step) -> None:
+        made = await self._copy_then_delete_source(self._repo(step.target), FaultKind.DELAY)
+        if made is None:
+            return
+        address, held = made
+
+        async def release() -> None:
+            await self._release(held)
+            self._note(address, f"delay: copy published {step.delay:.2f}s late (within grace)")
+            self._injected(FaultKind.DELAY)
+
+        self._later(step.delay, release, "delay")
+
+    async def _fault_delay_beyond(self, step: Step) -> None:
+        repo = self._repo(step.target)
+        made = await self._copy_then_delete_source(repo, FaultKind.DELAY_BEYOND)
+        if made is None:
+            return
+        address, held = made
+
+        async def release() -> None:
+            # Beyond the contract: publish once the source is reaped (or well past grace).
+            r = redis_async(self.settings)
+            deadline = time.monotonic() + max(20.0, 10 * self.o.grace_seconds)
+            try:
+                while time.monotonic() < deadline and not self.stopping:
+                    with contextlib.suppress(Exception):
+                        if await r.hget(RepoKeys(repo).address(address), "state") == "reaped":
+                            break
+                    await asyncio.sleep(0.2)
+            finally:
+                await r.aclose()
+            self.late[address] = "copy published after its source was reaped (beyond grace)"
+            await self._release(held)
+            self._note(address, "delay_beyond: copy published after the source was reaped")
+            self._injected(FaultKind.DELAY_BEYOND)
+
+        self._background(release(), "delay_beyond")
+
+    async def _fault_malformed(self, step: Step) -> None:
+        repo = self._repo(step.target)
+        ns = self.model.repository(repo).storage_namespace
+        bodies = [
+            b"{not json",
+            orjson.dumps({"type": "object_teleported", "v": 1, "repository": repo,
+                          "event_id": uuid.uuid4().hex, "emitted_at": 0}),
+            orjson.dumps({"type": "tag_created", "v": 99, "repository": repo,
+                          "event_id": uuid.uuid4().hex, "emitted_at": 0, "tag": "x",
+                          "commit_id": "y"}),
+            encode(ObjectWritten(repository=repo, branch="main", staging_token="t",
+                                 path="p", address=f"s3://elsewhere/{uuid.uuid4().hex}",
+                                 size=1, ref_id=uuid.uuid4().hex)),
+            encode(ObjectWritten(repository=repo, branch="main", staging_token="t", path="p",
+                                 address=f"{ns}_hardelete/manifests/x", size=1,
+                                 ref_id=uuid.uuid4().hex)),
+        ]
+        body = bodies[step.target % len(bodies)]
+        await self.producer.send_and_wait(self.settings.events_topic, body, key=repo.encode())
+        self._injected(FaultKind.MALFORMED)
+
+    async def _fault_oversized(self, step: Step) -> None:
+        repo = self._repo(step.target)
+        body = b'{"type": "object_written", "v": 1, "junk": "' + b"x" * (5 << 20) + b'"}'
+        await self.producer.send_and_wait(self.settings.events_topic, body, key=repo.encode())
+        self._injected(FaultKind.OVERSIZED)
+
+    async def _fault_miskeyed(self, step: Step) -> None:
+        """The next operations' events of one repository go out under another's key."""
+        repo = self._repo(step.target)
+        other = self._repo(step.target + 1)
+        if repo in self.diverted:
+            return
+        await self.flush()
+        self.diverted[repo] = []
+        until = self.op_index + 10
+
+        async def go() -> None:
+            while self.op_index < until and not self.stopping:
+                await asyncio.sleep(0.02)
+            await self.flush()
+            block = self.diverted.pop(repo, [])
+            await self._publish(block, key=other.encode() if other != repo else b"")
+            self._injected(FaultKind.MISKEYED)
+
+        self._background(go(), "miskeyed")
+
+    async def _fault_namespace_claim(self, step: Step) -> None:
+        """A repository whose namespace contains every other's claims a committed address of
+        one of them and deletes it."""
+        victim = self._repo(step.target)
+        r = self.model.repository(victim)
+        head = r.branches[r.default_branch].head
+        if head is None:
+            heads = [b.head for b in r.branches.values() if b.head]
+            head = heads[-1] if heads else None
+        if head is None or not self.model.commits[head].entries:
+            self._failed(FaultKind.NAMESPACE_CLAIM, "victim has no committed entry yet")
+            return
+        entry = sorted(self.model.commits[head].entries.values(), key=lambda e: e.address)[0]
+        self.counter += 1
+        intruder = f"intruder-{self.run_id}-{self.counter}"
+        parent = r.storage_namespace.rstrip("/").rsplit("/", 1)[0] + "/"
+        token, ref = uuid.uuid4().hex, uuid.uuid4().hex
+        events: list[Event] = [
+            RepositoryCreated(repository=intruder, storage_namespace=parent,
+                              default_branch="main", default_retention_days=7.0),
+            BranchCreated(repository=intruder, branch="main", staging_token=token),
+            ObjectWritten(repository=intruder, branch="main", staging_token=token, path="x",
+                          address=entry.address, size=entry.size, ref_id=ref),
+            ObjectDeleted(repository=intruder, branch="main", staging_token=token, path="x",
+                          address=entry.address, ref_id=ref),
+        ]
+        await self.flush()
+        await self._publish(events)
+        self._note(entry.address, f"namespace_claim: {intruder} claimed {parent} and "
+                                  f"unreferenced this committed address")
+        self._injected(FaultKind.NAMESPACE_CLAIM)
+
+    async def _fault_s3_errors(self, step: Step) -> None:
+        faults = self.servers.proxy.faults
+        faults.rng.seed(f"{self.o.seed}:{step.at_op}")
+        faults.error_share = step.share
+        until = step.at_op + max(1, step.span)
+        self._injected(FaultKind.S3_ERRORS)
+
+        async def heal() -> None:
+            while self.op_index < until and not self.stopping:
+                await asyncio.sleep(0.05)
+            faults.error_share = 0.0
+
+        self._background(heal(), "s3_errors")
+
+    async def _fault_kill_reconciler(self, step: Step) -> None:
+        if not self.o.reconcile:
+            return
+        repo = self._repo(step.target)
+        self._background(self._killed_reconcile(repo, step), "kill_reconciler")
+
+    async def _killed_reconcile(self, repo: str, step: Step) -> None:
+        env = settings_env(self.servers.daemon_settings)
+        env["HARDELETE_LOG_FORMAT"] = "json"
+        d = Daemon("reconciler", [*_PYTHON_CLI, "reconcile", "--repo", repo, "--json"], env,
+                   self.servers.workdir / "reconciler-killed.log")
+        d.start()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < step.delay and d.alive():
+            await asyncio.sleep(0.05)
+        finished = not d.alive()
+        await asyncio.to_thread(d.kill9)
+        self._injected(FaultKind.KILL_RECONCILER)
+        self.runs.append(ReconcileRun(
+            "killed (subprocess)", repo, step.at_op, None, True,
+            "finished before the kill" if finished else f"killed after {step.delay:.1f}s",
+            seconds=time.monotonic() - t0))
+        # Restart: the same run again, once the killed run's lease has expired.
+        await self._reconcile(ReconcileKind.MARK_SWEEP, repo, step.at_op, retry_lease=True,
+                              label="mark_sweep (rerun after kill)")
+
+    async def _fault_mark_sweep_race(self, step: Step) -> None:
+        if not self.o.reconcile:
+            return
+        repo = self._repo(step.target)
+        self._background(self._race(repo, step), "mark_sweep_race")
+
+    async def _race(self, repo: str, step: Step) -> None:
+        from reconciler.job import RunOptions
+
+        summary = await self._run_reconcile(RunOptions(repo, dry_run=True), "race: mark",
+                                            repo, step.at_op)
+        run_id = summary.get("run_id") if summary.get("success") else None
+        if not run_id:
+            self._failed(FaultKind.MARK_SWEEP_RACE, f"mark failed: {summary.get('error')}")
+            return
+        # Between the mark and the sweep: refs to old commits, and a copy committed on main.
+        r = self.model.repository(repo)
+        old = [c for c in r.commit_ids if self.model.commits[c].entries][:3]
+        if old:
+            self.counter += 1
+            branch = f"soak-race-{self.counter}"
+            await self.service.call(Model.create_branch, repo, branch, old[0])
+            await self.service.call(Model.create_tag, repo, f"soak-race-tag-{self.counter}",
+                                    old[-1])
+            entries = self.model.branch_entries(repo, branch)
+            if entries:
+                path = sorted(entries)[0]
+                with contextlib.suppress(ModelError):
+                    await self.service.call(Model.copy, repo, branch, path, r.default_branch,
+                                            f"soak/race-{self.counter}")
+                    await self.service.call(Model.commit, repo, r.default_branch)
+            await self.flush()
+        await self._run_reconcile(RunOptions(repo, sweep_only=run_id), "race: sweep-only",
+                                  repo, step.at_op)
+        self._injected(FaultKind.MARK_SWEEP_RACE)
+
+    # -- reconciler runs --
+
+    async def _reconcile(self, kind: ReconcileKind, repo: str, at_op: int, *,
+                         retry_lease: bool = False, label: str | None = None) -> None:
+        from reconciler.job import RunOptions
+
+        if kind is ReconcileKind.SWEEP_ONLY:
+            pending = self.dry_pending.get(repo)
+            if pending is not None:
+                await pending.wait()
+            run_id = self.dry_runs.pop(repo, None)
+            if run_id is None:
+                return
+            opts = RunOptions(repo, sweep_only=run_id, tracker_wait_s=20.0)
+        else:
+            opts = RunOptions(repo, dry_run=kind is ReconcileKind.DRY_RUN, tracker_wait_s=20.0)
+        done = asyncio.Event()
+        if kind is ReconcileKind.DRY_RUN:
+            self.dry_pending[repo] = done  # a sweep-only of this repository waits for it
+        try:
+            deadline = time.monotonic() + (75.0 if retry_lease else 0.0)
+            while True:
+                summary = await self._run_reconcile(opts, label or kind.value, repo, at_op)
+                busy = "lease" in str(summary.get("error") or "").lower()
+                if not (busy and time.monotonic() < deadline and not self.stopping):
+                    break
+                self.runs.pop()
+                await asyncio.sleep(2.0)
+            if kind is ReconcileKind.DRY_RUN and summary.get("success"):
+                self.dry_runs[repo] = str(summary.get("run_id"))
+        finally:
+            done.set()
+
+    async def _run_reconcile(self, opts: Any, label: str, repo: str,
+                             at_op: int) -> dict[str, Any]:
+        from reconciler.job import reconcile
+
+        assert self.spark_ready is not None
+        spark = await self.spark_ready
+        async with self.recon_lock:
+            t0 = time.monotonic()
+            try:
+                summary: dict[str, Any] = await asyncio.to_thread(
+                    reconcile, spark, self.servers.daemon_settings, opts)
+            except Exception as exc:
+                summary = {"success": False, "error": f"{type(exc).__name__}: {exc}"}
+        mark = summary.get("mark") or {}
+        sweep = summary.get("sweep") or {}
+        status = str(sweep.get("status") or ("marked" if summary.get("success") else
+                                             summary.get("error") or "failed"))
+        self.runs.append(ReconcileRun(
+            label, repo, at_op, summary.get("run_id"), bool(summary.get("success")),
+            status[:120], int(mark.get("marked", 0) or 0),
+            int(sweep.get("confirmed", 0) or 0), round(time.monotonic() - t0, 2)))
+        return summary
+
+    # -- checks --
+
+    async def _listed(self) -> set[str]:
+        await self.service.settle()
+        out: set[str] = set()
+        for repo in self.model.repositories:
+            out.update(await self.service.list_namespace(repo))
+        return out
+
+    async def _check(self, where: str) -> set[str]:
+        """List the namespaces; record every object gone that the model calls live."""
+        listed = await self._listed()
+        written = set(self.model.objects)
+        gone = written - listed
+        allowed = may_be_gone(self.model, time.time())
+        for address in gone - allowed:
+            self.violations.setdefault(address, where)
+            self.violation_op.setdefault(address, min(self.op_index, self.o.ops))
+        self.checks += 1
+        return listed
+
+    # -- drain --
+
+    async def _drain(self) -> bool:
+        """Stop the faults, let everything recover, reap, reconcile; True if the trackers
+        caught up."""
+        o = self.o
+        with self.console.status("soak: drain (faults stopped, trackers catching up)"):
+            self.servers.proxy.faults.error_share = 0.0
+            await self.flush()
+            if self.tasks:  # held events released, reconciler runs finished
+                await asyncio.wait(self.tasks, timeout=o.drain_timeout)
+            # Reconciler runs queue behind one Spark session: let the scheduled ones finish.
+            runs = [t for t in self.tasks if not t.done() and t.get_name().startswith(
+                ("reconcile", "kill_reconciler", "mark_sweep_race"))]
+            if runs:
+                await asyncio.wait(runs, timeout=max(600.0, o.drain_timeout))
+            for t in self.tasks:
+                t.cancel()
+            self.sup.check()
+            await self.flush()
+            caught_up = await self._await_trackers(o.drain_timeout)
+            # Upload tokens expire and grace passes; then the reapers take the online garbage.
+            deadline = time.monotonic() + o.drain_timeout
+            await asyncio.sleep(o.upload_ttl_seconds + o.grace_seconds)
+            while time.monotonic() < deadline:
+                self.sup.check()
+                listed = await self._listed()
+                truth = self.model.truth()
+                closed = set(self.fail_closed)
+                pending = [a for a in truth.online_garbage & listed & set(self.model.objects)
+                           if "*" not in closed
+                           and self.model.objects[a].repository not in closed]
+                if not pending:
+                    break
+                await asyncio.sleep(1.0)
+        if o.reconcile:
+            with self.console.status("soak: final reconciler runs"):
+                await asyncio.sleep(o.min_age_seconds)
+                for repo in sorted(self.model.repositories):
+                    await self._reconcile(ReconcileKind.MARK_SWEEP, repo, o.ops,
+                                          retry_lease=True, label="final mark_sweep")
+        return caught_up
+
+    async def _await_trackers(self, timeout: float) -> bool:
+        from tracker.state import aredis_time_ms, atracker_horizon_ms
+
+        deadline = time.monotonic() + timeout
+        target = None
+        while time.monotonic() < deadline:
+            r = redis_async(self.settings)
+            try:
+                if target is None:
+                    target = await aredis_time_ms(r)
+                h = await atracker_horizon_ms(r)
+                if h is not None and h >= target:
+                    return True
+            except Exception:
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    await r.aclose()
+            self.sup.check()
+            await asyncio.sleep(0.25)
+        return False
+
+    # -- verdict --
+
+    async def _verdict(self, caught_up: bool) -> SoakVerdict:
+        listed = await self._check("end")
+        now = time.time()
+        written = set(self.model.objects)
+        allowed = may_be_gone(self.model, now)
+        incidents = await asyncio.to_thread(self._incidents)
+        incident_addresses = {i.address for i in incidents}
+        closed = set(self.fail_closed)
+        live: list[LiveDeletion] = []
+        late: list[LiveDeletion] = []
+        r = redis_sync(self.servers.daemon_settings)
+        s3 = s3_client(self.servers.daemon_settings)
+        try:
+            for address, seen in sorted(self.violations.items()):
+                obj = self.model.objects[address]
+                d = LiveDeletion(address, obj.repository, why_live(self.model, address, now),
+                                 seen, event_history(self.model, address,
+                                                     self.notes.get(address, [])))
+                seen_op = self.violation_op.get(address, self.o.ops)
+                d.faults_before = [f"{kind} at op {op}" for op, kind in self.fault_log
+                                   if op <= seen_op]
+                if address in self.late and address in incident_addresses:
+                    d.attributed_to = (f"{self.late[address]}: the publisher broke the "
+                                       "contract and the tracker raised an incident")
+                    late.append(d)
+                    continue
+                if address in self.late:
+                    d.attributed_to = f"{self.late[address]}, but NO incident: silent loss"
+                d.explain = self._explain(r, s3, address, obj.repository)
+                live.append(d)
+        finally:
+            r.close()
+        for inc in incidents:
+            if inc.address in self.late:
+                inc.legitimate, inc.why = True, self.late[inc.address]
+        # Without reconciler runs only the online path reclaims: its garbage is the target.
+        garbage = (allowed if self.o.reconcile
+                   else self.model.truth(now).online_garbage) & written
+        reclaimable = {a for a in garbage
+                       if "*" not in closed and self.model.objects[a].repository not in closed}
+        closed_garbage = len(garbage) - len(reclaimable)
+        left = sorted(reclaimable & listed)
+        planned = Counter(s.action.value for s in self.steps
+                          if isinstance(s.action, FaultKind))
+        return SoakVerdict(
+            seed=self.o.seed, ops=self.o.ops, repos=self.o.repos,
+            faults_selected=sorted(k.value for k in self.o.faults),
+            ops_by_kind=dict(sorted(self.ops_by_kind.items())), ops_refused=self.ops_refused,
+            faults_planned=dict(sorted(planned.items())),
+            faults_injected=dict(sorted(self.faults_injected.items())),
+            fault_errors=self.fault_errors, reconciler_runs=self.runs,
+            live_deleted=live, late_deleted=late, objects_written=len(written),
+            reclaimable=len(reclaimable), reclaimed=len(reclaimable) - len(left),
+            garbage_left_sample=left[:10], fail_closed_repos=sorted(closed),
+            fail_closed_garbage=closed_garbage, fail_closed_periods=self.fail_closed_periods,
+            incidents=incidents, dead_lettered=await self._dead_lettered(),
+            log_regressions=await self._log_regressions(),
+            daemons={n: {"starts": d.starts, "kills": d.kills, "exits": d.exits}
+                     for n, d in self.sup.daemons.items()},
+            checks=self.checks, tracker_caught_up=caught_up,
+            max_horizon_lag_s=round(self.max_horizon_lag, 1),
+            phases_s={k: round(v, 2) for k, v in self.phases.items()},
+            elapsed_s=round(self._elapsed(), 2))
+
+    def _explain(self, r: Any, s3: Any, address: str, repo: str) -> list[str]:
+        from hardelete.status import explain_address
+
+        try:
+            ex = explain_address(r, self.servers.daemon_settings, address, repo, s3)
+        except Exception as exc:
+            return [f"explain failed: {type(exc).__name__}: {exc}"]
+        return [f"state={ex.state}: {ex.verdict}", *ex.lines]
+
+    def _incidents(self) -> list[IncidentRecord]:
+        r = redis_sync(self.settings)
+        out = []
+        try:
+            for repo in sorted(r.smembers(REPOS)):
+                for raw in r.lrange(RepoKeys(repo).incidents, 0, -1):
+                    inc = orjson.loads(raw)
+                    out.append(IncidentRecord(
+                        repo, str(inc.get("address")), str(inc.get("type")), False,
+                        "no deliberate contract violation explains it"))
+        finally:
+            r.close()
+        return out
+
+    async def _log_regressions(self) -> list[str]:
+        """Partitions whose log ends below what a repository says it applied: the log went
+        back (reset or lost tail) and new records reuse offsets the tracker skips."""
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        c = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap)
+        out: list[str] = []
+        r = redis_async(self.settings)
+        try:
+            await c.start()
+            topic = self.settings.events_topic
+            parts = c.partitions_for_topic(topic) or set()
+            tps = [TopicPartition(topic, p) for p in parts]
+            # The high watermark a fetch reports (what the trackers see); Tansu's ListOffsets
+            # answer lags the last batch.
+            c.assign(tps)
+            await c.seek_to_beginning(*tps)
+            end_of: dict[int, int] = {}
+            deadline = time.monotonic() + 10
+            while len(end_of) < len(tps) and time.monotonic() < deadline:
+                await c.getmany(timeout_ms=500, max_records=1)
+                for tp in tps:
+                    hw = c.highwater(tp)
+                    if hw is not None:
+                        end_of[tp.partition] = hw
+            for repo in sorted(await r.smembers(REPOS)):
+                for part, applied in (await r.hgetall(RepoKeys(repo).applied)).items():
+                    end = end_of.get(int(part))
+                    if end is not None and int(applied) >= end:
+                        out.append(f"{repo} partition {part}: applied offset {applied} but the "
+                                   f"log ends at {end}")
+        except Exception as exc:
+            out.append(f"could not compare: {type(exc).__name__}: {exc}")
+        finally:
+            with contextlib.suppress(Exception):
+                await c.stop()
+            with contextlib.suppress(Exception):
+                await r.aclose()
+        return out
+
+    async def _dead_lettered(self) -> int:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        c = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap)
+        try:
+            await c.start()
+            parts = c.partitions_for_topic(self.settings.dlq_topic) or set()
+            tps = [TopicPartition(self.settings.dlq_topic, p) for p in parts]
+            ends = await c.end_offsets(tps) if tps else {}
+            return int(sum(ends.values()))
+        except Exception:
+            return -1
+        finally:
+            with contextlib.suppress(Exception):
+                await c.stop()
+
+
+__all__ = ["Soak", "SoakOptions", "configure", "run_cli", "run_soak", "schedule",
+           "soak_settings"]
