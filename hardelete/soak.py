@@ -54,6 +54,7 @@ from hardelete.model import (
 )
 from hardelete.settings import Settings
 from hardelete.soak_plan import (
+    FAILS_CLOSED,
     SURVIVED,
     FaultKind,
     ReconcileKind,
@@ -88,7 +89,7 @@ from schemas.events import (
     RepositoryCreated,
     encode,
 )
-from schemas.layout import FAIL_CLOSED, REPOS, RepoKeys
+from schemas.layout import FAIL_CLOSED, LOG, REPOS, RepoKeys
 from schemas.publisher import ensure_topics
 
 log = get_logger(__name__)
@@ -1092,9 +1093,14 @@ class Soak:
                 live.append(d)
         finally:
             r.close()
+        lost = sorted({kind for _, kind in self.fault_log
+                       if kind in {k.value for k in FAILS_CLOSED}})
         for inc in incidents:
             if inc.address in self.late:
                 inc.legitimate, inc.why = True, self.late[inc.address]
+            elif inc.type == "fail_closed" and lost:
+                # the log lost records Redis never applied: failing closed is the safe answer
+                inc.legitimate, inc.why = True, f"after {', '.join(lost)}"
         # Without reconciler runs only the online path reclaims: its garbage is the target.
         garbage = (allowed if self.o.reconcile
                    else self.model.truth(now).online_garbage) & written
@@ -1172,12 +1178,17 @@ class Soak:
                     hw = c.highwater(tp)
                     if hw is not None:
                         end_of[tp.partition] = hw
-            for repo in sorted(await r.smembers(REPOS)):
-                for part, applied in (await r.hgetall(RepoKeys(repo).applied)).items():
-                    end = end_of.get(int(part))
-                    if end is not None and int(applied) >= end:
-                        out.append(f"{repo} partition {part}: applied offset {applied} but the "
-                                   f"log ends at {end}")
+            # hd:log holds what the trackers applied from each partition's log (epoch:offset:
+            # fingerprint): an offset at or past the log's end there is a reset they missed.
+            for fld, value in (await r.hgetall(LOG)).items():
+                t, _, part = fld.rpartition(":")
+                if t != topic or not part.isdigit():
+                    continue
+                _, offset, _ = value.split(":", 2)
+                end = end_of.get(int(part))
+                if end is not None and int(offset) >= end:
+                    out.append(f"partition {part}: applied offset {offset} but the log ends at "
+                               f"{end}")
         except Exception as exc:
             out.append(f"could not compare: {type(exc).__name__}: {exc}")
         finally:

@@ -6,13 +6,13 @@ harness (:mod:`hardelete.soak`) executes the steps; it decides nothing about *wh
 
 Fault kinds come in two groups:
 
-* :data:`SURVIVED` — faults the current code is expected to survive (kill -9 of each daemon,
-  Redis restarted with AOF, duplicated and delayed (within the contract) deliveries, late
-  deliveries beyond it (must raise an incident), malformed events, S3 errors on deletes).
-  The default selection.
-* :data:`NEEDS_FIX` — faults that the safety issues close (issue 8: the online path; issue 9:
-  the reconciler). Before those fixes are merged, some of them make the soak report a deleted
-  live object: select them with ``--faults all`` or by name once the fixes are in.
+* :data:`SURVIVED` — every fault the embedded stack can inject (kill -9 of each daemon, Redis
+  restarted and rolled back, the broker restarted, killed or with its log lost, duplicated,
+  reordered, delayed, malformed, oversized and mis-keyed events, a namespace claim, refs racing
+  a reconciler between mark and sweep, S3 errors on deletes). The default selection.
+  :data:`FAILS_CLOSED` marks those after which the affected repositories are fail-closed.
+* :data:`NEEDS_FIX` — kinds the embedded stack cannot inject yet, with the reason (named so
+  that ``--faults needs-fix`` keeps working as a selection).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from enum import StrEnum
 
 __all__ = [
     "ALL_FAULTS",
+    "FAILS_CLOSED",
     "NEEDS_FIX",
     "STALLS",
     "SURVIVED",
@@ -67,34 +68,32 @@ SURVIVED: frozenset[FaultKind] = frozenset({
     FaultKind.KILL_TRACKER, FaultKind.KILL_REAPER, FaultKind.KILL_RECONCILER,
     FaultKind.REDIS_RESTART, FaultKind.DUPLICATE, FaultKind.DELAY,
     FaultKind.DELAY_BEYOND, FaultKind.MALFORMED, FaultKind.S3_ERRORS,
+    # closed by issue 8 and issue 9 (merged): checked by tests/test_soak.py
+    FaultKind.REDIS_ROLLBACK, FaultKind.BROKER_LOG_LOST, FaultKind.BROKER_KILL,
+    FaultKind.BROKER_RESTART, FaultKind.REORDER, FaultKind.OVERSIZED, FaultKind.MISKEYED,
+    FaultKind.NAMESPACE_CLAIM, FaultKind.MARK_SWEEP_RACE,
 })
 
-# The fault kinds the safety issues close, and which issue closes each.
+# Kinds that cannot be injected on the embedded stack, and why.
 NEEDS_FIX: dict[FaultKind, str] = {
-    FaultKind.REDIS_ROLLBACK: "issue 8 (Redis going back in time: replay or fail closed)",
-    FaultKind.BROKER_LOG_LOST: "issue 8 (log identity: a reset log reuses offsets)",
-    # Tansu's s3:// engine on moto loses the tail of its log on kill -9: the log end goes back
-    # below what the tracker applied, new records reuse those offsets and are skipped.
-    FaultKind.BROKER_KILL: "issue 8 (log continuity: a log that went back)",
-    # Seen on this branch: after a restart of Tansu on its s3:// log, under load, the trackers'
-    # progress stopped for minutes (no deletion, but no reaping: a liveness failure).
-    FaultKind.BROKER_RESTART: "issue 8 (log continuity; trackers stalled after a restart)",
-    FaultKind.ADD_PARTITION: "issue 8 (horizon over the topic as it is now)",
-    FaultKind.REORDER: "issue 8 (refs converge: stale tag/branch events)",
-    FaultKind.OVERSIZED: "issue 8 (admission that cannot be killed)",
-    FaultKind.MISKEYED: "issue 8 (record key must equal repository)",
-    FaultKind.NAMESPACE_CLAIM: "issue 8 (namespace exclusivity)",
-    FaultKind.MARK_SWEEP_RACE: "issue 9 (re-validation at sweep time)",
+    FaultKind.ADD_PARTITION: "Tansu 0.6 has no CreatePartitions; tests/test_tracker_safety.py "
+                             "re-creates the topic with more partitions instead (a log reset)",
 }
 
-# Survived for safety, but seen to stall the trackers for minutes on this branch (liveness: no
-# deletion, no reaping either): a tracker killed or crashed (a Redis restart empties the script
-# cache; the tracker exits on NoScriptError) does not leave the consumer group, and Tansu's group
-# never finished rebalancing the restarted trackers within the drain.
+# Faults after which replay is impossible (the log lost records Redis never applied): the
+# affected repositories go fail-closed, which is the safe answer, and stay so until an operator
+# clears them. A soak with them proves safety, not reclamation.
+FAILS_CLOSED: frozenset[FaultKind] = frozenset({
+    FaultKind.BROKER_LOG_LOST, FaultKind.BROKER_KILL,
+})
+
+# Survived for safety, but seen to stall the trackers for minutes before the safety work
+# (liveness: no deletion, no reaping either): a killed tracker does not leave the consumer
+# group, and Tansu's group was slow to rebalance the restarted trackers.
 STALLS: dict[FaultKind, str] = {
     FaultKind.KILL_TRACKER: "tracker group stalled after a killed member (rebalance on Tansu)",
-    FaultKind.REDIS_RESTART: "trackers exit on NoScriptError after Redis restarts, then the "
-                             "group stalls as after kill_tracker",
+    FaultKind.REDIS_RESTART: "trackers exited on NoScriptError after Redis restarts, then the "
+                             "group stalled as after kill_tracker",
 }
 
 ALL_FAULTS: tuple[FaultKind, ...] = tuple(FaultKind)

@@ -15,7 +15,7 @@ import sys
 from rich.console import Console
 
 from hardelete.soak import SoakOptions, run_soak
-from hardelete.soak_plan import STALLS, SURVIVED, FaultKind
+from hardelete.soak_plan import FAILS_CLOSED, STALLS, SURVIVED, FaultKind
 from hardelete.soak_verdict import print_verdict
 from tests.conftest import base_settings
 
@@ -38,8 +38,13 @@ def _show(verdict: object) -> str:
     return console.export_text()
 
 
+# Safety only (no reclamation target): faults that stall the trackers for a while, and those
+# after which the affected repositories are fail-closed until an operator clears them.
+SAFETY_ONLY = frozenset(STALLS) | FAILS_CLOSED | {FaultKind.BROKER_RESTART}
+
+
 def test_short_soak_survives_and_recovers_from_every_fault_that_does_not_stall() -> None:
-    faults = SURVIVED - set(STALLS)
+    faults = SURVIVED - SAFETY_ONLY
     options = SoakOptions(seed=1, ops=4_000, repos=3, faults=faults, faults_per_1000_ops=4.0,
                           reconciles_per_1000_ops=0.5, check_every=1_000)
     verdict = run_soak(base_settings(), options)
@@ -58,10 +63,12 @@ def test_short_soak_survives_and_recovers_from_every_fault_that_does_not_stall()
     assert any(r.kind == "sweep_only" for r in verdict.reconciler_runs), report
 
 
-def test_short_soak_is_safe_when_trackers_are_killed_and_redis_restarts() -> None:
-    """Safety only: after these faults the trackers' group was seen to stall for minutes
-    (STALLS); reaping waits, which is safe, and the verdict reports the stall."""
-    faults = frozenset(STALLS) | {FaultKind.KILL_REAPER, FaultKind.DUPLICATE}
+def test_short_soak_is_safe_when_trackers_die_and_redis_or_the_broker_lose_state() -> None:
+    """Safety only: trackers killed, Redis restarted, the broker restarted, killed and with its
+    log lost. Reaping may wait (a stalled group) or stop (fail-closed repositories), which is
+    safe; the verdict reports it. With the first soak, every injectable fault kind runs."""
+    faults = SAFETY_ONLY | {FaultKind.KILL_REAPER, FaultKind.DUPLICATE}
+    assert faults | (SURVIVED - SAFETY_ONLY) >= SURVIVED
     options = SoakOptions(seed=2, ops=2_500, repos=2, faults=faults, faults_per_1000_ops=4.0,
                           reconcile=False, check_every=1_000, drain_timeout=30.0)
     verdict = run_soak(base_settings(), options)
