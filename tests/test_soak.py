@@ -22,11 +22,16 @@ from tests.conftest import base_settings
 # The claim's grace check: only addresses unreferenced since before horizon - grace may be
 # claimed. The sabotaged reaper claims everything unreferenced up to now.
 _CUTOFF = "local cutoff = tonumber(ARGV[3])"
+# The reaper checks grace twice: in the claim script, and in its re-check of the record (the one
+# judgment) right before each delete request. The sabotage disables both (with only one of them
+# disabled the other kept every live object: defense in depth).
 _SABOTAGE = f"""
 import sys
 import reaper.claims as claims
+import reaper.daemon as daemon
 assert {_CUTOFF!r} in claims._SCRIPT
 claims._SCRIPT = claims._SCRIPT.replace({_CUTOFF!r}, "local cutoff = now")
+daemon.Reaper._recheck = lambda self, *args: (lambda addresses: {{}})
 from hardelete.cli import main
 raise SystemExit(main(sys.argv[1:]))
 """
