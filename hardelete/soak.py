@@ -1035,6 +1035,16 @@ class Soak:
                 for repo in sorted(self.model.repositories):
                     await self._reconcile(ReconcileKind.MARK_SWEEP, repo, o.ops,
                                           retry_lease=True, label="final mark_sweep")
+                # A key the sweep kept because its record changed since the mark (a reaper's
+                # claim, a late event) is judged again by the next night's mark: run it for
+                # the repositories whose final sweep kept marked keys.
+                again = [run.repository for run in self.runs
+                         if run.kind == "final mark_sweep" and run.marked > run.confirmed]
+                if again:
+                    await asyncio.sleep(o.grace_seconds + o.min_age_seconds)
+                for repo in again:
+                    await self._reconcile(ReconcileKind.MARK_SWEEP, repo, o.ops,
+                                          retry_lease=True, label="final mark_sweep (next night)")
         return caught_up
 
     async def _await_trackers(self, timeout: float) -> bool:

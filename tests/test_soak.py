@@ -86,8 +86,10 @@ def test_short_soak_is_safe_when_trackers_die_and_redis_or_the_broker_lose_state
 
 
 def test_soak_reports_live_deletions_when_the_reapers_grace_check_is_disabled() -> None:
+    # A longer grace makes the in-contract delays (5-40% of it) long enough for the sabotaged
+    # reaper to act before the delayed copy arrives, even on a loaded machine.
     options = SoakOptions(seed=5, ops=1_500, repos=2, faults=frozenset({FaultKind.DELAY}),
-                          faults_per_1000_ops=30.0, reconcile=False, grace_seconds=3.0,
+                          faults_per_1000_ops=30.0, reconcile=False, grace_seconds=10.0,
                           check_every=500, reaper_command=(sys.executable, "-c", _SABOTAGE))
     verdict = run_soak(base_settings(), options)
     report = _show(verdict)
