@@ -1114,9 +1114,14 @@ class Soak:
         # Without reconciler runs only the online path reclaims: its garbage is the target.
         garbage = (allowed if self.o.reconcile
                    else self.model.truth(now).online_garbage) & written
+        # A dead-lettered event that named an address put a hold on it (SPEC safety 10): it is
+        # kept until an operator resolves the dead letter, which the soak does not play.
+        held = self._held()
         reclaimable = {a for a in garbage
-                       if "*" not in closed and self.model.objects[a].repository not in closed}
-        closed_garbage = len(garbage) - len(reclaimable)
+                       if "*" not in closed and self.model.objects[a].repository not in closed
+                       and a not in held}
+        closed_garbage = sum(1 for a in garbage if "*" in closed
+                             or self.model.objects[a].repository in closed)
         left = sorted(reclaimable & listed)
         planned = Counter(s.action.value for s in self.steps
                           if isinstance(s.action, FaultKind))
@@ -1148,6 +1153,15 @@ class Soak:
         except Exception as exc:
             return [f"explain failed: {type(exc).__name__}: {exc}"]
         return [f"state={ex.state}: {ex.verdict}", *ex.lines]
+
+    def _held(self) -> set[str]:
+        """Addresses under a hold (exact ones: the soak places no prefix holds)."""
+        r = redis_sync(self.settings)
+        try:
+            return {a for repo in self.model.repositories
+                    for a in r.hkeys(RepoKeys(repo).holds)}
+        finally:
+            r.close()
 
     def _incidents(self) -> list[IncidentRecord]:
         r = redis_sync(self.settings)
