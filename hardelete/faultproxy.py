@@ -6,7 +6,7 @@ removed from the forwarded request and reported back as per-key ``<Error>`` entr
 does on partial failure), and can fail a seeded random share of delete requests and of the keys
 inside them (``error_share``). Nothing here imitates the reaper: it exercises it.
 
-(A copy of tests/faults.py grown by the random share; the soak command needs it in the package.)
+(The fault tests import it through tests/faults.py.)
 """
 
 from __future__ import annotations
