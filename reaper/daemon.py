@@ -29,13 +29,13 @@ import orjson
 from prometheus_client import Counter as PCounter
 from prometheus_client import Gauge, Histogram, start_http_server
 
-from hardelete.clients import redis_async, s3_client
+from hardelete.clients import redis_async, redis_sync, s3_client
 from hardelete.deletes import aread_gate
 from hardelete.logs import get_logger
 from hardelete.settings import Settings
 from reaper.claims import ClaimBatch, ClaimStore
 from reaper.deleter import AddressRecheck, DeleteOutcome, S3Deleter
-from reaper.quarantine import purge_expired, quarantine, quarantine_size
+from reaper.quarantine import hold_check, purge_expired, quarantine, quarantine_size
 from schemas.layout import REPOS, RepoKeys
 from schemas.liveness import judge
 from schemas.records import decode_address
@@ -283,7 +283,11 @@ class Reaper:
         if self.settings.quarantine_days <= 0 or time.time() - self._last_purge < 300:
             return
         self._last_purge = time.time()
-        await purge_expired(self.s3, namespace)
+        r = redis_sync(self.settings)
+        try:
+            await purge_expired(self.s3, namespace, is_held=hold_check(r, repo))
+        finally:
+            r.close()
         n, _ = await quarantine_size(self.s3, namespace)
         QUARANTINE_OBJECTS.labels(repo).set(n)
 

@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import datetime as dt
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -68,9 +69,24 @@ async def quarantine(client: Any, deleter: S3Deleter, namespace: str, repo: str,
     return outcome
 
 
-async def purge_expired(client: Any, namespace: str, now: float | None = None) -> int:
+def hold_check(r: Any, repo: str) -> Callable[[str], bool]:
+    """Whether an address is held now (exact or prefix), read from Redis at each call: the
+    purge asks right before each delete, like every other delete path."""
+    keys = RepoKeys(repo)
+
+    def held(address: str) -> bool:
+        if r.hexists(keys.holds, address):
+            return True
+        return any(address.startswith(p) for p in r.hkeys(keys.hold_prefixes))
+
+    return held
+
+
+async def purge_expired(client: Any, namespace: str, now: float | None = None,
+                        is_held: Callable[[str], bool] | None = None) -> int:
     """Delete quarantine copies whose keep period is over. Only ever touches the quarantine
-    prefix of this namespace."""
+    prefix of this namespace. ``is_held``: a copy whose address is held (a legal hold, a
+    restore) is its last copy and stays, whatever its expiry."""
     now = time.time() if now is None else now
     bucket, prefix = split_s3_uri(namespace + QUARANTINE_PREFIX)
     purged = 0
@@ -80,7 +96,11 @@ async def purge_expired(client: Any, namespace: str, now: float | None = None) -
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
                 head = client.head_object(Bucket=bucket, Key=obj["Key"])
-                exp = float(head.get("Metadata", {}).get("hardelete-expires", "inf"))
+                meta = head.get("Metadata", {})
+                exp = float(meta.get("hardelete-expires", "inf"))
+                address = meta.get("hardelete-address")
+                if is_held is not None and (address is None or is_held(address)):
+                    continue  # doubt keeps: no recorded address, or a hold on it
                 if exp <= now and obj["Key"].startswith(prefix):
                     client.delete_object(Bucket=bucket, Key=obj["Key"])
                     n += 1

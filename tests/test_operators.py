@@ -349,6 +349,13 @@ def test_quarantine_list_explain_restore_purge(cli, capsys, s3, redis_client):
                              "hardelete-address": garbage[1]})
     code, out, _ = run(capsys, "quarantine", "purge", "--dry-run")
     assert code == 0 and f"would purge s3://quar/{qkey}" in out
+    # a held address keeps its last copy, expired or not (every delete path checks holds)
+    redis_client.hset(RepoKeys("repo").holds, garbage[1],
+                      orjson.dumps({"reason": "legal", "source": "operator", "at_ms": 0}))
+    code, out, _ = run(capsys, "quarantine", "purge", "--repo", "repo")
+    assert code == 0 and "purged 0 expired" in out
+    assert "Contents" in s3.list_objects_v2(Bucket="quar", Prefix=qkey)
+    redis_client.hdel(RepoKeys("repo").holds, garbage[1])
     code, out, _ = run(capsys, "quarantine", "purge", "--repo", "repo")
     assert code == 0 and "purged 1 expired" in out
     assert "Contents" not in s3.list_objects_v2(Bucket="quar", Prefix=qkey)
