@@ -319,6 +319,7 @@ class Soak:
         self.faults_injected: Counter[str] = Counter()
         self.fault_errors: dict[str, list[str]] = {}
         self.late: dict[str, str] = {}  # address -> note: a reference published beyond grace
+        self.beyond_contract: Counter[str] = Counter()  # delay_beyond copies, by source state
         self.notes: dict[str, list[str]] = {}  # address -> what the soak did with it
         self.violations: dict[str, str] = {}  # address -> where first seen gone while live
         self.violation_op: dict[str, int] = {}  # address -> operation index of that check
@@ -746,18 +747,25 @@ class Soak:
         async def release() -> None:
             # Beyond the contract: publish once the source is reaped (or well past grace).
             r = redis_async(self.settings)
-            deadline = time.monotonic() + max(20.0, 10 * self.o.grace_seconds)
+            # A loaded machine (or a killed reaper) can take a while to reap it.
+            deadline = time.monotonic() + max(60.0, 20 * self.o.grace_seconds)
+            reaped = False
             try:
-                while time.monotonic() < deadline and not self.stopping:
+                while time.monotonic() < deadline and not self.stopping and not reaped:
                     with contextlib.suppress(Exception):
-                        if await r.hget(RepoKeys(repo).address(address), "state") == "reaped":
-                            break
-                    await asyncio.sleep(0.2)
+                        reaped = await r.hget(RepoKeys(repo).address(address),
+                                              "state") == "reaped"
+                    if not reaped:
+                        await asyncio.sleep(0.2)
             finally:
                 await r.aclose()
-            self.late[address] = "copy published after its source was reaped (beyond grace)"
+            if reaped:
+                self.late[address] = "copy published after its source was reaped (beyond grace)"
+            self.beyond_contract["after_reap" if reaped else "source_not_yet_reaped"] += 1
             await self._release(held)
-            self._note(address, "delay_beyond: copy published after the source was reaped")
+            self._note(address, "delay_beyond: copy published "
+                       + ("after the source was reaped" if reaped
+                          else "beyond grace, its source not yet reaped"))
             self._injected(FaultKind.DELAY_BEYOND)
 
         self._background(release(), "delay_beyond")
@@ -1132,7 +1140,9 @@ class Soak:
             faults_planned=dict(sorted(planned.items())),
             faults_injected=dict(sorted(self.faults_injected.items())),
             fault_errors=self.fault_errors, reconciler_runs=self.runs,
-            live_deleted=live, late_deleted=late, objects_written=len(written),
+            live_deleted=live, late_deleted=late,
+            beyond_contract=dict(sorted(self.beyond_contract.items())),
+            objects_written=len(written),
             reclaimable=len(reclaimable), reclaimed=len(reclaimable) - len(left),
             garbage_left_sample=left[:10], fail_closed_repos=sorted(closed),
             fail_closed_garbage=closed_garbage, fail_closed_periods=self.fail_closed_periods,

@@ -144,6 +144,8 @@ class SoakVerdict:
     live_deleted: list[LiveDeletion]  # must be empty
     late_deleted: list[LiveDeletion]  # live per the model, but its reference came beyond the
     #                                   contract and the tracker raised an incident: legitimate
+    beyond_contract: dict[str, int]  # delay_beyond copies: published after their source was
+    #                                  reaped ("after_reap", each must raise an incident) or not
     objects_written: int
     reclaimable: int  # the model's reclaimable garbage at the end (fail-closed repos excluded)
     reclaimed: int
@@ -231,6 +233,9 @@ def print_verdict(v: SoakVerdict, console: Console) -> None:
     t.add_row(f"[{style}]live objects deleted (must be 0)", f"[{style}]{len(v.live_deleted)}")
     t.add_row("deleted after a reference published beyond the contract (incident raised)",
               str(len(v.late_deleted)))
+    t.add_row("copies published beyond the contract: after / before their source was reaped",
+              f"{v.beyond_contract.get('after_reap', 0)} / "
+              f"{v.beyond_contract.get('source_not_yet_reaped', 0)}")
     t.add_row("objects written", str(v.objects_written))
     ratio_style = "green" if v.reclaim_ratio >= RECLAIM_TARGET else "red"
     t.add_row("garbage reclaimable at the end (model oracle)", str(v.reclaimable))

@@ -59,9 +59,12 @@ def test_short_soak_survives_and_recovers_from_every_fault_that_does_not_stall()
     assert set(verdict.faults_injected) == {k.value for k in faults}, verdict.fault_errors
     assert verdict.live_deleted == [], report
     assert verdict.illegitimate_incidents == 0, report
-    # Delays beyond the contract were published after their source was reaped: an incident
-    # each, never silence.
-    assert any(i.legitimate for i in verdict.incidents), report
+    # A copy published beyond the contract after its source was reaped: an incident each,
+    # never silence. (On a loaded machine the source may not be reaped before the copy is
+    # published; then the copy is simply applied. tests/test_reaper.py covers the incident.)
+    late = {i.address for i in verdict.incidents if i.legitimate and i.type != "fail_closed"}
+    assert len(late) == verdict.beyond_contract.get("after_reap", 0), report
+    assert sum(verdict.beyond_contract.values()) == verdict.faults_injected["delay_beyond"]
     assert verdict.tracker_caught_up, report
     assert verdict.reclaim_ratio >= 0.999, report
     assert sum(verdict.ops_by_kind.values()) >= 4_000 - verdict.ops_refused
