@@ -29,6 +29,10 @@ RECONCILER_SCHEDULE = f"{PREFIX}:reconciler:schedule"
 # contains or lies inside a registered one is refused. Retired repository ids are never reused.
 NAMESPACES = f"{PREFIX}:namespaces"  # hash: namespace -> repository id (live repositories only)
 RETIRED = f"{PREFIX}:retired"  # hash: repository id -> json {namespace, at_ms, event_id}
+# A refused repository_created stays refused on every later delivery of the same event (a
+# redelivery after a crash, a duplicate), whatever changed since: a decision on an event is
+# final, so the outcome never depends on batching or redelivery.
+REFUSED = f"{PREFIX}:refused"  # hash: event id of a refused repository_created -> reason
 # Incidents that belong to no live repository (a repository_created refused because its
 # namespace overlaps a live one's, or because its id was retired): json, newest last.
 INCIDENTS = f"{PREFIX}:incidents"  # list: json {kind, repository, reason, event_id, at_ms, ...}

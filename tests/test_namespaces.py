@@ -281,17 +281,19 @@ async def test_a_retired_repositorys_queue_is_not_reaped_under_a_new_repository(
         settings: Settings, s3: Any, bucket: str) -> None:
     """R1 queues address a (written, deleted), is retired, and R2 is created on the same
     namespace and references a: nothing of R1 deletes it; R1's late events and a re-use of its
-    id are refused."""
+    id are refused. R2's premature repository_created (while R1 still owned the namespace) is
+    refused, and stays refused when the same event is delivered again after the retirement."""
     ns = f"s3://{bucket}/repo/"
     a = ns + "data/a"
     s3.put_object(Bucket=bucket, Key="repo/data/a", Body=b"referenced by R2")
+    early = created("R2", ns, event_id="r2-early")
     phase1: list[ev.Event] = [
         created("R1", ns),
         written("R1", "t1", a, "r1"),
         deleted("R1", "t1", a, "r1"),
-        ev.RepositoryDeleted(repository="R1", storage_namespace=ns, event_id="r1-retire"),
     ]
     phase2: list[ev.Event] = [
+        early,  # delivered again: the refusal is final
         created("R2", ns),
         ev.BranchCreated(repository="R2", branch="main", staging_token="u1", ref_version=1),
         written("R2", "u1", a, "r2"),
@@ -303,6 +305,18 @@ async def test_a_retired_repositorys_queue_is_not_reaped_under_a_new_repository(
     try:
         async with running_tracker(settings):
             await _publish(settings, phase1)
+
+            async def registered() -> bool:
+                return bool(await r.hget(NAMESPACES, ns) == "R1")
+
+            async def refused() -> bool:
+                return bool(await r.llen(INCIDENTS))
+
+            await _wait(registered, "R1 registered")
+            await _publish(settings, [early])
+            await _wait(refused, "R2's premature repository_created refused")
+            await _publish(settings, [ev.RepositoryDeleted(
+                repository="R1", storage_namespace=ns, event_id="r1-retire")])
 
             async def retired() -> bool:  # the service waits for the retirement to land
                 return bool(await r.hexists(RETIRED, "R1")
@@ -320,7 +334,8 @@ async def test_a_retired_repositorys_queue_is_not_reaped_under_a_new_repository(
     finally:
         await r.aclose()
     assert report.total("deleted") == 0
-    reasons = await _dead_letters(settings, 2)
+    reasons = await _dead_letters(settings, 3)
+    assert "s3://" in reasons["r2-early"] and "R1" in reasons["r2-early"]
     assert reasons["r1-late"] == "repository 'R1' is retired"
     assert "never used again" in reasons["r1-again"]
     rs = redis_sync(settings)
@@ -329,8 +344,10 @@ async def test_a_retired_repositorys_queue_is_not_reaped_under_a_new_repository(
         old = read_repo_state(rs, "R1")
         assert old.retired_at is not None and ns + "data/late" not in old.addresses
         assert orjson.loads(rs.hget(RETIRED, "R1"))["event_id"] == "r1-retire"
-        assert [orjson.loads(j)["event_id"] for j in rs.lrange(INCIDENTS, 0, -1)] == [
-            "r1-again"]
+        incidents = [orjson.loads(j) for j in rs.lrange(INCIDENTS, 0, -1)]
+        # (R1's and R2's events lie on different partitions: no order between them)
+        assert sorted(i["event_id"] for i in incidents) == ["r1-again", "r2-early", "r2-early"]
+        assert len({i["reason"] for i in incidents if i["event_id"] == "r2-early"}) == 1
         assert explain_address(rs, settings, a).repository == "R2"
         gone = explain_address(rs, settings, f"s3://{bucket}/again/x")
         assert gone.repository is None

@@ -73,6 +73,7 @@ from schemas.layout import (
     NAMESPACES,
     PROGRESS,
     PROGRESS_META,
+    REFUSED,
     REPOS,
     RETIRED,
     RepoKeys,
@@ -151,6 +152,7 @@ class _Batch:
     dlq: list[tuple[Any, str]] = field(default_factory=list)
     new_repos: set[str] = field(default_factory=set)
     refused: list[dict[str, Any]] = field(default_factory=list)  # refused repository_created
+    refused_ids: dict[str, str] = field(default_factory=dict)  # hd:refused, as far as known
     retired: dict[str, tuple[str, str]] = field(default_factory=dict)  # repo -> (ns, event id)
     offsets: dict[Any, OffsetAndMetadata] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
@@ -684,11 +686,21 @@ class Tracker:
         chunks: dict[tuple[str, int], list[list[Any]]] = defaultdict(list)
         compact = codec.compact
         check = gate.check
+        # A repository_created refused once is refused on every later delivery, whatever
+        # changed since (schemas.layout.REFUSED); the gate must not learn its repository.
+        creates = [b["event_id"] for _, _, b in parsed if b["type"] == "repository_created"]
+        if creates:
+            found = await self._retrying(lambda: self._redis.hmget(REFUSED, creates))
+            batch.refused_ids = {e: why for e, why in zip(creates, found, strict=True) if why}
         for p, rec, body in parsed:
-            problem = check(body)
             t = body["type"]
-            if t == "repository_created" or t == "repository_deleted":
-                problem = await self._lifecycle(batch, body, problem)
+            if t == "repository_created" and body["event_id"] in batch.refused_ids:
+                problem = await self._lifecycle(batch, body,
+                                                batch.refused_ids[body["event_id"]])
+            else:
+                problem = check(body)
+                if t == "repository_created" or t == "repository_deleted":
+                    problem = await self._lifecycle(batch, body, problem)
             if problem:
                 dlq.append((rec, problem))
                 continue
@@ -729,6 +741,9 @@ class Tracker:
                 batch.new_repos.add(repo)
                 return None
             self.gate.forget(repo)
+        if batch.refused_ids.get(eid) != problem:
+            batch.refused_ids[eid] = problem
+            await self._retrying(lambda: self._redis.hset(REFUSED, eid, problem))
         batch.refused.append({"kind": "repository_refused", "repository": repo,
                               "namespace": ns, "reason": problem, "event_id": eid})
         self.log.error("incident: repository refused", repository=repo, namespace=ns,

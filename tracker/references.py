@@ -407,6 +407,7 @@ class World:
     namespaces: dict[str, str] = field(default_factory=dict)  # hd:namespaces: ns -> live repo
     refused: list[RefusedRepository] = field(default_factory=list)  # hd:incidents
     retiring: list[tuple[str, str]] = field(default_factory=list)  # (repo, ns) until settle()
+    refused_events: dict[str, str] = field(default_factory=dict)  # hd:refused: event id -> why
 
     def apply(self, event: ev.Event, now_ms: int) -> Outcome:
         state = self.repos.get(event.repository)
@@ -425,11 +426,12 @@ class World:
                 now_ms: int) -> Outcome:
         repo, ns = event.repository, event.storage_namespace
         known = state.meta.namespace if state and state.meta else None
-        problem = admission_problem(repo, event.TYPE, [], known, ns,
-                                    state is not None and state.retired_at is not None)
+        problem = self.refused_events.get(event.event_id) or admission_problem(
+            repo, event.TYPE, [], known, ns, state is not None and state.retired_at is not None)
         if problem is None:
             problem = registration_problem(self.namespaces, repo, ns)
         if problem is not None:
+            self.refused_events[event.event_id] = problem
             self.refused.append(RefusedRepository(repo, ns, problem, event.event_id, now_ms))
             return Outcome(rejected=problem)
         self.namespaces[ns] = repo

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from schemas import events as ev
-from schemas.layout import INCIDENTS, REPOS, RETIRED, AddressState, RepoKeys
+from schemas.layout import INCIDENTS, REFUSED, REPOS, RETIRED, AddressState, RepoKeys
 from tracker import codec
 from tracker.references import RefusedRepository, RepoState, World
 from tracker.state import ApplyScript, free_namespace, register_namespace
@@ -71,8 +71,11 @@ class LuaTracker:
         new, retired, refused = set(), {}, []
         for i, e in enumerate(events):
             body = codec.parse(ev.encode(e))
-            problem = self.gate.check(body)
             repo, t = body["repository"], body["type"]
+            # As the daemon: a refused repository_created stays refused (hd:refused), and the
+            # gate does not learn its repository.
+            earlier = self.r.hget(REFUSED, body["event_id"]) if t == "repository_created" else None
+            problem = earlier or self.gate.check(body)
             if t == "repository_created":
                 if problem is None:
                     problem = register_namespace(self.r, repo, body["storage_namespace"])
@@ -81,6 +84,7 @@ class LuaTracker:
                 if problem is None:
                     new.add(repo)
                 else:
+                    self.r.hset(REFUSED, body["event_id"], problem)
                     refused.append(RefusedRepository(repo, body["storage_namespace"], problem,
                                                      body["event_id"], now_ms or 0))
             elif t == "repository_deleted" and problem is None:
