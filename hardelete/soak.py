@@ -34,6 +34,7 @@ import time
 import uuid
 from collections import Counter, defaultdict, deque
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,11 @@ class SoakOptions:
     upload_ttl_seconds: float = 2.0
     min_age_seconds: float = 3.0
     lease_seconds: float = 4.0
-    flush_every: int = 20  # operations per publish batch (events still follow their effects)
+    # A publish batch closes after this many operations or this many seconds, whichever comes
+    # first (events still follow their effects). Each batch waits for its S3 writes and for the
+    # broker's acks=all: the batch size is what bounds the soak's rate.
+    flush_every: int = 200
+    flush_interval: float = 0.25
     check_every: int = 2_500  # operations between two listings of the namespaces
     payload_cap: int = 64
     span_days: float = 30.0  # commits back-dated over this span: retention has work
@@ -157,6 +162,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "needs-fix, or a comma list of kinds; +kind/-kind adjust the "
                              "default. Kinds: " + ", ".join(k.value for k in FaultKind))
     parser.add_argument("--faults-per-1000", type=float, default=d.faults_per_1000_ops)
+    parser.add_argument("--reconciles-per-1000", type=float, default=d.reconciles_per_1000_ops,
+                        help="reconciler runs scheduled per 1000 operations (at least 3)")
+    parser.add_argument("--flush-every", type=int, default=d.flush_every,
+                        help="operations per publish batch at most")
     parser.add_argument("--no-reconcile", action="store_true",
                         help="no reconciler runs (no Spark); kill_reconciler and "
                              "mark_sweep_race are dropped")
@@ -173,8 +182,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace) -> SoakOptions:
     if args.ops < 0 or args.repos < 1 or args.branches < 1:
         raise UserError("--ops must be >= 0, --repos and --branches >= 1")
-    if args.grace <= 0 or args.check_every < 1 or args.faults_per_1000 < 0:
-        raise UserError("--grace must be > 0, --check-every >= 1, --faults-per-1000 >= 0")
+    if (args.grace <= 0 or args.check_every < 1 or args.faults_per_1000 < 0
+            or args.reconciles_per_1000 < 0 or args.flush_every < 1):
+        raise UserError("--grace must be > 0, --check-every and --flush-every >= 1, "
+                        "--faults-per-1000 and --reconciles-per-1000 >= 0")
     try:
         faults = parse_faults(args.faults)
     except ValueError as exc:
@@ -184,7 +195,9 @@ def options_from_args(args: argparse.Namespace) -> SoakOptions:
     return SoakOptions(seed=args.seed, ops=args.ops, repos=args.repos, branches=args.branches,
                        faults=faults, faults_per_1000_ops=args.faults_per_1000,
                        reconcile=not args.no_reconcile, grace_seconds=args.grace,
-                       check_every=args.check_every, keep_workdir=args.keep_workdir)
+                       check_every=args.check_every, keep_workdir=args.keep_workdir,
+                       reconciles_per_1000_ops=args.reconciles_per_1000,
+                       flush_every=args.flush_every)
 
 
 _BROKER_FAULTS = frozenset({FaultKind.BROKER_RESTART, FaultKind.BROKER_KILL,
@@ -264,7 +277,7 @@ class PipelinedService(ModelService):
     every write issued so far.
     """
 
-    def __init__(self, *args: Any, inflight: int = 16, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, inflight: int = 32, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._inflight: list[asyncio.Future[None]] = []
         self._limit = inflight
@@ -428,6 +441,9 @@ class Soak:
 
     async def run(self) -> SoakVerdict:
         o = self.o
+        # The model service's S3 writes run in threads (boto3): the default pool of cpu+4
+        # threads would cap the writes in flight below the pipeline's depth.
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(32))
         await ensure_topics(self.settings)
         await self._start_producer()
         self.sup.start_all()
@@ -471,7 +487,7 @@ class Soak:
         steps = list(self.steps)
         setup = workload.setup_ops
         total = o.ops + setup
-        last_sup = time.monotonic()
+        last_sup = last_flush = time.monotonic()
         with self.console.status("soak: load") as status:
             for n, op in enumerate(workload.operations(self.model)):
                 i = n - setup
@@ -479,15 +495,17 @@ class Soak:
                 while steps and i >= 0 and steps[0].at_op <= i:
                     await self._step(steps.pop(0))
                 await self._apply(op)
-                if n % o.flush_every == 0 or n == total - 1:
+                if (n % o.flush_every == 0 or n == total - 1
+                        or time.monotonic() - last_flush > o.flush_interval):
                     await self.flush()
+                    last_flush = time.monotonic()
                 if i > 0 and i % o.check_every == 0:
                     await self.flush()
                     t0 = time.monotonic()
                     await self._check(f"op {i}")
                     self.timing["checks"] += time.monotonic() - t0
                 if time.monotonic() - last_sup > 0.5:
-                    last_sup = time.monotonic()
+                    last_sup = last_flush = time.monotonic()
                     self.sup.check()
                     status.update(f"soak: op {max(i, 0)}/{o.ops}, faults "
                                   f"{sum(self.faults_injected.values())}, reconciler runs "

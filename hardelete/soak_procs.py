@@ -2,7 +2,7 @@
 the daemons (trackers, reapers) as separate OS processes, so that kill -9 is real.
 
 The soak always starts its own servers (it kills and restarts them); the broker keeps its log in
-a bucket of the same moto server, so a broker restart keeps its log, and a restart on a fresh
+a bucket of a second moto server, so a broker restart keeps its log, and a restart on a fresh
 bucket is a broker whose log was lost. Daemons reach S3 through a :class:`FaultProxy`.
 A :class:`Supervisor` restarts any daemon that exits, as systemd or Kubernetes would.
 """
@@ -40,11 +40,14 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 @dataclass
 class SoakServers:
-    """moto, Redis (AOF, fsync always) and Tansu (log in ``s3://<log bucket>/`` on moto)."""
+    """moto, Redis (AOF, fsync always) and Tansu (log in ``s3://<log bucket>/`` on a second
+    moto server: the broker's log traffic would otherwise share one process, and one core,
+    with every data request)."""
 
     workdir: Path
     settings: Settings  # points at the servers; the model service and the checks use it
     moto: Server
+    log_moto: Server
     redis: Server
     broker: Server
     proxy: FaultProxy
@@ -97,15 +100,19 @@ class SoakServers:
         if lose_log:
             self.log_generation += 1
             bucket = _log_bucket(self.workdir, self.log_generation)
-            _create_bucket(self.settings, bucket)
+            _create_bucket(self._log_settings, bucket)
             self.broker = tansu_server(self.workdir, port=self.broker.port,
                                        storage=f"s3://{bucket}/", env=self.broker.env)
         self.broker.start(move_on_clash=False)
 
+    @property
+    def _log_settings(self) -> Settings:
+        return self.settings.replace(s3_endpoint_url=f"http://127.0.0.1:{self.log_moto.port}")
+
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self.proxy.__exit__(None, None, None)
-        for server in (self.broker, self.redis, self.moto):
+        for server in (self.broker, self.redis, self.moto, self.log_moto):
             server.stop()
 
 
@@ -127,13 +134,17 @@ def start_servers(base: Settings, workdir: Path, *, durable_log: bool = True) ->
         moto = moto_server(workdir)
         moto.start()
         started.append(moto)
+        log_moto = moto_server(workdir)
+        log_moto.start()
+        started.append(log_moto)
         s3_url = f"http://127.0.0.1:{moto.port}"
+        log_url = f"http://127.0.0.1:{log_moto.port}"
         settings = base.replace(s3_endpoint_url=s3_url)
-        _create_bucket(settings, _log_bucket(workdir, 0))
+        _create_bucket(settings.replace(s3_endpoint_url=log_url), _log_bucket(workdir, 0))
         redis = redis_server(workdir, aof=True)
         redis.start()
         started.append(redis)
-        aws = {"AWS_ENDPOINT": s3_url, "AWS_ALLOW_HTTP": "true",
+        aws = {"AWS_ENDPOINT": log_url, "AWS_ALLOW_HTTP": "true",
                "AWS_ACCESS_KEY_ID": base.s3_access_key,
                "AWS_SECRET_ACCESS_KEY": base.s3_secret_key,
                "AWS_DEFAULT_REGION": base.s3_region}
@@ -148,7 +159,7 @@ def start_servers(base: Settings, workdir: Path, *, durable_log: bool = True) ->
         raise
     settings = settings.replace(kafka_bootstrap=f"127.0.0.1:{broker.port}",
                                 redis_url=f"redis://127.0.0.1:{redis.port}/0")
-    return SoakServers(workdir, settings, moto, redis, broker, proxy)
+    return SoakServers(workdir, settings, moto, log_moto, redis, broker, proxy)
 
 
 @dataclass
