@@ -28,7 +28,7 @@ import orjson
 from hardelete import UserError
 from hardelete.holds import DLQ, list_holds
 from hardelete.settings import Settings
-from schemas.layout import RepoKeys
+from schemas.layout import REFUSED, RepoKeys
 
 ADDRESS_KEYS = ("address", "replaces_address")
 READ_TIMEOUT_S = 20.0
@@ -242,6 +242,16 @@ async def publish_fixed(settings: Settings, data: bytes) -> Any:
     from schemas.publisher import Publisher
 
     event = validate_fixed(data)
+    if event.TYPE == "repository_created":
+        # The tracker's refusal of this event is final (hd:refused) for every redelivery; an
+        # operator's replay asks it to judge the event again.
+        from hardelete.clients import redis_async
+
+        r = redis_async(settings)
+        try:
+            await r.hdel(REFUSED, event.event_id)
+        finally:
+            await r.aclose()
     async with Publisher(settings) as pub:
         await pub.publish_raw(data, event.key)
     return event

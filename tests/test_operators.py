@@ -18,8 +18,15 @@ from hardelete.model import Model, ModelService
 from hardelete.schedule import decide, last_slot
 from hardelete.settings import Settings
 from reaper.daemon import Reaper
-from schemas.events import ObjectWritten, RepositoryCreated, encode
-from schemas.layout import FAIL_CLOSED, RECONCILER_SCHEDULE, AddressState, RepoKeys
+from schemas.events import ObjectWritten, RepositoryCreated, RepositoryDeleted, encode
+from schemas.layout import (
+    FAIL_CLOSED,
+    NAMESPACES,
+    RECONCILER_SCHEDULE,
+    REFUSED,
+    AddressState,
+    RepoKeys,
+)
 from schemas.publisher import Publisher, ensure_topics
 from tracker.daemon import Tracker, running_tracker
 from tracker.state import parse_address
@@ -172,6 +179,26 @@ def test_dlq_replay_from_stdin(cli, capsys, redis_client, monkeypatch):
     assert code == 0 and ev.event_id in out
     asyncio.run(Tracker(cli).run_until_caught_up())
     assert redis_client.exists(RepoKeys("ops").address("s3://opsb/ns/data/stdin"))
+
+
+def test_dlq_replay_judges_a_refused_repository_again(cli, capsys, redis_client, tmp_path):
+    """A refused repository_created stays refused on redelivery (hd:refused); an operator's
+    replay of it, once the conflict is gone, is judged again and admitted."""
+    setup_repo(cli)  # ops owns s3://opsb/ns/
+    early = created("ops2", "s3://opsb/ns/sub/")
+    asyncio.run(publish_and_track(cli, (encode(early), early.key)))
+    assert redis_client.hget(REFUSED, early.event_id)
+    asyncio.run(publish_and_track(cli, (encode(early), early.key)))  # a redelivery
+    assert redis_client.hget(NAMESPACES, "s3://opsb/ns/sub/") is None
+    gone = RepositoryDeleted(repository="ops", storage_namespace="s3://opsb/ns/")
+    asyncio.run(publish_and_track(cli, (encode(gone), gone.key)))
+    assert redis_client.hget(NAMESPACES, "s3://opsb/ns/") is None  # retired: the namespace is free
+    (tmp_path / "created.json").write_bytes(encode(early))
+    code, out, _ = run(capsys, "dlq", "replay", "--file", str(tmp_path / "created.json"))
+    assert code == 0 and early.event_id in out
+    assert not redis_client.hexists(REFUSED, early.event_id)
+    asyncio.run(Tracker(cli).run_until_caught_up())
+    assert redis_client.hget(NAMESPACES, "s3://opsb/ns/sub/") == "ops2"
 
 
 # --- pause, status, health -----------------------------------------------------------------------
