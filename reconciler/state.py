@@ -33,6 +33,7 @@ from schemas.layout import (
     RepoKeys,
 )
 from schemas.namespaces import address_forms, canonical_namespace
+from schemas.records import RecordError, decode_branch, decode_commit
 
 
 def redis_now_ms(r: Any) -> int:
@@ -64,16 +65,6 @@ def _num(value: Any, what: str) -> float:
     return out
 
 
-
-def _json_record(kind: str, name: str, raw: str) -> dict[str, Any]:
-    """One JSON object record of the tracker; a bad one fails the run, naming it."""
-    try:
-        rec = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise ReconcileError(f"{kind} {name!r}: record is not JSON") from None
-    if not isinstance(rec, dict):
-        raise ReconcileError(f"{kind} {name!r}: record is not an object")
-    return rec
 
 def commit_time_seconds(value: Any, what: str) -> float:
     """Commit times are epoch seconds; a value that can only be milliseconds is converted."""
@@ -161,28 +152,27 @@ def load_repo(r: Any, repo: str) -> RepoState:
     raw_expire = meta.get("expire_older_than_days")
     expire = None if raw_expire in (None, "") else _num(raw_expire, "expire_older_than_days")
 
+    # The tracker's records through the one codec (schemas.records); a garbled one fails the
+    # run, naming it.
     commits: dict[str, CommitRecord] = {}
-    for cid, raw in raw_commits.items():
-        rec = _json_record("commit", cid, raw)
-        parents = rec.get("parents") or []
-        if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
-            raise ReconcileError(f"commit {cid!r}: parents must be a list of ids")
-        tokens = rec.get("sealed_tokens") or rec.get("tokens") or []
-        t = rec.get("time", rec.get("committed_at"))
-        commits[cid] = CommitRecord(
-            id=cid, parents=tuple(parents), time=commit_time_seconds(t, f"commit {cid!r} time"),
-            branch=rec.get("branch"), manifest=rec.get("manifest"),
-            tokens=tuple(str(x) for x in tokens) if isinstance(tokens, list) else (),
-        )
     heads: dict[str, str] = {}
     staging: set[str] = set()
-    for branch, raw in raw_branches.items():
-        rec = _json_record("branch", branch, raw)
-        if rec.get("head"):
-            heads[branch] = str(rec["head"])
-        if rec.get("staging_token"):
-            staging.add(str(rec["staging_token"]))
-        staging.update(str(t) for t in rec.get("sealed_tokens") or [])
+    try:
+        for cid, raw in raw_commits.items():
+            c = decode_commit(raw, cid)
+            commits[cid] = CommitRecord(
+                id=cid, parents=c.parents,
+                time=commit_time_seconds(c.time, f"commit {cid!r} time"),
+                branch=c.branch or None, manifest=c.manifest or None)
+        for branch, raw in raw_branches.items():
+            b = decode_branch(raw, branch)
+            if b.head:
+                heads[branch] = b.head
+            if b.staging_token:
+                staging.add(b.staging_token)
+            staging.update(b.sealed_tokens)
+    except RecordError as exc:
+        raise ReconcileError(str(exc)) from None
     tags = {str(k): str(v) for k, v in raw_tags.items()}
     return RepoState(repo, namespace, meta.get("default_branch"), policy, expire, commits,
                      heads, tags, staging, fingerprint)

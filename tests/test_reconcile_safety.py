@@ -374,3 +374,23 @@ def test_a_branch_created_during_the_sweep_stops_it(spark, rsettings, s3, redis_
     assert again["sweep"]["status"] == "done", again["sweep"]
     assert again["sweep"]["skipped_retained"] == 1 and again["sweep"]["confirmed"] == 2
     assert w.data("r") == {h["addrs"][0], h["addrs"][3]}
+
+
+@pytest.mark.parametrize("hash_, raw, says", [
+    ("commits", "{not json", "commit 'c9': record is not JSON"),
+    ("commits", '{"parents": ["c1"]}', "commit 'c9': bad or missing time"),
+    ("branches", '["main"]', "branch 'c9': record is not an object"),
+    ("branches", '{"head": "c1"}', "branch 'c9': missing staging_token"),
+])
+def test_a_garbled_tracker_record_fails_the_load_naming_it(redis_client, hash_, raw, says):
+    """The reconciler reads the tracker's records through the one codec (schemas.records): a
+    record it cannot read fails the run (doubt keeps), never silently protects nothing."""
+    from reconciler.errors import ReconcileError
+    from reconciler.state import load_repo
+
+    k = RepoKeys("garbled")
+    redis_client.hset(k.meta, mapping={"namespace": "s3://b/garbled/",
+                                       "default_retention_days": "7"})
+    redis_client.hset(getattr(k, hash_), "c9", raw)
+    with pytest.raises(ReconcileError, match=says.replace("[", r"\[")):
+        load_repo(redis_client, "garbled")
