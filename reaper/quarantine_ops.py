@@ -41,6 +41,14 @@ def _namespaces(r: Any, repo: str | None) -> list[tuple[str, str]]:
     return out
 
 
+def _namespaces_of(settings: Settings, repo: str | None) -> list[tuple[str, str]]:
+    r = redis_sync(settings)
+    try:
+        return _namespaces(r, repo)
+    finally:
+        r.close()
+
+
 def list_quarantine(s3: Any, repo: str, namespace: str, now: float | None = None
                     ) -> list[Quarantined]:
     from botocore.exceptions import ClientError
@@ -82,11 +90,7 @@ class list_:
 
     @staticmethod
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
-        r = redis_sync(settings)
-        try:
-            spaces = _namespaces(r, args.repo)
-        finally:
-            r.close()
+        spaces = _namespaces_of(settings, args.repo)
         s3 = s3_client(settings)
         items = [q for repo, ns in spaces for q in list_quarantine(s3, repo, ns)]
         if args.json:
@@ -115,11 +119,7 @@ class purge:
 
     @staticmethod
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
-        r = redis_sync(settings)
-        try:
-            spaces = _namespaces(r, args.repo)
-        finally:
-            r.close()
+        spaces = _namespaces_of(settings, args.repo)
         s3 = s3_client(settings)
         total = 0
         for repo, ns in spaces:
