@@ -913,9 +913,28 @@ class Soak:
         repo = self._repo(step.target)
         self._background(self._race(repo, step), "mark_sweep_race")
 
+    async def _await_tracker_knows(self, repo: str, timeout: float = 90.0) -> None:
+        """Until the trackers have published progress and know ``repo`` (a Redis rollback or
+        restart can take both away until they have replayed): a mark before that fails
+        closed, rightly, and the race would not be injected."""
+        from tracker.state import atracker_horizon_ms
+
+        r = redis_async(self.settings)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline and not self.stopping:
+                with contextlib.suppress(Exception):
+                    if await atracker_horizon_ms(r) is not None \
+                            and await r.hexists(RepoKeys(repo).meta, "namespace"):
+                        return
+                await asyncio.sleep(0.2)
+        finally:
+            await r.aclose()
+
     async def _race(self, repo: str, step: Step) -> None:
         from reconciler.job import RunOptions
 
+        await self._await_tracker_knows(repo)
         summary = await self._run_reconcile(RunOptions(repo, dry_run=True), "race: mark",
                                             repo, step.at_op)
         run_id = summary.get("run_id") if summary.get("success") else None
@@ -963,6 +982,7 @@ class Soak:
         if kind is ReconcileKind.DRY_RUN:
             self.dry_pending[repo] = done  # a sweep-only of this repository waits for it
         try:
+            await self._await_tracker_knows(repo)
             deadline = time.monotonic() + (75.0 if retry_lease else 0.0)
             while True:
                 summary = await self._run_reconcile(opts, label or kind.value, repo, at_op)

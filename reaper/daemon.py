@@ -2,8 +2,10 @@
 
 One clear loop (after arq): for each repository, claim what the tracker proves unreferenced
 since before ``horizon - grace`` (the horizon is the tracker's proven progress, never the wall
-clock), delete it in bulk (or quarantine it), mark what the store confirmed as reaped, prune old
-tombstones. ``--once`` runs one pass, ``--dry-run`` claims nothing and deletes nothing.
+clock), delete it in bulk (or quarantine it), publish what the store confirmed
+(``addresses_reaped``: a Redis restored from an older copy learns it again from the log), mark
+it reaped, prune old tombstones. ``--once`` runs one pass, ``--dry-run`` claims nothing and
+deletes nothing.
 
 Right before every delete request the reaper judges each claimed address again
 (``schemas.liveness.judge``, path ``online``, its own lease excepted) with the guards read from
@@ -36,8 +38,10 @@ from hardelete.settings import Settings
 from reaper.claims import ClaimBatch, ClaimStore
 from reaper.deleter import AddressRecheck, DeleteOutcome, S3Deleter
 from reaper.quarantine import hold_check, purge_expired, quarantine, quarantine_size
+from schemas.events import MAX_REAPED_PER_EVENT, AddressesReaped
 from schemas.layout import REPOS, RepoKeys
 from schemas.liveness import judge
+from schemas.publisher import Publisher
 from schemas.records import decode_address
 from tracker.state import aredis_time_ms, atracker_horizon_ms
 
@@ -113,10 +117,27 @@ class Reaper:
                                  batch_keys=settings.reaper_batch_keys)
         self.log = log.bind(reaper=self.id, dry_run=dry_run)
         self._last_purge = 0.0
+        self._publisher: Publisher | None = None
 
     async def close(self) -> None:
+        if self._publisher is not None:
+            await self._publisher.stop()
         if self._own_redis:
             await self.redis.aclose()
+
+    async def _publish_reaped(self, repo: str, addresses: list[str]) -> None:
+        """Record confirmed deletes in the log (acks=all) before Redis: Redis can go back to
+        an older copy, the log cannot, and the tracker re-applies it (``addresses_reaped``).
+        If this fails the pass fails; the claims stay ``reaping`` until their lease expires,
+        then they are deleted again (a no-op) and published again."""
+        if not addresses:
+            return
+        if self._publisher is None:
+            self._publisher = await Publisher(self.settings).start()
+        await self._publisher.publish_many(
+            AddressesReaped(repository=repo, addresses=addresses[i:i + MAX_REAPED_PER_EVENT],
+                            reaper=self.id, emitted_at=time.time())
+            for i in range(0, len(addresses), MAX_REAPED_PER_EVENT))
 
     async def run_once(self) -> PassReport:
         horizon = await atracker_horizon_ms(self.redis)
@@ -186,6 +207,7 @@ class Reaper:
             pending = claim()
             outcome = await self._remove(namespace, repo, [c.address for c in batch.claimed],
                                          recheck)
+            await self._publish_reaped(repo, outcome.deleted)
             await self.claims.complete(repo, outcome.deleted)
             self._account(result, batch, outcome, rlog)
             if not outcome.deleted:

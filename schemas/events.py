@@ -206,6 +206,22 @@ class TagDeleted(Event):
     ref_version: int | None = None
 
 
+MAX_REAPED_PER_EVENT = 1000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AddressesReaped(Event):
+    TYPE = "addresses_reaped"
+    DOC = (
+        "Published by the reaper, never by a service: the store confirmed these deletes. The "
+        "reaper publishes it before it marks them reaped in Redis, so the log, not Redis "
+        "alone, holds what was deleted: a Redis restored from an older copy learns it again by "
+        "replay, and a reference that arrives for such an address is an incident."
+    )
+    addresses: list[str]
+    reaper: str
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.TYPE: cls
     for cls in (
@@ -221,11 +237,13 @@ EVENT_TYPES: dict[str, type[Event]] = {
         BranchDeleted,
         TagCreated,
         TagDeleted,
+        AddressesReaped,
     )
 }
 
-# Fields whose string value must be an s3:// URI (checked here; namespace checked by the tracker).
-ADDRESS_FIELDS = ("address", "replaces_address", "storage_namespace")
+# Fields whose string value (a list field: each item) must be an s3:// URI (checked here;
+# namespace checked by the tracker).
+ADDRESS_FIELDS = ("address", "replaces_address", "storage_namespace", "addresses")
 _ENVELOPE = ("type", "v")
 
 
@@ -337,7 +355,7 @@ def _check(name: str, tp: Any, value: Any, etype: str) -> Any:
             raise EventError(problem, name, etype)
     if tp is str and not value and name not in ("path",):
         raise EventError("must not be empty", name, etype)
-    if tp is str and name in ADDRESS_FIELDS and not value.startswith("s3://"):
+    if tp is str and name.split("[", 1)[0] in ADDRESS_FIELDS and not value.startswith("s3://"):
         raise EventError(f"must be an s3:// URI, got {value[:80]!r}", name, etype)
     return value
 
@@ -387,6 +405,9 @@ def _check_semantics(e: Event) -> None:
             raise EventError("a reference cannot replace itself", "replaces_ref_id", etype)
     if isinstance(e, RepositoryCreated) and not e.storage_namespace.endswith("/"):
         raise EventError("must end with '/'", "storage_namespace", etype)
+    if isinstance(e, AddressesReaped) and not 1 <= len(e.addresses) <= MAX_REAPED_PER_EVENT:
+        raise EventError(f"must hold 1 to {MAX_REAPED_PER_EVENT} addresses, got "
+                         f"{len(e.addresses)}", "addresses", etype)
 
 
 def required_fields(cls: type[Event]) -> list[str]:
@@ -445,6 +466,9 @@ def json_schema(cls: type[Event]) -> dict[str, Any]:
             prop.pop("minLength", None)
         if f.name in ADDRESS_FIELDS:
             target = prop["anyOf"][0] if "anyOf" in prop else prop
+            if target.get("type") == "array":
+                target["minItems"], target["maxItems"] = 1, MAX_REAPED_PER_EVENT
+                target = target["items"]
             target["pattern"] = (_NAMESPACE_PATTERN if f.name == "storage_namespace"
                                  else "^s3://")
         props[f.name] = prop

@@ -23,6 +23,8 @@ def _sample_value(name: str, tp: Any) -> Any:
         tp = next(a for a in get_args(tp) if a is not type(None))
     if name == "storage_namespace":
         return NS
+    if name in ev.ADDRESS_FIELDS and get_origin(tp) is list:
+        return [f"{NS}data/0000000001/{name}-1", f"{NS}data/0000000002/{name}-2"]
     if name in ev.ADDRESS_FIELDS:
         return f"{NS}data/0000000001/{name}"
     if tp is str:
@@ -198,17 +200,18 @@ ADDRESS_CASES = [
 @pytest.mark.parametrize("bad", ["bucket/key", "/abs/path", "gs://bucket/key", "S3:/bucket/k"])
 def test_non_s3_address_is_rejected(etype: str, name: str, bad: str) -> None:
     body = _body(sample(EVENT_TYPES[etype]))
-    body[name] = bad
+    listed = isinstance(body[name], list)  # a list of addresses: each item is checked
+    body[name] = [*body[name], bad] if listed else bad
     with pytest.raises(EventError) as info:
         decode(orjson.dumps(body))
-    assert info.value.field == name
+    assert info.value.field == (f"{name}[2]" if listed else name)
     assert "s3://" in str(info.value)
 
 
 def test_address_fields_cover_every_type_that_carries_addresses() -> None:
     assert {t for t, _ in ADDRESS_CASES} >= {
         "repository_created", "address_issued", "object_written", "object_copied",
-        "object_deleted"}
+        "object_deleted", "addresses_reaped"}
 
 
 @pytest.mark.parametrize("data", [b"", b"{", b"[1, 2]", b'"text"', b"null", b"\xff"])
@@ -235,6 +238,9 @@ def test_empty_strings_are_rejected_except_path() -> None:
     (ev.RepositoryCreated, {"storage_namespace": "s3://bucket/ns"}, "storage_namespace"),
     (ev.RepositoryCreated, {"default_retention_days": -1}, "default_retention_days"),
     (ev.RepositoryCreated, {"branch_retention_days": {"dev": -1}}, "branch_retention_days.dev"),
+    (ev.AddressesReaped, {"addresses": []}, "addresses"),
+    (ev.AddressesReaped, {"addresses": [f"{NS}k{i}" for i in range(ev.MAX_REAPED_PER_EVENT + 1)]},
+     "addresses"),
 ])
 def test_semantic_checks(cls: type[Event], changes: dict[str, Any], culprit: str) -> None:
     body = {**_body(sample(cls)), **changes}
@@ -271,3 +277,6 @@ def test_encoded_events_validate_against_their_json_schema() -> None:
             assert list(validator.iter_errors(bad)), (etype, bad)
         for name in (f.name for f in fields(cls) if f.name in ev.ADDRESS_FIELDS):
             assert list(validator.iter_errors({**body, name: "gs://x/y"})), (etype, name)
+            if isinstance(body[name], list):
+                for bad_list in ([], [*body[name], "gs://x/y"]):
+                    assert list(validator.iter_errors({**body, name: bad_list})), (etype, name)

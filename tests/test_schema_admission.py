@@ -42,6 +42,9 @@ def _valid_value(name: str, tp: Any, draw: Any) -> Any:
     if origin in (typing.Union, __import__("types").UnionType):
         inner = next(a for a in typing.get_args(tp) if a is not type(None))
         return None if draw(st.booleans()) else _valid_value(name, inner, draw)
+    if origin is list and name in ev.ADDRESS_FIELDS:
+        return draw(st.lists(st.sampled_from(["s3://b/r/data/x", "s3://b/r/data/y"]),
+                             min_size=1, max_size=3))
     if origin is list:
         return draw(st.lists(st.sampled_from(["t1", "t2", "c1"]), max_size=3))
     if origin is dict:

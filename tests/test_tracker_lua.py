@@ -178,6 +178,32 @@ def test_lua_agrees_with_pure_machine_on_chaos(redis_client, seed, n, step):
     run_both(redis_client, items, [rng.randint(1, 12) for _ in range(n)], step=step)
 
 
+def with_reap_records(rng: random.Random, items: list) -> list:
+    """The chaos items with the reaper's ``addresses_reaped`` records among them: after its
+    ("reap", a) steps (as the reaper publishes) and anywhere else (Redis forgot the reap, or
+    a forged or misdirected record: addresses outside the namespace are dead-lettered)."""
+    out: list = []
+    for item in items:
+        out.append(item)
+        if isinstance(item, tuple) or rng.random() < 0.1:
+            picked = rng.sample(ADDRS, rng.randint(1, 3))
+            if isinstance(item, tuple) and rng.random() < 0.8:
+                picked = [item[1]]
+            repo = "r0" if rng.random() < 0.85 else rng.choice(REPOS[1:])
+            out.append(ev.AddressesReaped(repository=repo, addresses=picked, reaper="rp",
+                                          event_id=f"rp{rng.randrange(10**6)}"))
+    return out
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32), n=st.integers(0, 200), step=st.sampled_from([0, 700]))
+def test_lua_agrees_with_pure_machine_on_reap_records(redis_client, seed, n, step):
+    rng = random.Random(seed)
+    items = with_reap_records(random.Random(seed + 1), chaos_events(rng, n))
+    run_both(redis_client, items, [rng.randint(1, 12) for _ in range(len(items))], step=step)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_lua_agrees_with_pure_machine_on_workloads(redis_client, seed):
     events = workload(seed, 3_000, repos=3, ttl_seconds=2.0)

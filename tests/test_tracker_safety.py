@@ -226,6 +226,58 @@ async def test_redis_restored_from_an_older_copy_is_repaired_by_replay(
         await asyncio.to_thread(server.stop)
 
 
+async def test_redis_restored_from_an_older_copy_remembers_what_the_reaper_deleted(
+        settings: Settings, s3: Any, bucket: str, tmp_path: Path) -> None:
+    """The reaper's deletes are in the log (``addresses_reaped``), not only in Redis: a Redis
+    restored from a copy taken before the reap learns them again by replay, so a copy published
+    after the reap (beyond the contract) is still an incident, never a silently dead reference."""
+    server = redis_server(tmp_path)
+    await asyncio.to_thread(server.start)
+    try:
+        s = settings.replace(redis_url=f"redis://127.0.0.1:{server.port}/0",
+                             grace_seconds=1.0, lease_seconds=2.0)
+        ns = f"s3://{bucket}/repo0/"
+        a = ns + "data/a"
+        s3.put_object(Bucket=bucket, Key="repo0/data/a", Body=b"x")
+        r = redis_sync(s)
+        async with running_tracker(s):
+            await wait_horizon(s, await publish(s, [*repo_events(ns), write("repo0", a, "r1"),
+                                                    delete("repo0", a, "r1")]))
+            r.save()  # the older copy: `a` unreferenced, not yet reaped
+            rdb = tmp_path / f"redis-{server.port}" / "dump.rdb"
+            shutil.copy(rdb, tmp_path / "old.rdb")
+            reaper = Reaper(s)
+            try:
+                deadline = time.monotonic() + 30
+                while read_repo_state(r, "repo0").addresses[a].state != "reaped":
+                    assert time.monotonic() < deadline, "the reaper did not reap `a`"
+                    await reaper.run_once()
+            finally:
+                await reaper.close()
+            assert "Contents" not in s3.list_objects_v2(Bucket=bucket, Prefix="repo0/data/a")
+            # Beyond the contract: a copy of `a` published after its reap.
+            copied = ev.ObjectCopied(repository="repo0", branch="main", staging_token="t1",
+                                     path="copy", address=a, size=1, ref_id="r2",
+                                     source_read_at=1.0)
+            await wait_horizon(s, await publish(s, [copied]))
+            assert len(r.lrange(RepoKeys("repo0").incidents, 0, -1)) == 1
+            # Redis goes back to the copy taken before the reap: the reap and the incident are
+            # forgotten; the tracker replays the log from there.
+            await asyncio.to_thread(server.stop)
+            shutil.copy(tmp_path / "old.rdb", rdb)
+            await asyncio.to_thread(server.start, move_on_clash=False)
+            assert read_repo_state(r, "repo0").addresses[a].state == "unreferenced"
+            await wait_horizon(s, await redis_now(s), timeout=60)
+            rec = read_repo_state(r, "repo0").addresses[a]
+            assert rec.state == "reaped" and rec.adds == {"r1": "t1", "r2": "t1"}
+            incidents = [orjson.loads(x) for x in r.lrange(RepoKeys("repo0").incidents, 0, -1)]
+            assert [(i["address"], i["ref_id"], i["type"]) for i in incidents] == [
+                (a, "r2", "object_copied")]
+        r.close()
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
 async def test_topic_recreated_with_more_partitions_holds_the_horizon(settings: Settings
                                                                       ) -> None:
     # Tansu has no CreatePartitions: the topic is deleted and re-created with more partitions

@@ -37,7 +37,7 @@ end
 local K_META, K_TOKENS, K_BRANCHES = P .. 'repo', P .. 'tokens', P .. 'branches'
 local K_COMMITS, K_TAGS, K_UNREF = P .. 'commits', P .. 'tags', P .. 'unref'
 local K_INC, K_APPLIED, K_STATS = P .. 'incidents', P .. 'applied', P .. 'stats'
-local K_REFVER, K_CLAIMS = P .. 'refver', P .. 'claims'
+local K_REFVER, K_CLAIMS, K_REAPED = P .. 'refver', P .. 'claims', P .. 'reaped'
 local AP, TP = P .. 'a:', P .. 't:'
 
 local RANK = { open = 0, sealed = 1, dropped = 2, committed = 3 }
@@ -156,6 +156,19 @@ local function remove_ref(address, ref, tok)
   derive(address, r)
 end
 
+-- The reaper's log record of a confirmed delete (see references._reaped): unless the reaper's
+-- own record holds the address, Redis lost its work; reaped again, an incident per keeping ref.
+local function reaped(address, ev_id)
+  local r = load(address)
+  if r.state == 'reaping' or r.state == 'reaped' then return end
+  for ref, tok in pairs(r.adds) do
+    if not r.rems[ref] and tok_state(tok) ~= 'dropped' then
+      incident(address, ev_id, 'addresses_reaped', ref)
+    end
+  end
+  r.state, r.since, r.reaped = 'reaped', nil, true
+end
+
 local function set_token(t, new, ev_id, ev_type)
   local cur = tok_state(t)
   if cur and RANK[new] <= RANK[cur] then return end
@@ -189,6 +202,10 @@ local function flush()
     if r.state ~= r.state0 then f[#f + 1] = 'state'; f[#f + 1] = r.state end
     if r.since ~= nil and r.since ~= r.since0 then f[#f + 1] = 'since'; f[#f + 1] = r.since end
     if r.diu then f[#f + 1] = 'iu'; f[#f + 1] = fmt(r.iu) end
+    if r.reaped then
+      f[#f + 1] = 'reaped_at'; f[#f + 1] = NOW
+      redis.call('ZADD', K_REAPED, now, address)  -- pruned with the reaper's tombstones
+    end
     local n = #f
     local j = 1
     while j <= n do  -- unpack() has a stack limit: at most 2000 values per HSET
@@ -240,7 +257,7 @@ end
 
 for i = 1, #events do  -- refuse a malformed batch before writing anything
   local op = events[i][2]
-  if type(op) ~= 'number' or op < 1 or op > 11 then
+  if type(op) ~= 'number' or op < 1 or op > 12 then
     return redis.error_reply('hardelete: unknown op ' .. tostring(op))
   end
 end
@@ -332,6 +349,8 @@ for i = 1, #events do
       if newer('t:' .. e[3], e[5]) ~= false then redis.call('HSET', K_TAGS, e[3], e[4]) end
     elseif op == 10 then -- untag: tag, version
       if newer('t:' .. e[3], e[4]) ~= false then redis.call('HDEL', K_TAGS, e[3]) end
+    elseif op == 12 then -- addresses reaped: addresses, event_id
+      for _, a in ipairs(e[3]) do reaped(a, e[4]) end
     elseif op == 11 then -- repository deleted (retired): event_id
       redis.call('HSET', K_META, 'retired_at', NOW, 'retired_event', e[3])
       dead, retire = true, true

@@ -28,7 +28,7 @@ from schemas.layout import RESERVED_PREFIXES, OutsideNamespace, namespace_key
 from tracker.references import admission_problem
 
 OP_REPO, OP_BRANCH, OP_ISSUE, OP_ADD, OP_DEL, OP_COMMIT = 1, 2, 3, 4, 5, 6
-OP_RESET, OP_BDEL, OP_TAG, OP_UNTAG, OP_RETIRE = 7, 8, 9, 10, 11
+OP_RESET, OP_BDEL, OP_TAG, OP_UNTAG, OP_RETIRE, OP_REAPED = 7, 8, 9, 10, 11, 12
 NO_VERSION = -1  # compact form of an absent ref_version (versions are >= 0)
 
 Check = Callable[[Any], bool]
@@ -65,6 +65,10 @@ def _list_str(v: Any) -> bool:
     return type(v) is list and all(type(x) is str and x != "" for x in v)
 
 
+def _list_addr(v: Any) -> bool:
+    return type(v) is list and all(type(x) is str and x.startswith("s3://") for x in v)
+
+
 def _dict_float(v: Any) -> bool:
     return type(v) is dict and all(_float(x) for x in v.values())
 
@@ -75,7 +79,7 @@ def _checker(name: str, tp: Any) -> Check:
         inner = next(a for a in typing.get_args(tp) if a is not type(None))
         return _opt(_checker(name, inner))
     if origin is list:
-        return _list_str
+        return _list_addr if name in ADDRESS_FIELDS else _list_str
     if origin is dict:
         return _dict_float
     if tp is int:
@@ -144,6 +148,8 @@ def _semantics_ok(t: str, b: dict[str, Any]) -> bool:
         return (rr is None) == (ra is None) and rr != b["ref_id"]
     if t == "repository_created":
         return bool(b["storage_namespace"].endswith("/"))
+    if t == "addresses_reaped":
+        return 1 <= len(b["addresses"]) <= ev.MAX_REAPED_PER_EVENT
     return True
 
 
@@ -229,6 +235,8 @@ def addresses(body: dict[str, Any]) -> list[str]:
         return [body["address"]] if ra is None else [body["address"], ra]
     if t in ("object_deleted", "address_issued"):
         return [body["address"]]
+    if t == "addresses_reaped":
+        return list(body["addresses"])
     return []
 
 
@@ -268,6 +276,8 @@ def compact(body: dict[str, Any], offset: int) -> list[Any]:
         return [offset, OP_UNTAG, body["tag"], _version(body)]
     if t == "repository_deleted":
         return [offset, OP_RETIRE, body["event_id"]]
+    if t == "addresses_reaped":
+        return [offset, OP_REAPED, body["addresses"], body["event_id"]]
     if t == "repository_created":
         return [offset, OP_REPO, body["storage_namespace"], body["default_branch"],
                 repr(body["default_retention_days"]),

@@ -15,7 +15,10 @@ flag (terminal for the online path). The address state is derived, in this prece
 Every event that touches an address and leaves it unreferenced restarts its grace window
 (``since = now``): any doubt keeps the object longer. ``reaping`` and ``reaped`` belong to the
 reaper: the tracker records references on such addresses but never changes their state; a new
-reference that would keep such an address alive is an :class:`Incident`.
+reference that would keep such an address alive is an :class:`Incident`. The reaper also
+publishes what the store confirmed deleted (``addresses_reaped``, before it marks Redis): an
+address the tracker does not yet know as held becomes ``reaped`` then (Redis forgot the
+reaper's work), with an incident for each reference that would keep it.
 
 Token states only move up ``TOKEN_RANK`` (committed outranks dropped); when a token's state
 changes, every address referenced from it is re-evaluated.
@@ -153,6 +156,8 @@ def addresses_of(event: ev.Event) -> list[str]:
             event.address, event.replaces_address]
     if isinstance(event, ev.ObjectDeleted | ev.AddressIssued):
         return [event.address]
+    if isinstance(event, ev.AddressesReaped):
+        return list(event.addresses)
     return []
 
 
@@ -278,6 +283,24 @@ def _set_token(state: RepoState, token: str, new: TokenState, event: ev.Event, n
         _derive(state, address, rec, now)
 
 
+def _reaped(state: RepoState, address: str, event: ev.Event, now: int, out: Outcome) -> None:
+    """The reaper's log record of a confirmed delete. Redis normally says so already (the
+    reaper marks it after publishing); if it does not, Redis lost the reaper's work (restored
+    from an older copy): the address becomes reaped again, and each reference that would keep
+    it is an incident - the data is gone. Dropped tokens keep nothing."""
+    rec = _record(state, address)
+    if rec.state in HELD_BY_REAPER:
+        return  # the reaper's own record (its claim or tombstone) stands
+    for ref, token in sorted(rec.adds.items()):
+        if ref not in rec.removes and state.token_state(token) is not TokenState.DROPPED:
+            out.incidents.append(Incident(state.repository, address, event.event_id,
+                                          event.TYPE, ref, now))
+    rec.state = AddressState.REAPED
+    rec.since = None
+    rec.reaped_at = now
+    state.unreferenced.pop(address, None)
+
+
 def _newer(state: RepoState, ref: str, version: int | None) -> bool | None:
     """Versioned refs: True if ``version`` is above the ref's recorded one (and record it),
     False if not (a stale or duplicate event: the ref does not change), None if unversioned."""
@@ -380,6 +403,9 @@ def apply(state: RepoState, event: ev.Event, now_ms: int) -> Outcome:
     elif isinstance(event, ev.TagDeleted):
         if _newer(state, "t:" + event.tag, event.ref_version) is not False:
             state.tags.pop(event.tag, None)
+    elif isinstance(event, ev.AddressesReaped):
+        for address in event.addresses:
+            _reaped(state, address, event, now, out)
     else:  # pragma: no cover - decode() only produces the types above
         raise TypeError(f"unhandled event type {event.TYPE}")
     state.incidents.extend(out.incidents)
