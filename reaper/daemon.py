@@ -118,6 +118,7 @@ class Reaper:
         self.log = log.bind(reaper=self.id, dry_run=dry_run)
         self._last_purge = 0.0
         self._publisher: Publisher | None = None
+        self.records_published = 0  # addresses_reaped records
 
     async def close(self) -> None:
         if self._publisher is not None:
@@ -134,7 +135,7 @@ class Reaper:
             return
         if self._publisher is None:
             self._publisher = await Publisher(self.settings).start()
-        await self._publisher.publish_many(
+        self.records_published += await self._publisher.publish_many(
             AddressesReaped(repository=repo, addresses=addresses[i:i + MAX_REAPED_PER_EVENT],
                             reaper=self.id, emitted_at=time.time())
             for i in range(0, len(addresses), MAX_REAPED_PER_EVENT))

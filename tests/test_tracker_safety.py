@@ -163,14 +163,34 @@ async def test_broker_log_lost_under_a_running_tracker(settings: Settings, s3: A
         await asyncio.to_thread(server.stop)
 
 
-async def test_broker_log_kept_nothing_fail_closed(settings: Settings, s3: Any, bucket: str,
-                                                   tmp_path: Path) -> None:
+def _kept_log_broker(settings: Settings, s3: Any, bucket: str, tmp_path: Path) -> Server:
+    """A Tansu whose log lives in the S3 server: a restart keeps topics and offsets."""
     store = f"tansu-{bucket}"
     s3.create_bucket(Bucket=store)
-    server = tansu_server(tmp_path, storage=f"s3://{store}/", env={
+    return tansu_server(tmp_path, storage=f"s3://{store}/", env={
         "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT": settings.s3_endpoint_url,
         "AWS_ALLOW_HTTP": "true"})
+
+
+async def test_broker_log_kept_under_a_running_tracker(settings: Settings, s3: Any,
+                                                       bucket: str, tmp_path: Path) -> None:
+    """The tracker rides through the restart: it applies what comes after, fails nothing."""
+    server = _kept_log_broker(settings, s3, bucket, tmp_path)
+    await asyncio.to_thread(server.start)
+    try:
+        _, r = await _broker_restart_scenario(settings, s3, bucket, server, keep_running=True)
+        ns = f"s3://{bucket}/repo0/"
+        assert read_repo_state(r, "repo0").addresses[ns + "data/new"].adds == {"n1": "t1"}
+        assert fail_closed_reason(r, "repo0") is None
+        r.close()
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_broker_log_kept_nothing_fail_closed(settings: Settings, s3: Any, bucket: str,
+                                                   tmp_path: Path) -> None:
+    server = _kept_log_broker(settings, s3, bucket, tmp_path)
     await asyncio.to_thread(server.start)
     try:
         _, r = await _broker_restart_scenario(settings, s3, bucket, server)
