@@ -95,6 +95,7 @@ def _track_as_garbage(settings: Settings, repo: str, namespace: str,
 
 
 async def _reap_all(settings: Settings, n: int) -> float:
+    await ensure_topics(settings)  # the reaper publishes its records of confirmed deletes
     reaper = Reaper(settings, reaper_id="bench")
     deleted = 0
     t0 = time.perf_counter()
