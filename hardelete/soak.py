@@ -451,6 +451,9 @@ class Soak:
             self.spark_ready = asyncio.ensure_future(asyncio.to_thread(self._get_spark))
         watcher = asyncio.create_task(self._watch())
         try:
+            # The stack is up once the trackers prove progress: a load that starts earlier
+            # runs its first seconds with no horizon, when no reaper may act at all.
+            await self._await_tracker_knows(None, timeout=60.0)
             t0 = time.monotonic()
             await self._load()
             self.phases["load"] = time.monotonic() - t0
@@ -913,10 +916,10 @@ class Soak:
         repo = self._repo(step.target)
         self._background(self._race(repo, step), "mark_sweep_race")
 
-    async def _await_tracker_knows(self, repo: str, timeout: float = 90.0) -> None:
-        """Until the trackers have published progress and know ``repo`` (a Redis rollback or
-        restart can take both away until they have replayed): a mark before that fails
-        closed, rightly, and the race would not be injected."""
+    async def _await_tracker_knows(self, repo: str | None, timeout: float = 90.0) -> None:
+        """Until the trackers have published progress and (if given) know ``repo`` (a Redis
+        rollback or restart can take both away until they have replayed): a mark before that
+        fails closed, rightly, and the race would not be injected."""
         from tracker.state import atracker_horizon_ms
 
         r = redis_async(self.settings)
@@ -924,8 +927,9 @@ class Soak:
         try:
             while time.monotonic() < deadline and not self.stopping:
                 with contextlib.suppress(Exception):
-                    if await atracker_horizon_ms(r) is not None \
-                            and await r.hexists(RepoKeys(repo).meta, "namespace"):
+                    if await atracker_horizon_ms(r) is not None and (
+                            repo is None
+                            or await r.hexists(RepoKeys(repo).meta, "namespace")):
                         return
                 await asyncio.sleep(0.2)
         finally:
