@@ -134,7 +134,14 @@ class Reaper:
         if not addresses:
             return
         if self._publisher is None:
-            self._publisher = await Publisher(self.settings).start()
+            publisher = Publisher(self.settings)
+            try:
+                await publisher.start()
+            except BaseException:  # broker down: do not leak a producer per failed pass
+                with contextlib.suppress(Exception):
+                    await publisher.stop()
+                raise
+            self._publisher = publisher
         self.records_published += await self._publisher.publish_many(
             AddressesReaped(repository=repo, addresses=addresses[i:i + MAX_REAPED_PER_EVENT],
                             reaper=self.id, emitted_at=time.time())
