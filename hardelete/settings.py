@@ -89,6 +89,7 @@ class Settings:
     # --- tracker ---
     tracker_batch_max: int = field(default=5_000, metadata=_opt(_positive))
     tracker_poll_ms: int = field(default=200, metadata=_opt(_positive))
+    tracker_catchup_wait_ms: int = field(default=3_000, metadata=_opt(_positive))
 
     # --- reaper ---
     grace_seconds: float = field(default=3_600.0, metadata=_opt(_non_negative))
@@ -189,6 +190,8 @@ DOCS: dict[str, str] = {
     "heartbeat_interval_ms": "Kafka consumer heartbeat interval",
     "tracker_batch_max": "most events fetched and applied in one tracker batch",
     "tracker_poll_ms": "longest wait of one fetch",
+    "tracker_catchup_wait_ms": "longest wait of one fetch while behind the log's end "
+                               "(a broker may answer with what it read within the wait)",
     "grace_seconds": "how long after its last reference ended (tracker clock) an address may go",
     "min_safe_grace_seconds": "grace windows under this are refused unless allow_unsafe_grace",
     "repository_grace": "per-repository grace windows: repo=seconds[,repo=seconds]",

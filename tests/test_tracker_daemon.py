@@ -392,3 +392,15 @@ def test_partition_clock_needs_two_fresh_fetches_and_the_position() -> None:
     c.sample(80, 20)
     c.sample(90, 21)
     assert c.claim(21) == 3_000
+
+
+def test_fetch_wait_grows_while_behind_and_drops_at_the_end() -> None:
+    from tracker.daemon import FetchWait
+
+    w = FetchWait(poll_ms=50, catchup_ms=3_000)
+    assert w.current == 50
+    assert [w.after_fetch(behind=True) for _ in range(8)] == [
+        100, 200, 400, 800, 1_600, 3_000, 3_000, 3_000]
+    assert w.after_fetch(behind=False) == 50  # at the end: latency matters again
+    assert w.after_fetch(behind=True) == 100
+    assert FetchWait(poll_ms=500, catchup_ms=100).after_fetch(behind=True) == 500  # never lower

@@ -188,6 +188,37 @@ async def test_broker_log_kept_under_a_running_tracker(settings: Settings, s3: A
         await asyncio.to_thread(server.stop)
 
 
+async def test_tracker_catches_up_behind_a_long_kept_log(settings: Settings, s3: Any,
+                                                       bucket: str, tmp_path: Path) -> None:
+    """Tansu's s3:// engine answers a fetch with what it read within the fetch's wait. Behind a
+    log of 400 batch objects one read takes longer than the tests' 50 ms poll, so a tracker that
+    kept its poll as the wait got nothing, fetch after fetch, and never caught up (the long
+    soaks' stall). It raises the wait while behind and drops it again at the end."""
+    assert settings.tracker_poll_ms <= 50
+    server = _kept_log_broker(settings, s3, bucket, tmp_path)
+    await asyncio.to_thread(server.start)
+    try:
+        s = settings.replace(kafka_bootstrap=f"127.0.0.1:{server.port}", topic_partitions=1)
+        ns = f"s3://{bucket}/repo0/"
+        events = [*repo_events(ns), *fillers("repo0", ns, 3_998)]
+        await ensure_topics(s)
+        async with Publisher(s) as pub:
+            for i in range(0, len(events), 10):  # acknowledged one by one: 400 batch objects
+                await pub.publish_many(events[i:i + 10])
+        async with running_tracker(s) as tracker:
+            await wait_horizon(s, await redis_now(s), timeout=120)
+            assert tracker.applied == len(events)
+            deadline = time.monotonic() + 30
+            wait = tracker.metrics.registry.get_sample_value("hardelete_tracker_fetch_wait_ms")
+            while wait != settings.tracker_poll_ms and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+                wait = tracker.metrics.registry.get_sample_value(
+                    "hardelete_tracker_fetch_wait_ms")
+            assert wait == settings.tracker_poll_ms  # at the end: short again
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
 async def test_broker_log_kept_nothing_fail_closed(settings: Settings, s3: Any, bucket: str,
                                                    tmp_path: Path) -> None:
     server = _kept_log_broker(settings, s3, bucket, tmp_path)

@@ -147,6 +147,42 @@ class PartitionClock:
 
 
 @dataclass
+class FetchWait:
+    """How long the broker may hold one fetch (``fetch_max_wait_ms``). At the log's end it is
+    short: a broker that holds an empty fetch for the whole wait (Tansu does) adds it to every
+    event's latency. Behind the end it doubles per fetch up to ``catchup_ms``: Tansu's
+    ``s3://`` engine answers with what it read within the wait, and a wait shorter than one read
+    of its log returns nothing, fetch after fetch (the long runs' stall, RELIABILITY.md)."""
+
+    poll_ms: int
+    catchup_ms: int
+    current: int = 0
+
+    def __post_init__(self) -> None:
+        self.catchup_ms = max(self.catchup_ms, self.poll_ms)
+        self.current = self.poll_ms
+
+    def after_fetch(self, behind: bool) -> int:
+        """The wait for the next fetch, given whether any partition is behind its end."""
+        if behind:
+            self.current = min(self.catchup_ms, max(self.poll_ms, self.current * 2))
+        else:
+            self.current = self.poll_ms
+        return self.current
+
+
+def _set_fetch_max_wait(consumer: AIOKafkaConsumer, ms: int) -> int | None:
+    """Set the wait of the consumer's next fetch requests; returns the previous one. aiokafka
+    reads it from its fetcher for every request and has no public setter: if a release moves
+    it, None comes back and the configured wait simply stays."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    was = getattr(fetcher, "_fetch_max_wait_ms", None)
+    if was is not None and was != ms:
+        fetcher._fetch_max_wait_ms = ms  # type: ignore[union-attr]
+    return was
+
+
+@dataclass
 class _Batch:
     calls: list[tuple[str, int, bytes]] = field(default_factory=list)
     dlq: list[tuple[Any, str]] = field(default_factory=list)
@@ -184,6 +220,9 @@ class TrackerMetrics:
         self.progress = Gauge("hardelete_tracker_progress_ms",
                               "Redis-clock ms up to which the partition is applied",
                               ["partition"], registry=r)
+        self.fetch_wait = Gauge("hardelete_tracker_fetch_wait_ms",
+                                "longest wait of the next fetch (raised while behind the log's "
+                                "end)", registry=r)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -270,6 +309,9 @@ class Tracker:
         self.fail_closed = 0
         self.holds = 0
         self._cluster = bool(getattr(settings, "redis_cluster", False))
+        self._fetch_wait = FetchWait(min(settings.tracker_poll_ms, 500),
+                                     settings.tracker_catchup_wait_ms)
+        self.metrics.fetch_wait.set(self._fetch_wait.current)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -328,6 +370,7 @@ class Tracker:
         probe = self._probe = AIOKafkaConsumer(
             bootstrap_servers=s.kafka_bootstrap, group_id=None, enable_auto_commit=False,
             client_id=f"hardelete-{self.name}-probe", auto_offset_reset="none",
+            fetch_max_wait_ms=self._fetch_wait.poll_ms,  # raised per probe (FetchWait)
             max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
         server = None
         meta_task: asyncio.Task[None] | None = None
@@ -372,7 +415,7 @@ class Tracker:
             auto_offset_reset="none", metadata_max_age_ms=1_000,
             session_timeout_ms=s.session_timeout_ms,
             heartbeat_interval_ms=s.heartbeat_interval_ms,
-            fetch_max_wait_ms=min(s.tracker_poll_ms, 500),
+            fetch_max_wait_ms=self._fetch_wait.poll_ms,  # raised while behind (FetchWait)
             max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20,
             max_poll_interval_ms=300_000,
         )
@@ -516,7 +559,10 @@ class Tracker:
         assert probe is not None
         probe.assign([tp])
         probe.seek(tp, offset)
-        deadline = time.monotonic() + 15
+        wait = FetchWait(self._fetch_wait.poll_ms, self.settings.tracker_catchup_wait_ms)
+        _set_fetch_max_wait(probe, wait.current)
+        limit = max(15.0, 5 * wait.catchup_ms / 1000)
+        deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
             try:
                 got = await probe.getmany(tp, timeout_ms=200, max_records=1)
@@ -529,7 +575,8 @@ class Tracker:
                     fingerprint(recs[0]) if recs[0].offset == offset else None)
             if hw is not None and hw <= offset:
                 return hw, None  # (below the high watermark the record is fetched next round)
-        raise RuntimeError(f"no fetch response for partition {tp.partition} within 15 s")
+            _set_fetch_max_wait(probe, wait.after_fetch(behind=True))  # nothing read in time
+        raise RuntimeError(f"no fetch response for partition {tp.partition} within {limit:.0f} s")
 
     async def _partition_repos(self, partition: int) -> list[str]:
         """Repositories that have applied records from this partition (any log)."""
@@ -629,15 +676,29 @@ class Tracker:
             t0 = time.perf_counter()
             batch = await self._prepare(data)
             batch.t0 = t0
+            behind = False
             for tp in assigned:  # every record before these positions is in this batch or
                 with contextlib.suppress(Exception):  # an earlier one
-                    batch.positions[tp.partition] = await consumer.position(tp)
+                    pos = batch.positions[tp.partition] = await consumer.position(tp)
+                    hw = consumer.highwater(tp)
+                    behind = behind or (hw is not None and hw > pos)
+            self._set_fetch_wait(consumer, self._fetch_wait.after_fetch(behind))
             await self._drain()
             if self._reverify:  # drop the prepared batch: it follows a gap Redis now has
                 self._reverify = False
                 await self._verify(set(consumer.assignment()))
                 return
             self._pending = asyncio.ensure_future(self._apply(consumer, batch))
+
+    def _set_fetch_wait(self, consumer: AIOKafkaConsumer, ms: int) -> None:
+        was = _set_fetch_max_wait(consumer, ms)
+        if was is None or was == ms:
+            return
+        self.metrics.fetch_wait.set(ms)
+        if ms == self._fetch_wait.poll_ms:
+            self.log.info("caught up with the log's end: fetch wait back to poll", wait_ms=ms)
+        elif was == self._fetch_wait.poll_ms:
+            self.log.info("behind the log's end: fetch wait raised to catch up", wait_ms=ms)
 
     async def _drain(self) -> None:
         """Wait until the in-flight batch is applied and committed (raises its error)."""
