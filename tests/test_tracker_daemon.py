@@ -394,13 +394,25 @@ def test_partition_clock_needs_two_fresh_fetches_and_the_position() -> None:
     assert c.claim(21) == 3_000
 
 
-def test_fetch_wait_grows_while_behind_and_drops_at_the_end() -> None:
+def test_fetch_wait_grows_only_while_starved_behind_the_end() -> None:
     from tracker.daemon import FetchWait
 
-    w = FetchWait(poll_ms=50, catchup_ms=3_000)
+    w = FetchWait(poll_ms=50, catchup_ms=3_000, stuck_s=1.0)
     assert w.current == 50
-    assert [w.after_fetch(behind=True) for _ in range(8)] == [
-        100, 200, 400, 800, 1_600, 3_000, 3_000, 3_000]
-    assert w.after_fetch(behind=False) == 50  # at the end: latency matters again
-    assert w.after_fetch(behind=True) == 100
-    assert FetchWait(poll_ms=500, catchup_ms=100).after_fetch(behind=True) == 500  # never lower
+    # Behind, with fetched records in hand (the tracker, not the broker, is the limit): short.
+    for i in range(40):
+        assert w.after_fetch({0: (100 * i, 10_000, True), 1: (5, 5, False)}, now=i * 0.1) == 50
+    # Behind with nothing in hand, fetch after fetch: once per starved second the wait doubles.
+    got = [w.after_fetch({0: (4_000, 10_000, False), 1: (5, 5, False)}, now=4.0 + i * 0.1)
+           for i in range(100)]
+    assert got[:10] == [50] * 10  # not a whole second yet
+    assert sorted(set(got)) == [50, 100, 200, 400, 800, 1_600, 3_000]
+    assert got[-1] == 3_000  # capped
+    # Starved only now and then (records in hand most of the time): the wait is kept.
+    for i in range(30):
+        assert w.after_fetch({0: (5_000 + i, 10_000, i % 5 != 0)}, now=15.0 + i * 0.1) == 3_000
+    # No partition behind: latency matters again.
+    assert w.after_fetch({0: (10_000, 10_000, False), 1: (5, 5, False)}, now=20.0) == 50
+    # A partition whose high watermark is unknown is not behind.
+    assert w.after_fetch({0: (10_000, None, False)}, now=30.0) == 50
+    assert FetchWait(poll_ms=500, catchup_ms=100).grow() == 500  # never under the poll

@@ -148,26 +148,51 @@ class PartitionClock:
 
 @dataclass
 class FetchWait:
-    """How long the broker may hold one fetch (``fetch_max_wait_ms``). At the log's end it is
-    short: a broker that holds an empty fetch for the whole wait (Tansu does) adds it to every
-    event's latency. Behind the end it doubles per fetch up to ``catchup_ms``: Tansu's
-    ``s3://`` engine answers with what it read within the wait, and a wait shorter than one read
-    of its log returns nothing, fetch after fetch (the long runs' stall, RELIABILITY.md)."""
+    """How long the broker may hold one fetch (``fetch_max_wait_ms``).
+
+    Short by default: a broker that holds an empty fetch for the whole wait (Tansu does) adds
+    it to every event's latency at the log's end, and with aiokafka's one fetch in flight per
+    broker a long wait on the partitions at their end also holds back those behind them.
+    Raised only while the tracker is *starved behind the end*: a partition behind its high
+    watermark with nothing fetched for it in hand. Tansu's ``s3://`` engine answers with what it
+    read within the wait, so a wait shorter than one read of its log returns nothing, fetch
+    after fetch (the long runs' stall, RELIABILITY.md). When most samples of a ``stuck_s``
+    window were starved, the wait doubles, up to ``catchup_ms``; it drops back to the poll once
+    no partition is behind.
+    """
 
     poll_ms: int
     catchup_ms: int
+    stuck_s: float = 1.0
+    starved_share: float = 0.8
     current: int = 0
+    _window: tuple[float, int, int] | None = None  # (start, samples, starved samples)
 
     def __post_init__(self) -> None:
         self.catchup_ms = max(self.catchup_ms, self.poll_ms)
         self.current = self.poll_ms
 
-    def after_fetch(self, behind: bool) -> int:
-        """The wait for the next fetch, given whether any partition is behind its end."""
-        if behind:
-            self.current = min(self.catchup_ms, max(self.poll_ms, self.current * 2))
+    def grow(self) -> int:
+        self.current = min(self.catchup_ms, max(self.poll_ms, self.current * 2))
+        return self.current
+
+    def after_fetch(self, lags: dict[int, tuple[int, int | None, bool]], now: float) -> int:
+        """The wait for the next fetch, from each partition's (position, high watermark,
+        records fetched and not yet returned) after a fetch (``now``: monotonic seconds)."""
+        behind = [buffered for pos, hw, buffered in lags.values()
+                  if hw is not None and hw > pos]
+        if not behind:
+            self.current, self._window = self.poll_ms, None
+            return self.current
+        start, samples, starved = self._window or (now, 0, 0)
+        samples += 1
+        starved += not all(behind)
+        if now - start < self.stuck_s:
+            self._window = (start, samples, starved)
         else:
-            self.current = self.poll_ms
+            self._window = None
+            if starved >= self.starved_share * samples:
+                self.grow()
         return self.current
 
 
@@ -180,6 +205,13 @@ def _set_fetch_max_wait(consumer: AIOKafkaConsumer, ms: int) -> int | None:
     if was is not None and was != ms:
         fetcher._fetch_max_wait_ms = ms  # type: ignore[union-attr]
     return was
+
+
+def _buffered(consumer: AIOKafkaConsumer, tp: Any) -> bool:
+    """Whether aiokafka holds fetched records of ``tp`` not yet returned (private state; if a
+    release moves it, False: a partition behind then counts as starved)."""
+    records: Any = getattr(getattr(consumer, "_fetcher", None), "_records", None)
+    return bool(records) and tp in records
 
 
 @dataclass
@@ -575,7 +607,7 @@ class Tracker:
                     fingerprint(recs[0]) if recs[0].offset == offset else None)
             if hw is not None and hw <= offset:
                 return hw, None  # (below the high watermark the record is fetched next round)
-            _set_fetch_max_wait(probe, wait.after_fetch(behind=True))  # nothing read in time
+            _set_fetch_max_wait(probe, wait.grow())  # nothing read in time: read longer
         raise RuntimeError(f"no fetch response for partition {tp.partition} within {limit:.0f} s")
 
     async def _partition_repos(self, partition: int) -> list[str]:
@@ -676,13 +708,13 @@ class Tracker:
             t0 = time.perf_counter()
             batch = await self._prepare(data)
             batch.t0 = t0
-            behind = False
+            lags: dict[int, tuple[int, int | None, bool]] = {}
             for tp in assigned:  # every record before these positions is in this batch or
                 with contextlib.suppress(Exception):  # an earlier one
                     pos = batch.positions[tp.partition] = await consumer.position(tp)
-                    hw = consumer.highwater(tp)
-                    behind = behind or (hw is not None and hw > pos)
-            self._set_fetch_wait(consumer, self._fetch_wait.after_fetch(behind))
+                    lags[tp.partition] = (pos, consumer.highwater(tp), _buffered(consumer, tp))
+            self._set_fetch_wait(consumer,
+                                 self._fetch_wait.after_fetch(lags, time.monotonic()))
             await self._drain()
             if self._reverify:  # drop the prepared batch: it follows a gap Redis now has
                 self._reverify = False
