@@ -1,0 +1,191 @@
+"""The embedded S3 server: moto's standalone server with three of its costs removed.
+
+moto spends its time, per request, on things that do not change what it answers:
+- it finds the service for a request by listing its own package directory (~180 ``stat``
+  calls, under a global lock) and then trying ~600 URL patterns;
+- ``ListObjectsV2`` copies the bucket's whole key table, looks up every key and sorts the
+  lot, for every page: a full listing of N keys costs O(N^2 / page). The soak's broker keeps
+  its log in a bucket that every fetch lists, so the broker slowed as its log grew.
+
+This module keeps moto's answers and removes those costs: the directory listing and the
+host-to-service lookup are computed once, and ``list_objects_v2`` walks a sorted index of
+the bucket's key names from where the page starts, up to one key past the page. Everything
+else (objects, versions, markers, tokens, errors) is moto's own code. The equivalence with
+moto's listing is a test (``tests/test_moto_speedups.py``, against an unpatched server).
+
+Run as ``python -m hardelete.moto_speedups -H 127.0.0.1 -p PORT`` (moto_server's arguments).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from typing import Any
+
+from sortedcontainers import SortedList  # type: ignore[import-untyped]
+
+_INSTALLED = False
+
+
+class _KeyIndex:
+    """The sorted names of one key store, kept in step with it by the patched mutators."""
+
+    def __init__(self, names: Any) -> None:
+        self.lock = threading.Lock()
+        self.names: SortedList = SortedList(names)
+
+
+def _index_of(store: Any) -> _KeyIndex:
+    index: _KeyIndex | None = store.__dict__.get("_hd_index")
+    # A store changed through a path the patches do not see shows as a different size:
+    # rebuild then (O(N log N) once), rather than list from a stale index.
+    if index is None or len(index.names) != dict.__len__(store):
+        index = _KeyIndex(dict.keys(store))
+        store.__dict__["_hd_index"] = index
+    return index
+
+
+def _patch_key_store() -> None:
+    from moto.s3.utils import _VersionedKeyStore as Store
+
+    def added(store: Any, key: str) -> None:
+        index = store.__dict__.get("_hd_index")
+        if index is not None:
+            with index.lock:
+                if key not in index.names:
+                    index.names.add(key)
+
+    def removed(store: Any, key: str) -> None:
+        index = store.__dict__.get("_hd_index")
+        if index is not None:
+            with index.lock:
+                index.names.discard(key)
+
+    setitem, setlist, pop = Store.__setitem__, Store.setlist, Store.pop
+
+    def __setitem__(self: Any, key: str, value: Any) -> Any:
+        new = not dict.__contains__(self, key)
+        out = setitem(self, key, value)
+        if new:
+            added(self, key)
+        return out
+
+    def _setlist(self: Any, key: Any, list_: Any) -> Any:
+        new = not dict.__contains__(self, key)
+        out = setlist(self, key, list_)
+        if new:
+            added(self, key)
+        return out
+
+    def _pop(self: Any, key: str) -> None:
+        pop(self, key)
+        removed(self, key)
+
+    def __delitem__(self: Any, key: str) -> None:
+        dict.__delitem__(self, key)
+        removed(self, key)
+
+    def clear(self: Any) -> None:
+        dict.clear(self)
+        self.__dict__.pop("_hd_index", None)
+
+    patches = {"__setitem__": __setitem__, "setlist": _setlist, "pop": _pop,
+               "__delitem__": __delitem__, "clear": clear}
+    for name, method in patches.items():
+        setattr(Store, name, method)
+
+
+def _patch_listing() -> None:
+    from moto.s3.models import FakeDeleteMarker, S3Backend
+
+    original = S3Backend.list_objects_v2
+
+    def list_objects_v2(self: Any, bucket: Any, prefix: str | None, delimiter: str | None,
+                        continuation_token: str | None, start_after: str | None,
+                        max_keys: int) -> Any:
+        limit: str | None = None
+        if continuation_token:
+            limit = self._pagination_tokens.get(continuation_token)
+            if limit is None:
+                # moto's own handling of an unknown token (an error): keep it.
+                return original(self, bucket, prefix, delimiter, continuation_token,
+                                start_after, max_keys)
+        elif start_after:
+            limit = start_after
+        if type(bucket).__name__ == "FakeTableStorageBucket":
+            return original(self, bucket, prefix, delimiter, continuation_token,
+                            start_after, max_keys)
+        prefix = prefix or ""
+        store = bucket.keys
+        index = _index_of(store)
+        page: list[Any] = []
+        last_folder: str | None = None
+        start = limit if limit is not None and limit > prefix else prefix
+        with index.lock:
+            # All names that start with the prefix sort together, from the prefix on;
+            # moto's results are sorted, so the page is the first max_keys + 1 of them
+            # past the token (one more tells whether the listing is truncated).
+            for name in index.names.irange(minimum=start):
+                if not name.startswith(prefix):
+                    break
+                if limit is not None and name <= limit:
+                    continue
+                if delimiter:
+                    rest = name[len(prefix):]
+                    if delimiter in rest:
+                        # As moto does: a folder is listed even if its keys are delete markers.
+                        folder = prefix + rest.split(delimiter)[0] + delimiter
+                        if folder == last_folder or (limit is not None and folder <= limit):
+                            continue
+                        last_folder = folder
+                        page.append(folder)
+                        if len(page) > max_keys:
+                            break
+                        continue
+                versions = dict.get(store, name)
+                if not versions or isinstance(versions[-1], FakeDeleteMarker):
+                    continue
+                page.append(versions[-1])
+                if len(page) > max_keys:
+                    break
+        return self._truncate_result(page, max_keys)
+
+    setattr(S3Backend, "list_objects_v2", list_objects_v2)  # noqa: B010 (mypy: a method)
+
+
+def _patch_dispatch() -> None:
+    from moto import backends
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication
+
+    modules = tuple(backends.list_of_moto_modules())
+    backends.list_of_moto_modules = lambda: modules  # type: ignore[assignment]
+    lookup = DomainDispatcherApplication.get_backend_for_host
+
+    @functools.lru_cache(maxsize=1024)
+    def cached(self: Any, host: str | None) -> Any:
+        return lookup(self, host)
+
+    setattr(DomainDispatcherApplication, "get_backend_for_host", cached)  # noqa: B010
+
+
+def install() -> None:
+    """Patch moto in this process (idempotent)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    _patch_key_store()
+    _patch_listing()
+    _patch_dispatch()
+    _INSTALLED = True
+
+
+def main(argv: list[str] | None = None) -> None:
+    install()
+    from moto.server import main as moto_main
+
+    moto_main(argv if argv is not None else sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()
