@@ -5,13 +5,17 @@ moto spends its time, per request, on things that do not change what it answers:
   calls, under a global lock) and then trying ~600 URL patterns;
 - ``ListObjectsV2`` copies the bucket's whole key table, looks up every key and sorts the
   lot, for every page: a full listing of N keys costs O(N^2 / page). The soak's broker keeps
-  its log in a bucket that every fetch lists, so the broker slowed as its log grew.
+  its log in a bucket that every fetch lists, so the broker slowed as its log grew;
+- its response serializer parses and re-formats every listed key's timestamp, for every
+  page, though the broker lists the same batch objects at every fetch.
 
 This module keeps moto's answers and removes those costs: the directory listing and the
-host-to-service lookup are computed once, and ``list_objects_v2`` walks a sorted index of
-the bucket's key names from where the page starts, up to one key past the page. Everything
-else (objects, versions, markers, tokens, errors) is moto's own code. The equivalence with
-moto's listing is a test (``tests/test_moto_speedups.py``, against an unpatched server).
+host-to-service lookup are computed once; ``list_objects_v2`` walks a sorted index of the
+bucket's key names from where the page starts, up to one key past the page; and each
+object's ``<Contents>`` element, rendered by moto's serializer, is reused while the object's
+fields are the same. Everything else (objects, versions, markers, tokens, errors) is moto's
+own code. The equivalence with moto is a test (``tests/test_moto_speedups.py``: the same
+pages and the same response bytes as an unpatched server).
 
 Run as ``python -m hardelete.moto_speedups -H 127.0.0.1 -p PORT`` (moto_server's arguments).
 """
@@ -154,6 +158,58 @@ def _patch_listing() -> None:
     setattr(S3Backend, "list_objects_v2", list_objects_v2)  # noqa: B010 (mypy: a method)
 
 
+_FRAGMENTS_MAX = 500_000  # ~250 MB at most: more than the soak's largest namespace lists
+
+
+def _patch_list_response() -> None:
+    """Render each listed object's ``<Contents>`` element once, through moto's own serializer,
+    and reuse it: the serializer parses and re-formats every key's timestamp on every page,
+    and the broker lists the same batch objects at every fetch."""
+    from collections import OrderedDict
+
+    from moto import settings
+    from moto.core.responses import ActionResult
+    from moto.s3.responses import S3Response
+
+    original = S3Response.serialized
+    fragments: OrderedDict[tuple[Any, ...], str] = OrderedDict()
+    lock = threading.Lock()
+
+    def fragment(self: Any, item: dict[str, Any]) -> str:
+        key = tuple((k, tuple(v) if isinstance(v, list) else
+                     tuple(sorted(v.items())) if isinstance(v, dict) else v)
+                    for k, v in item.items())
+        with lock:
+            found = fragments.get(key)
+            if found is not None:
+                fragments.move_to_end(key)
+                return found
+        _, _, body = original(self, ActionResult({"IsTruncated": False, "Contents": [item]}))
+        text = body.decode() if isinstance(body, bytes) else body
+        start, end = text.index("<Contents>"), text.rindex("</Contents>") + len("</Contents>")
+        out = text[start:end]
+        with lock:
+            fragments[key] = out
+            if len(fragments) > _FRAGMENTS_MAX:
+                fragments.popitem(last=False)
+        return out
+
+    def serialized(self: Any, action_result: Any) -> Any:
+        result = action_result.result
+        if (settings.PRETTIFY_RESPONSES or self.data.get("Action") != "ListObjectsV2"
+                or not isinstance(result, dict) or not result.get("Contents")):
+            return original(self, action_result)
+        # The page without its objects, then the objects where moto puts them: right after
+        # IsTruncated (the order of the ListObjectsV2 output shape).
+        status, headers, body = original(self, ActionResult({**result, "Contents": []}))
+        text = body.decode() if isinstance(body, bytes) else body
+        cut = text.index("</IsTruncated>") + len("</IsTruncated>")
+        text = text[:cut] + "".join(fragment(self, i) for i in result["Contents"]) + text[cut:]
+        return status, headers, text.encode() if isinstance(body, bytes) else text
+
+    setattr(S3Response, "serialized", serialized)  # noqa: B010
+
+
 def _patch_dispatch() -> None:
     from moto import backends
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication
@@ -176,6 +232,7 @@ def install() -> None:
         return
     _patch_key_store()
     _patch_listing()
+    _patch_list_response()
     _patch_dispatch()
     _INSTALLED = True
 
