@@ -175,24 +175,35 @@ def _patch_list_response() -> None:
     fragments: OrderedDict[tuple[Any, ...], str] = OrderedDict()
     lock = threading.Lock()
 
-    def fragment(self: Any, item: dict[str, Any]) -> str:
-        key = tuple((k, tuple(v) if isinstance(v, list) else
-                     tuple(sorted(v.items())) if isinstance(v, dict) else v)
-                    for k, v in item.items())
+    def cache_key(item: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple((k, tuple(v) if isinstance(v, list) else
+                      tuple(sorted(v.items())) if isinstance(v, dict) else v)
+                     for k, v in item.items())
+
+    def render(self: Any, items: list[dict[str, Any]]) -> str:
+        keys = [cache_key(i) for i in items]
         with lock:
-            found = fragments.get(key)
-            if found is not None:
-                fragments.move_to_end(key)
-                return found
-        _, _, body = original(self, ActionResult({"IsTruncated": False, "Contents": [item]}))
-        text = body.decode() if isinstance(body, bytes) else body
-        start, end = text.index("<Contents>"), text.rindex("</Contents>") + len("</Contents>")
-        out = text[start:end]
-        with lock:
-            fragments[key] = out
-            if len(fragments) > _FRAGMENTS_MAX:
-                fragments.popitem(last=False)
-        return out
+            found = [fragments.get(k) for k in keys]
+            for k, f in zip(keys, found, strict=True):
+                if f is not None:
+                    fragments.move_to_end(k)
+        missing = [n for n, f in enumerate(found) if f is None]
+        if missing:
+            # One serializer call for all the objects not seen before.
+            _, _, body = original(self, ActionResult(
+                {"IsTruncated": False, "Contents": [items[n] for n in missing]}))
+            text = body.decode() if isinstance(body, bytes) else body
+            start, end = text.index("<Contents>"), text.rindex("</Contents>")
+            # A key's text is escaped, so "</Contents>" only ever closes an element.
+            parts = [p + "</Contents>" for p in text[start:end].split("</Contents>")]
+            if len(parts) != len(missing):
+                raise RuntimeError("listing render: elements and objects differ in number")
+            with lock:
+                for n, part in zip(missing, parts, strict=True):
+                    found[n] = fragments[keys[n]] = part
+                while len(fragments) > _FRAGMENTS_MAX:
+                    fragments.popitem(last=False)
+        return "".join(f for f in found if f is not None)
 
     def serialized(self: Any, action_result: Any) -> Any:
         result = action_result.result
@@ -204,7 +215,7 @@ def _patch_list_response() -> None:
         status, headers, body = original(self, ActionResult({**result, "Contents": []}))
         text = body.decode() if isinstance(body, bytes) else body
         cut = text.index("</IsTruncated>") + len("</IsTruncated>")
-        text = text[:cut] + "".join(fragment(self, i) for i in result["Contents"]) + text[cut:]
+        text = text[:cut] + render(self, result["Contents"]) + text[cut:]
         return status, headers, text.encode() if isinstance(body, bytes) else text
 
     setattr(S3Response, "serialized", serialized)  # noqa: B010
