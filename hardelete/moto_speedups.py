@@ -172,13 +172,13 @@ def _patch_list_response() -> None:
     from moto.s3.responses import S3Response
 
     original = S3Response.serialized
-    fragments: OrderedDict[tuple[Any, ...], str] = OrderedDict()
+    fragments: OrderedDict[str, str] = OrderedDict()
     lock = threading.Lock()
 
-    def cache_key(item: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple((k, tuple(v) if isinstance(v, list) else
-                      tuple(sorted(v.items())) if isinstance(v, dict) else v)
-                     for k, v in item.items())
+    def cache_key(item: dict[str, Any]) -> str:
+        # The item's fields and values, lists and the owner included; moto builds every
+        # item with its fields in the same order.
+        return repr(item)
 
     def render(self: Any, items: list[dict[str, Any]]) -> str:
         keys = [cache_key(i) for i in items]
@@ -221,6 +221,28 @@ def _patch_list_response() -> None:
     setattr(S3Response, "serialized", serialized)  # noqa: B010
 
 
+def _patch_response_costs() -> None:
+    from moto.core.responses import BaseResponse
+    from moto.s3 import models
+
+    # Per key, the listing formats the object's datetime; the same objects are listed again
+    # and again (a pure function of the datetime, so a cache answers the same).
+    name = "iso_8601_datetime_without_milliseconds_s3"
+    setattr(models, name, functools.lru_cache(maxsize=_FRAGMENTS_MAX)(getattr(models, name)))
+
+    # Each response body is searched for a <RequestId> to fill in, by a regular expression
+    # that costs O(body) even when there is none (a listing page is ~300 kB).
+    enrich = BaseResponse._enrich_response
+
+    def _enrich_response(headers: dict[str, str], body: Any) -> tuple[dict[str, str], Any]:
+        if isinstance(body, str) and "<RequestId>" not in body:
+            headers, _ = enrich(headers, "")  # the same headers; the body has nothing to fill
+            return headers, body
+        return enrich(headers, body)
+
+    setattr(BaseResponse, "_enrich_response", staticmethod(_enrich_response))  # noqa: B010
+
+
 def _patch_dispatch() -> None:
     from moto import backends
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication
@@ -244,6 +266,7 @@ def install() -> None:
     _patch_key_store()
     _patch_listing()
     _patch_list_response()
+    _patch_response_costs()
     _patch_dispatch()
     _INSTALLED = True
 
