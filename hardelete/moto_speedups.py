@@ -66,36 +66,29 @@ def _patch_key_store() -> None:
             with index.lock:
                 index.names.discard(key)
 
-    setitem, setlist, pop = Store.__setitem__, Store.setlist, Store.pop
+    def adding(method: Any) -> Any:
+        def wrapped(self: Any, key: str, value: Any) -> Any:
+            new = not dict.__contains__(self, key)
+            out = method(self, key, value)
+            if new:
+                added(self, key)
+            return out
+        return wrapped
 
-    def __setitem__(self: Any, key: str, value: Any) -> Any:
-        new = not dict.__contains__(self, key)
-        out = setitem(self, key, value)
-        if new:
-            added(self, key)
-        return out
-
-    def _setlist(self: Any, key: Any, list_: Any) -> Any:
-        new = not dict.__contains__(self, key)
-        out = setlist(self, key, list_)
-        if new:
-            added(self, key)
-        return out
-
-    def _pop(self: Any, key: str) -> None:
-        pop(self, key)
-        removed(self, key)
-
-    def __delitem__(self: Any, key: str) -> None:
-        dict.__delitem__(self, key)
-        removed(self, key)
+    def removing(method: Any) -> Any:
+        def wrapped(self: Any, key: str) -> Any:
+            out = method(self, key)
+            removed(self, key)
+            return out
+        return wrapped
 
     def clear(self: Any) -> None:
         dict.clear(self)
         self.__dict__.pop("_hd_index", None)
 
-    patches = {"__setitem__": __setitem__, "setlist": _setlist, "pop": _pop,
-               "__delitem__": __delitem__, "clear": clear}
+    patches = {"__setitem__": adding(Store.__setitem__), "setlist": adding(Store.setlist),
+               "pop": removing(Store.pop), "__delitem__": removing(dict.__delitem__),
+               "clear": clear}
     for name, method in patches.items():
         setattr(Store, name, method)
 
