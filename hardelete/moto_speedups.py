@@ -154,6 +154,10 @@ def _patch_listing() -> None:
 _FRAGMENTS_MAX = 500_000  # ~250 MB at most: more than the soak's largest namespace lists
 
 
+def _text(body: str | bytes) -> str:
+    return body.decode() if isinstance(body, bytes) else body
+
+
 def _patch_list_response() -> None:
     """Render each listed object's ``<Contents>`` element once, through moto's own serializer,
     and reuse it: the serializer parses and re-formats every key's timestamp on every page,
@@ -185,7 +189,7 @@ def _patch_list_response() -> None:
             # One serializer call for all the objects not seen before.
             _, _, body = original(self, ActionResult(
                 {"IsTruncated": False, "Contents": [items[n] for n in missing]}))
-            text = body.decode() if isinstance(body, bytes) else body
+            text = _text(body)
             start, end = text.index("<Contents>"), text.rindex("</Contents>")
             # A key's text is escaped, so "</Contents>" only ever closes an element.
             parts = [p + "</Contents>" for p in text[start:end].split("</Contents>")]
@@ -206,7 +210,7 @@ def _patch_list_response() -> None:
         # The page without its objects, then the objects where moto puts them: right after
         # IsTruncated (the order of the ListObjectsV2 output shape).
         status, headers, body = original(self, ActionResult({**result, "Contents": []}))
-        text = body.decode() if isinstance(body, bytes) else body
+        text = _text(body)
         cut = text.index("</IsTruncated>") + len("</IsTruncated>")
         text = text[:cut] + render(self, result["Contents"]) + text[cut:]
         return status, headers, text.encode() if isinstance(body, bytes) else text

@@ -69,7 +69,8 @@ def measure(speedups: bool, objects: int, workdir: Path) -> Figures:
         n1, first = _timed(lambda: _list(s3))
         later = [_timed(lambda: _list(s3)) for _ in range(2)]
         prefix = [_timed(lambda: _list(s3, "repo-3/")) for _ in range(2)]
-        assert n1 == objects and all(k == objects for k, _ in later)
+        if n1 != objects or any(k != objects for k, _ in later):
+            raise RuntimeError(f"the server listed {n1} keys, not the {objects} written")
         return Figures(
             puts_per_s=n / put_s,
             first_listing_keys_per_s=n1 / first,
