@@ -403,7 +403,9 @@ def _check_semantics(e: Event) -> None:
                              "replaces_address", etype)
         if e.replaces_ref_id == e.ref_id:
             raise EventError("a reference cannot replace itself", "replaces_ref_id", etype)
-    if isinstance(e, RepositoryCreated) and not e.storage_namespace.endswith("/"):
+    # A repository's namespace is a directory; a retirement names the same one.
+    if isinstance(e, RepositoryCreated | RepositoryDeleted) and \
+            not e.storage_namespace.endswith("/"):
         raise EventError("must end with '/'", "storage_namespace", etype)
     if isinstance(e, AddressesReaped) and not 1 <= len(e.addresses) <= MAX_REAPED_PER_EVENT:
         raise EventError(f"must hold 1 to {MAX_REAPED_PER_EVENT} addresses, got "

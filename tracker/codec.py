@@ -146,7 +146,7 @@ def _semantics_ok(t: str, b: dict[str, Any]) -> bool:
     if t == "object_written" or t == "object_copied":
         rr, ra = b.get("replaces_ref_id"), b.get("replaces_address")
         return (rr is None) == (ra is None) and rr != b["ref_id"]
-    if t == "repository_created":
+    if t == "repository_created" or t == "repository_deleted":
         return bool(b["storage_namespace"].endswith("/"))
     if t == "addresses_reaped":
         return 1 <= len(b["addresses"]) <= ev.MAX_REAPED_PER_EVENT
