@@ -18,6 +18,16 @@ from hardelete.settings import Settings, load_settings
 from hardelete.stack import Stack, embedded_stack
 
 os.environ.setdefault("HARDELETE_LOG_FORMAT", "console")
+# pytest-xdist's workers export the runner's COLUMNS; the CLI subprocesses the tests start
+# must size their tables as a user's pipe would (full width), not as the runner's terminal.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` first: the suite runs on parallel workers (pytest-xdist), and a
+    long test started last would run alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def base_settings(**overrides: Any) -> Settings:

@@ -19,6 +19,7 @@ from hardelete.settings import Settings
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 def test_demo_reaps_exactly_the_online_garbage_then_reconciles(settings: Settings) -> None:
     options = DemoOptions(seed=5, ops=80, run_id=uuid.uuid4().hex[:8], grace_seconds=1.0,
                           upload_ttl_seconds=1.0)

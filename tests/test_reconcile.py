@@ -184,6 +184,7 @@ async def _reconcile_with_tracker(spark: Any, settings: Any, opts: RunOptions) -
         return await asyncio.to_thread(reconcile, spark, settings, opts)
 
 
+@pytest.mark.slow
 def test_one_run_deletes_exactly_the_model_garbage_older_than_the_cutoff(
         spark, rsettings, s3, redis_client):
     """On the real stack: the model service publishes through Tansu, the tracker daemon fills

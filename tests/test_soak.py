@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from rich.console import Console
 
 from hardelete.soak import SoakOptions, run_soak
@@ -48,6 +49,7 @@ def _show(verdict: object) -> str:
 SAFETY_ONLY = frozenset(STALLS) | FAILS_CLOSED | {FaultKind.BROKER_RESTART}
 
 
+@pytest.mark.slow
 def test_short_soak_survives_and_recovers_from_every_fault_that_does_not_stall() -> None:
     faults = SURVIVED - SAFETY_ONLY
     options = SoakOptions(seed=1, ops=4_000, repos=3, faults=faults, faults_per_1000_ops=4.0,
@@ -71,6 +73,7 @@ def test_short_soak_survives_and_recovers_from_every_fault_that_does_not_stall()
     assert any(r.kind == "sweep_only" for r in verdict.reconciler_runs), report
 
 
+@pytest.mark.slow
 def test_short_soak_is_safe_when_trackers_die_and_redis_or_the_broker_lose_state() -> None:
     """Safety only: trackers killed, Redis restarted, the broker restarted, killed and with its
     log lost. Reaping may wait (a stalled group) or stop (fail-closed repositories), which is
@@ -88,6 +91,7 @@ def test_short_soak_is_safe_when_trackers_die_and_redis_or_the_broker_lose_state
     assert verdict.daemons["tracker-0"]["starts"] + verdict.daemons["tracker-1"]["starts"] > 2
 
 
+@pytest.mark.slow
 def test_soak_reports_live_deletions_when_the_reapers_grace_check_is_disabled() -> None:
     # A longer grace makes the in-contract delays (5-40% of it) long enough for the sabotaged
     # reaper to act before the delayed copy arrives, even on a loaded machine.

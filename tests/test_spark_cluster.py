@@ -109,6 +109,7 @@ class _Gateway(http.server.BaseHTTPRequestHandler):
         return
 
 
+@pytest.mark.slow
 def test_reconcile_on_a_standalone_cluster(spark_cluster, settings, s3, redis_client,
                                            tmp_path: Path) -> None:
     clock_start = time.time() - 3600

@@ -255,6 +255,7 @@ def _hardelete() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "hardelete.cli"]
 
 
+@pytest.mark.slow
 async def test_kill_9_during_a_batch_then_restart(settings: Settings, tmp_path: Path) -> None:
     events = workload(31, 30_000, repos=6)
     await publish(settings, events)
