@@ -1,4 +1,4 @@
-"""Fixtures: real servers (Tansu, Redis/Valkey, moto) started once per run on free loopback
+"""Fixtures: real servers (Tansu, Redis/Valkey, moto) started once per worker on free loopback
 ports by the same launcher the demo uses; each test gets fresh topics, a flushed Redis and a
 reset S3 server."""
 
@@ -90,7 +90,7 @@ def bucket(s3: Any) -> str:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """One local Spark session per test run (about 5 s to start)."""
+    """One local Spark session per test worker (about 5 s to start)."""
     from reconciler.spark import get_spark
 
     session = get_spark(base_settings())
