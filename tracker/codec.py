@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import types
 import typing
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -31,34 +32,19 @@ OP_REPO, OP_BRANCH, OP_ISSUE, OP_ADD, OP_DEL, OP_COMMIT = 1, 2, 3, 4, 5, 6
 OP_RESET, OP_BDEL, OP_TAG, OP_UNTAG, OP_RETIRE, OP_REAPED = 7, 8, 9, 10, 11, 12
 NO_VERSION = -1  # compact form of an absent ref_version (versions are >= 0)
 
-Check = Callable[[Any], bool]
-
-
-def _str(v: Any) -> bool:
-    return type(v) is str and v != ""
-
-
-def _path(v: Any) -> bool:
-    return type(v) is str
-
-
-def _addr(v: Any) -> bool:
-    return type(v) is str and v.startswith("s3://")
-
-
-def _int(v: Any) -> bool:
-    return type(v) is int
-
-
-def _float(v: Any) -> bool:
-    t = type(v)
-    return t is int or (t is float and math.isfinite(v))
-
-
-def _opt(check: Check) -> Check:
-    def c(v: Any) -> bool:
-        return v is None or check(v)
-    return c
+# Each field check is the Python expression that is true when the value ``x`` is BAD; the
+# per-type validators below are generated from them (one straight-line function per type: a loop
+# over field specs with a call per check cost twice as much on the tracker's hot path).
+_BAD = {
+    "str": "type(x) is not str or not x",
+    "path": "type(x) is not str",
+    "addr": "type(x) is not str or not x.startswith('s3://')",
+    "int": "type(x) is not int",
+    "float": "type(x) is not int and (type(x) is not float or not _isfinite(x))",
+    "list_str": "not _list_str(x)",
+    "list_addr": "not _list_addr(x)",
+    "dict_float": "not _dict_float(x)",
+}
 
 
 def _list_str(v: Any) -> bool:
@@ -70,76 +56,102 @@ def _list_addr(v: Any) -> bool:
 
 
 def _dict_float(v: Any) -> bool:
-    return type(v) is dict and all(_float(x) for x in v.values())
+    return type(v) is dict and all(
+        type(x) is int or (type(x) is float and math.isfinite(x)) for x in v.values())
 
 
-def _checker(name: str, tp: Any) -> Check:
+def _kind(name: str, tp: Any) -> tuple[str, bool]:
+    """The check of field ``name`` (a key of _BAD) and whether it may be None."""
     origin = typing.get_origin(tp)
-    if origin in (typing.Union, __import__("types").UnionType):
+    if origin in (typing.Union, types.UnionType):
         inner = next(a for a in typing.get_args(tp) if a is not type(None))
-        return _opt(_checker(name, inner))
+        return _kind(name, inner)[0], True
     if origin is list:
-        return _list_addr if name in ADDRESS_FIELDS else _list_str
+        return ("list_addr" if name in ADDRESS_FIELDS else "list_str"), False
     if origin is dict:
-        return _dict_float
+        return "dict_float", False
     if tp is int:
-        return _int
+        return "int", False
     if tp is float:
-        return _float
+        return "float", False
     if tp is str:
         if name == "path":
-            return _path
-        return _addr if name in ADDRESS_FIELDS else _str
+            return "path", False
+        return ("addr" if name in ADDRESS_FIELDS else "str"), False
     raise TypeError(f"no fast check for {name}: {tp}")  # pragma: no cover
-
-
-@dataclasses.dataclass(frozen=True)
-class _Spec:
-    req_str: tuple[str, ...]  # required non-empty strings (checked inline: the common case)
-    req_addr: tuple[str, ...]  # required s3:// strings
-    required: tuple[tuple[str, Check], ...]  # the other required fields
-    optional: tuple[tuple[str, Check, Any], ...]  # name, check, default (None: factory)
-    allowed: frozenset[str]
-    floats: tuple[str, ...]  # fields decode converts to float
-    ranges: tuple[tuple[str, ev.Range], ...]  # numeric fields (dict fields: their values)
-
-
-def _spec(cls: type[ev.Event]) -> _Spec:
-    hints = typing.get_type_hints(cls)
-    req_str, req_addr, req, opt, floats, ranges = [], [], [], [], [], []
-    for f in dataclasses.fields(cls):
-        check = _checker(f.name, hints[f.name])
-        scalar = _scalar(hints[f.name])
-        if scalar is int or scalar is float:
-            ranges.append((f.name, ev.field_range(f.name, scalar)))
-        if hints[f.name] is float:
-            floats.append(f.name)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            if check is _str:
-                req_str.append(f.name)
-            elif check is _addr:
-                req_addr.append(f.name)
-            else:
-                req.append((f.name, check))
-        else:
-            default = f.default if f.default is not dataclasses.MISSING else None
-            opt.append((f.name, check, default))
-    allowed = frozenset([f.name for f in dataclasses.fields(cls)] + ["type", "v"])
-    return _Spec(tuple(req_str), tuple(req_addr), tuple(req), tuple(opt), allowed,
-                 tuple(floats), tuple(ranges))
 
 
 def _scalar(tp: Any) -> Any:
     """int, float, str... inside Optional[...] / dict[str, ...]."""
     origin = typing.get_origin(tp)
-    if origin in (typing.Union, __import__("types").UnionType):
+    if origin in (typing.Union, types.UnionType):
         return _scalar(next(a for a in typing.get_args(tp) if a is not type(None)))
     if origin is dict:
         return _scalar(typing.get_args(tp)[1])
     return tp
 
 
-_SPECS = {name: _spec(cls) for name, cls in EVENT_TYPES.items()}
+def _range_bad(rng: ev.Range, x: str) -> str:
+    """The expression true when number ``x`` is outside ``rng`` (``Range.problem``'s rule;
+    the values are finite here: the type check ran first). repr() round-trips floats."""
+    low = "<" if rng.lo_exclusive else "<="
+    return f"not ({rng.lo!r} {low} {x} <= {rng.hi!r})"
+
+
+def _field_code(name: str, tp: Any, f: dataclasses.Field[Any]) -> list[str]:
+    """Lines that check field ``name`` of body ``b`` (``return None`` when bad) and normalise
+    it as ``decode`` does: defaults filled in, floats as float."""
+    kind, nullable = _kind(name, tp)
+    scalar = _scalar(tp)
+    rng = ev.field_range(name, scalar) if scalar is int or scalar is float else None
+    body = [f"if {_BAD[kind]}: return None"]
+    if rng is not None and kind == "dict_float":
+        body.append(f"if any({_range_bad(rng, 'v')} for v in x.values()): return None")
+        body.append(f"b[{name!r}] = {{str(k): float(v) for k, v in x.items()}}")
+    elif rng is not None:
+        body.append(f"if {_range_bad(rng, 'x')}: return None")
+    if tp is float:
+        body.append(f"if type(x) is int: b[{name!r}] = float(x)")
+    required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    lines = [f"x = get({name!r}, _MISSING)"]
+    if required:  # _MISSING fails every type check
+        return lines + body
+    if name == "event_id":
+        default = "_new_id()"
+    elif f.default_factory is not dataclasses.MISSING:
+        default = repr(f.default_factory())
+    else:
+        default = repr(f.default)
+    lines.append(f"if x is _MISSING: b[{name!r}] = {default}")
+    lines.append("elif x is not None:" if nullable else "else:")
+    return lines + ["    " + line for line in body]
+
+
+_SEMANTIC_TYPES = frozenset({"object_written", "object_copied", "repository_created",
+                             "repository_deleted", "addresses_reaped"})
+
+
+def _compile(t: str, cls: type[ev.Event]) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)
+    lines = [f"def fast_{t}(b):", "    get = b.get"]
+    for f in fields:
+        lines += ["    " + line for line in _field_code(f.name, hints[f.name], f)]
+    lines.append("    if not _ALLOWED.issuperset(b): return None")
+    if t in _SEMANTIC_TYPES:
+        lines.append(f"    if not _semantics_ok({t!r}, b): return None")
+    lines.append("    return b")
+    allowed = frozenset([f.name for f in fields] + ["type", "v"])
+    scope: dict[str, Any] = {
+        "_MISSING": _MISSING, "_ALLOWED": allowed, "_isfinite": math.isfinite,
+        "_new_id": ev.new_id, "_semantics_ok": _semantics_ok, "_list_str": _list_str,
+        "_list_addr": _list_addr, "_dict_float": _dict_float}
+    exec(compile("\n".join(lines), f"<fast_body {t}>", "exec"), scope)  # generated from the types
+    fn: Callable[[dict[str, Any]], dict[str, Any] | None] = scope[f"fast_{t}"]
+    return fn
+
+
+_MISSING = object()
 
 
 def _semantics_ok(t: str, b: dict[str, Any]) -> bool:
@@ -153,6 +165,9 @@ def _semantics_ok(t: str, b: dict[str, Any]) -> bool:
     return True
 
 
+_FAST = {name: _compile(name, cls) for name, cls in EVENT_TYPES.items()}
+
+
 def fast_body(body: Any) -> dict[str, Any] | None:
     """The validated, normalised body of a well-formed event, or None (then call ``decode``)."""
     if type(body) is not dict:
@@ -160,51 +175,11 @@ def fast_body(body: Any) -> dict[str, Any] | None:
     t = body.get("type")
     if type(t) is not str:
         return None
-    spec = _SPECS.get(t)
+    fast = _FAST.get(t)
     v = body.get("v")
-    if spec is None or type(v) is bool or v != SCHEMA_VERSION:
+    if fast is None or type(v) is bool or v != SCHEMA_VERSION:
         return None
-    get = body.get
-    for name in spec.req_str:
-        v = get(name)
-        if type(v) is not str or not v:
-            return None
-    for name in spec.req_addr:
-        v = get(name)
-        if type(v) is not str or not v.startswith("s3://"):
-            return None
-    for name, check in spec.required:
-        if name not in body or not check(body[name]):
-            return None
-    for name, check, default in spec.optional:
-        if name in body:
-            if not check(body[name]):
-                return None
-        elif name == "event_id":
-            body[name] = ev.new_id()
-        elif name == "branch_retention_days":
-            body[name] = {}
-        else:
-            body[name] = default
-    if not spec.allowed.issuperset(body):
-        return None
-    for name in spec.floats:
-        body[name] = float(body[name])
-    if "branch_retention_days" in body:
-        body["branch_retention_days"] = {
-            str(k): float(v) for k, v in body["branch_retention_days"].items()}
-    for name, rng in spec.ranges:
-        v = body[name]
-        if v is None:
-            continue
-        if type(v) is dict:
-            if any(rng.problem(x) for x in v.values()):
-                return None
-        elif rng.problem(v):
-            return None
-    if not _semantics_ok(body["type"], body):
-        return None
-    return body
+    return fast(body)
 
 
 def event_body(event: ev.Event) -> dict[str, Any]:
@@ -293,9 +268,10 @@ def _plain_key_fast(namespace: str, address: str) -> bool:
     rel = address[len(namespace):]
     if not rel or rel[0] == "/" or "//" in rel:
         return False
-    padded = "/" + rel + "/"
-    if "/./" in padded or "/../" in padded:
-        return False
+    if "." in rel:  # only then can a segment be "." or ".."
+        padded = "/" + rel + "/"
+        if "/./" in padded or "/../" in padded:
+            return False
     return not rel.startswith(RESERVED_PREFIXES)
 
 
@@ -344,8 +320,12 @@ class Gate:
             ok = self._valid.get(known)
             if ok is None:
                 ok = self._valid[known] = known.startswith("s3://") and known.endswith("/")
-            if ok and all(_plain_key_fast(known, a) for a in addrs):
-                return None
+            if ok:
+                for a in addrs:
+                    if not _plain_key_fast(known, a):
+                        break
+                else:
+                    return None
         return admission_problem(repo, t, addrs, known, retired=repo in self.retired)
 
 
