@@ -226,6 +226,21 @@ def test_lua_agrees_with_pure_machine_on_workloads(redis_client, seed):
         assert canonical(read_repo_state(r, repo)) == canonical(state)
 
 
+def test_one_large_chunk_agrees_with_pure_machine(redis_client):
+    """A chunk so large that the script's batched writes (the unreferenced index, token sets,
+    address fields) go out in several calls of at most 2,000 values each."""
+    events = workload(7, 12_000, repos=1, ttl_seconds=2.0)
+    world, gate, now = World(), codec.Gate(), 1_000_000
+    for e in events:
+        assert world.apply(e, now).rejected is None
+    batch, rejected = lua_batches(events, gate)
+    assert not rejected
+    apply_lua(redis_client, batch, now)
+    (repo, state), = world.repos.items()
+    assert len(state.unreferenced) > 1_000  # > 2,000 ZADD values in one call
+    assert canonical(read_repo_state(redis_client, repo)) == canonical(state)
+
+
 def test_script_uses_the_redis_clock(redis_client):
     r = redis_client
     gate = codec.Gate()

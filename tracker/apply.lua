@@ -72,7 +72,10 @@ local function load(address)
   local r = recs[address]
   if r then return r end
   local h = redis.call('HGETALL', AP .. address)
-  r = { adds = {}, rems = {}, committed = false, newf = {}, dsize = false, dcomm = false }
+  -- every field named here, nil ones too, so that the table is allocated at its final size
+  r = { adds = {}, rems = {}, committed = false, newf = {}, dsize = false, dcomm = false,
+        state = nil, since = nil, iu = nil, size = nil, state0 = nil, since0 = nil,
+        diu = nil, reaped = nil }
   for i = 1, #h, 2 do
     local f, v = h[i], h[i + 1]
     local c = string.byte(f, 1)
@@ -191,7 +194,18 @@ local function set_token(t, new, ev_id, ev_type)
   end
 end
 
+-- redis.call with the values of list t, at most 2000 at a time (unpack() has a stack limit)
+local function call_chunked(cmd, key, t, step)
+  local n, j = #t, 1
+  while j <= n do
+    local k = math.min(j + step - 1, n)
+    redis.call(cmd, key, unpack(t, j, k))
+    j = k + 1
+  end
+end
+
 local function flush()
+  local zadd, zrem = {}, {}  -- the unreferenced index, changed in two calls, not one per address
   for i = 1, #order do
     local address = order[i]
     local r = recs[address]
@@ -206,29 +220,21 @@ local function flush()
       f[#f + 1] = 'reaped_at'; f[#f + 1] = NOW
       redis.call('ZADD', K_REAPED, now, address)  -- pruned with the reaper's tombstones
     end
-    local n = #f
-    local j = 1
-    while j <= n do  -- unpack() has a stack limit: at most 2000 values per HSET
-      local k = math.min(j + 1999, n)
-      redis.call('HSET', akey, unpack(f, j, k))
-      j = k + 1
-    end
+    call_chunked('HSET', akey, f, 2000)
     if r.since == nil and r.since0 ~= nil then
       redis.call('HDEL', akey, 'since')
-      redis.call('ZREM', K_UNREF, address)
+      zrem[#zrem + 1] = address
     elseif r.since ~= nil and r.since ~= r.since0 then
-      redis.call('ZADD', K_UNREF, tonumber(r.since), address)
+      zadd[#zadd + 1] = r.since
+      zadd[#zadd + 1] = address
     end
   end
+  call_chunked('ZADD', K_UNREF, zadd, 2000)
+  call_chunked('ZREM', K_UNREF, zrem, 2000)
   for t, ta in pairs(tokadds) do
     local m = {}
     for a in pairs(ta) do m[#m + 1] = a end
-    local j = 1
-    while j <= #m do
-      local k = math.min(j + 1999, #m)
-      redis.call('SADD', TP .. t, unpack(m, j, k))
-      j = k + 1
-    end
+    call_chunked('SADD', TP .. t, m, 2000)
   end
 end
 
