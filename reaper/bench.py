@@ -118,6 +118,9 @@ async def _latency(settings: Settings, m: int, rate: float, progress: Progress) 
     await ensure_topics(s)
     tracker = Tracker(s, name="bench")
     tracker.start()
+    # The stream starts once the tracker holds its partitions: the group join (seconds) is
+    # a start-up cost, not the latency of a running system.
+    await asyncio.wait_for(tracker.assigned_event.wait(), 60)
     stop = asyncio.Event()
     latencies: list[float] = []
     reaper = Reaper(s, reaper_id="bench-latency")
