@@ -123,7 +123,7 @@ async def test_horizon_follows_the_clock_closely_while_idle(settings: Settings) 
                 target, t0 = await aredis_time_ms(r), time.monotonic()
                 await await_horizon(r, target, 30)
                 waits.append(time.monotonic() - t0)
-            assert sorted(waits)[2] < 2.0, waits  # the median
+            assert sorted(waits)[2] < 2.5, waits  # the median (it was 3.5 s and more)
     finally:
         await r.aclose()
 
