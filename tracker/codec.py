@@ -2,7 +2,8 @@
 
 ``schemas.events.decode`` is the contract's validator but it costs ~160 us per event (type hints
 are resolved per call). The tracker's hot path uses :func:`fast_body`, which checks the same rules
-with precompiled per-type field checks, and falls back to ``decode`` whenever anything looks off:
+with a validator per event type generated from the event dataclasses at import (``_compile``),
+and falls back to ``decode`` whenever anything looks off:
 ``decode`` then names the problem (the dead-letter reason) or, if it accepts the event after all,
 its result is used. So the fast path never accepts what ``decode`` rejects and never changes a
 value (``tests/test_tracker_codec.py`` checks this on random and mutated events).
