@@ -194,7 +194,7 @@ local function set_token(t, new, ev_id, ev_type)
   end
 end
 
--- redis.call with the values of list t, at most 2000 at a time (unpack() has a stack limit)
+-- redis.call with the values of list t, at most step at a time (unpack() has a stack limit)
 local function call_chunked(cmd, key, t, step)
   local n, j = #t, 1
   while j <= n do
