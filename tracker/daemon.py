@@ -599,7 +599,10 @@ class Tracker:
         # getmany returns records or its timeout, never "a response without records"; so it
         # is polled briefly and the high watermark checked, and the broker's wait is raised
         # only when a whole wait (twice, for the round trip) brought nothing to decide on.
-        read_until = time.monotonic() + 2 * wait.current / 1000 + 0.2
+        def patience() -> float:
+            return time.monotonic() + 2 * wait.current / 1000 + 0.2
+
+        read_until = patience()
         try:
             while time.monotonic() < deadline:
                 try:
@@ -615,7 +618,7 @@ class Tracker:
                     return hw, None  # (below the high watermark the record is fetched next)
                 if time.monotonic() > read_until:  # nothing read in time: read longer
                     _set_fetch_max_wait(probe, wait.grow())
-                    read_until = time.monotonic() + 2 * wait.current / 1000 + 0.2
+                    read_until = patience()
         finally:
             # Idle between probes: its client also sends the partition-count checks
             # (_verify_meta), and a fetch the broker holds would delay them (one connection,
@@ -758,12 +761,11 @@ class Tracker:
     async def _prepare(self, data: dict[Any, list[Any]]) -> _Batch:
         # The hot path: one pass to decode (collecting what the second needs), one to admit.
         gate = self.gate
-        known, retired = gate.namespaces, gate.retired
         batch = _Batch()
         parsed: list[tuple[int, Any, dict[str, Any], str]] = []
         dlq = batch.dlq
         parse = codec.parse
-        wanted: set[str] = set()  # repositories whose namespace the gate has yet to load
+        wanted: set[str] = set()  # repositories named (gate.missing: those to load)
         creates: list[str] = []  # event ids of repository_created
         for tp, records in data.items():
             p = tp.partition
@@ -783,8 +785,7 @@ class Tracker:
                     dlq.append((rec, f"record key {_short(rec.key)} does not equal repository "
                                      f"{repo[:200]!r}"))
                     continue
-                if repo not in known and repo not in retired:
-                    wanted.add(repo)
+                wanted.add(repo)
                 if t == "repository_created":
                     creates.append(body["event_id"])
                 parsed.append((p, rec, body, t))
