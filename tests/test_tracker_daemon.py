@@ -105,6 +105,29 @@ async def test_horizon_advances_on_idle_partitions_and_stops_with_the_tracker(
         await r.aclose()
 
 
+async def test_horizon_follows_the_clock_closely_while_idle(settings: Settings) -> None:
+    """An idle tracker's horizon trails the Redis clock by about two fetches, not by the
+    broker's longest fetch wait: the log-identity probe goes idle between probes, so the
+    partition-count checks its client also sends do not queue behind a fetch the broker holds
+    (which once kept the horizon, and with it every unreferenced-to-deleted time, 3-5 s
+    behind)."""
+    settings = settings.replace(tracker_poll_ms=200)  # the default
+    await ensure_topics(settings)
+    r = redis_async(settings)
+    try:
+        async with running_tracker(settings) as tracker:
+            await await_horizon(r, await aredis_time_ms(r), 30)
+            assert tracker._probe is not None and tracker._probe.assignment() == set()
+            waits = []
+            for _ in range(5):
+                target, t0 = await aredis_time_ms(r), time.monotonic()
+                await await_horizon(r, target, 30)
+                waits.append(time.monotonic() - t0)
+            assert sorted(waits)[2] < 2.5, waits  # the median (it was 3.5 s and more)
+    finally:
+        await r.aclose()
+
+
 async def _horizon(r):
     from tracker.state import atracker_horizon_ms
 

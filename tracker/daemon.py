@@ -596,19 +596,34 @@ class Tracker:
         _set_fetch_max_wait(probe, wait.current)
         limit = max(15.0, 5 * wait.catchup_ms / 1000)
         deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
-            try:
-                got = await probe.getmany(tp, timeout_ms=200, max_records=1)
-            except OffsetOutOfRangeError:
-                got = {}
-            hw = probe.highwater(tp)
-            recs = got.get(tp, [])
-            if recs:
-                return max(hw or 0, recs[0].offset + 1), (
-                    fingerprint(recs[0]) if recs[0].offset == offset else None)
-            if hw is not None and hw <= offset:
-                return hw, None  # (below the high watermark the record is fetched next round)
-            _set_fetch_max_wait(probe, wait.grow())  # nothing read in time: read longer
+        # getmany returns records or its timeout, never "a response without records"; so it
+        # is polled briefly and the high watermark checked, and the broker's wait is raised
+        # only when a whole wait (twice, for the round trip) brought nothing to decide on.
+        def patience() -> float:
+            return time.monotonic() + 2 * wait.current / 1000 + 0.2
+
+        read_until = patience()
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    got = await probe.getmany(tp, timeout_ms=50, max_records=1)
+                except OffsetOutOfRangeError:
+                    got = {}
+                hw = probe.highwater(tp)
+                recs = got.get(tp, [])
+                if recs:
+                    return max(hw or 0, recs[0].offset + 1), (
+                        fingerprint(recs[0]) if recs[0].offset == offset else None)
+                if hw is not None and hw <= offset:
+                    return hw, None  # (below the high watermark the record is fetched next)
+                if time.monotonic() > read_until:  # nothing read in time: read longer
+                    _set_fetch_max_wait(probe, wait.grow())
+                    read_until = patience()
+        finally:
+            # Idle between probes: its client also sends the partition-count checks
+            # (_verify_meta), and a fetch the broker holds would delay them (one connection,
+            # answers in order), and with them the horizon, by up to the grown wait.
+            probe.unsubscribe()
         raise RuntimeError(f"no fetch response for partition {tp.partition} within {limit:.0f} s")
 
     async def _partition_repos(self, partition: int) -> list[str]:
