@@ -105,6 +105,24 @@ async def test_horizon_advances_on_idle_partitions_and_stops_with_the_tracker(
         await r.aclose()
 
 
+async def test_start_up_verifies_each_partition_once(settings: Settings) -> None:
+    """On a first start the fetcher looks for the group's offsets before the listener's seek
+    from Redis lands (NoOffsetForPartitionError). The tracker waits for that seek; it used to
+    verify every partition a second time (seconds of probing, and two verifications racing on
+    hd:log's compare-and-set)."""
+    await ensure_topics(settings)
+    r = redis_async(settings)
+    try:
+        for name in ("first", "second"):  # a fresh group, then one with committed offsets
+            async with running_tracker(settings, name=name) as tracker:
+                if name == "first":
+                    await publish(settings, workload(3, 40, repos=4))
+                await await_horizon(r, await aredis_time_ms(r), 30)
+                assert tracker.verified == settings.topic_partitions, name
+    finally:
+        await r.aclose()
+
+
 async def test_horizon_follows_the_clock_closely_while_idle(settings: Settings) -> None:
     """An idle tracker's horizon trails the Redis clock by about two fetches, not by the
     broker's longest fetch wait: the log-identity probe goes idle between probes, so the

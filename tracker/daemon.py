@@ -280,6 +280,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         t = self.tracker
+        t._assigning.clear()
         for tp in assigned:
             t._clocks[tp.partition] = PartitionClock()
         try:  # resume from what Redis applied, not from the group's offsets
@@ -287,6 +288,8 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         except Exception as exc:  # surfaces in the main loop: never consume unverified
             t._failure = exc
             t.log.error("partition verification failed", error=str(exc))
+        finally:
+            t._assigning.set()
         t.assigned_event.set()
         t.log.info("partitions assigned", partitions=sorted(tp.partition for tp in assigned))
 
@@ -337,6 +340,10 @@ class Tracker:
         self._reverify = False  # Redis or the log moved under us: resume from Redis again
         self._rejoin = False  # the partition count changed: join the group afresh
         self._probe_lock = asyncio.Lock()
+        self._verify_lock = asyncio.Lock()  # one verification at a time (listener, main loop)
+        self._assigning = asyncio.Event()  # clear while the listener verifies an assignment
+        self._assigning.set()
+        self.verified = 0  # partition verifications (seeks from Redis) so far
         self._seen_count: int | None = None
         self._redis_now = 0
         self.fail_closed = 0
@@ -518,7 +525,20 @@ class Tracker:
 
     # --- log identity (tracker/logid.py) -----------------------------------------------------
 
+    async def _wait_assigned(self) -> None:
+        stop = asyncio.ensure_future(self._stop.wait())
+        done = asyncio.ensure_future(self._assigning.wait())
+        try:
+            await asyncio.wait({stop, done}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            done.cancel()
+
     async def _verify(self, tps: set[Any]) -> None:
+        async with self._verify_lock:  # two at once would race on hd:log's compare-and-set
+            await self._verify_locked(tps)
+
+    async def _verify_locked(self, tps: set[Any]) -> None:
         """Seek each partition to what Redis says it applied (+1), after checking that the log
         is still the one Redis folded; put repositories fail-closed where it cannot replay."""
         consumer, probe = self._consumer, self._probe
@@ -561,6 +581,7 @@ class Tracker:
             self._logrec[p] = new
             self._clocks[p] = PartitionClock()  # no claim from samples taken before the seek
             consumer.seek(tp, d.seek)
+            self.verified += 1
             (self.log.warning if d.fail_repos or d.fail_all else self.log.info)(
                 "partition resumed from Redis", partition=p, offset=d.seek, epoch=d.record.epoch,
                 log_start=start, log_end=end, detail=d.detail)
@@ -712,9 +733,14 @@ class Tracker:
             await asyncio.wait({fetch})
         try:
             data = fetch.result()
-        except (OffsetOutOfRangeError, NoOffsetForPartitionError) as exc:
-            # The log is shorter than our position (reset?), or the fetcher looked for the
-            # group's offset before our seek from Redis landed: resume from Redis again.
+        except NoOffsetForPartitionError:
+            # The fetcher looked for the group's offset before the listener's seek from Redis
+            # landed. That seek gives the partition its position: wait for it, do not verify
+            # again (which once doubled every start-up's verification).
+            data = {}
+            await self._wait_assigned()
+        except OffsetOutOfRangeError as exc:
+            # The log is shorter than our position (reset?): resume from Redis again.
             self.log.info("no valid position; resuming from Redis", error=str(exc))
             self._reverify, data = True, {}
         self._sample(consumer)
