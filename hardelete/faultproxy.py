@@ -4,7 +4,8 @@ Requests pass through to the real server; the proxy can answer the next N ``Dele
 requests with 503 SlowDown, can fail chosen keys inside a ``DeleteObjects`` request (they are
 removed from the forwarded request and reported back as per-key ``<Error>`` entries, as real S3
 does on partial failure), and can fail a seeded random share of delete requests and of the keys
-inside them (``error_share``). Nothing here imitates the reaper: it exercises it.
+inside them (``error_share``), and can deliver chosen reads late (``late_reads``). Nothing here
+imitates the reaper: it exercises it.
 
 (The fault tests import it through tests/faults.py.)
 """
@@ -17,6 +18,7 @@ import http.client
 import random
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
@@ -42,6 +44,9 @@ class Faults:
     injected_requests: int = 0
     injected_keys: int = 0
     keys_per_request: list[int] = field(default_factory=list)
+    # An unconditional GET of a key ending with this suffix is answered by the server now and
+    # delivered that many seconds late (a slow reply on a loaded machine).
+    late_reads: tuple[str, float] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -102,6 +107,10 @@ class FaultProxy:
                 conn.request(self.command, self.path, body=body or None, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
+                late = proxy.faults.late_reads
+                if (late and self.command == "GET" and not self.headers.get("If-None-Match")
+                        and self.path.split("?", 1)[0].endswith(late[0])):
+                    time.sleep(late[1])
                 if injected and resp.status == 200:
                     errors = "".join(
                         f"<Error><Key>{escape(k)}</Key><Code>{c}</Code>"

@@ -18,19 +18,17 @@ reports a high watermark covering it"; Kafka guarantees it), so its horizon can 
 record. The suite's broker-restart test waits until the tracker has fetched from the restarted
 broker before it publishes (the cache is warm then), RELIABILITY.md has the details.
 
-Here S3 is moto behind a small proxy that delivers unconditional reads of ``watermark.json``
-late (as a loaded machine does), so the window is wide enough to hit on purpose.
+Here S3 is moto behind the fault proxy (``hardelete.faultproxy``), which delivers unconditional
+reads of ``watermark.json`` late (as a loaded machine does), so the window is wide enough to
+hit on purpose.
 """
 
 from __future__ import annotations
 
 import asyncio
-import http.client
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -38,50 +36,12 @@ import boto3
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from hardelete.faultproxy import FaultProxy
 from hardelete.stack import moto_server, tansu_server
 
 DELAY_S = 0.5  # how late an unconditional read of watermark.json arrives
 TOPIC = "events"
 TP = TopicPartition(TOPIC, 0)
-
-
-def slow_proxy(upstream: int, delay: float) -> ThreadingHTTPServer:
-    local = threading.local()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def forward(self) -> None:
-            n = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(n) if n else None
-            late = (self.command == "GET" and self.path.split("?")[0].endswith("watermark.json")
-                    and not self.headers.get("If-None-Match"))
-            headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-            conn = getattr(local, "conn", None) or http.client.HTTPConnection("127.0.0.1",
-                                                                              upstream)
-            local.conn = conn
-            conn.request(self.command, self.path, body=body, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-            if late:  # S3 answered with what it held then; the answer arrives late
-                time.sleep(delay)
-            self.send_response(resp.status, resp.reason)
-            for k, v in resp.getheaders():
-                if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                    self.send_header(k, v)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
-
-        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = forward
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 async def produce(boot: str, n: int) -> list[int]:
@@ -131,40 +91,41 @@ def main() -> int:
         work = Path(tmp)
         moto = moto_server(work)
         moto.start()
-        proxy = slow_proxy(moto.port, DELAY_S)
         s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{moto.port}",
                           aws_access_key_id="testing", aws_secret_access_key="testing",
                           region_name="us-east-1")
         s3.create_bucket(Bucket="tansu-log")
-        tansu = tansu_server(work, storage="s3://tansu-log/", env={
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
-            "AWS_ENDPOINT": f"http://127.0.0.1:{proxy.server_address[1]}"})
-        tansu.start()
-        boot = f"127.0.0.1:{tansu.port}"
-
-        async def run() -> bool:
-            admin = AIOKafkaAdminClient(bootstrap_servers=boot)
-            await admin.start()
-            try:
-                await admin.create_topics([NewTopic(TOPIC, 1, 1)])
-            finally:
-                await admin.close()
-            end = len(await produce(boot, 44))
-            hits = []
-            for lag in (0.15, 0.3, 0.15):  # each attempt adds one record
-                hits.append(await attempt(boot, tansu.restart, lag, end))
-                end += 1
-            return any(hits)
-
         try:
-            reproduced = asyncio.run(run())
+            with FaultProxy(f"http://127.0.0.1:{moto.port}") as proxy:
+                proxy.faults.late_reads = ("watermark.json", DELAY_S)
+                tansu = tansu_server(work, storage="s3://tansu-log/", env={
+                    "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
+                    "AWS_ENDPOINT": proxy.url})
+                tansu.start()
+                try:
+                    reproduced = asyncio.run(run(f"127.0.0.1:{tansu.port}", tansu.restart))
+                finally:
+                    tansu.stop()
         finally:
-            tansu.stop()
-            proxy.shutdown()
             moto.stop()
     print("reproduced" if reproduced else "not reproduced")
     return 0 if reproduced else 1
+
+
+async def run(boot: str, restart: Any) -> bool:
+    admin = AIOKafkaAdminClient(bootstrap_servers=boot)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(TOPIC, 1, 1)])
+    finally:
+        await admin.close()
+    end = len(await produce(boot, 44))
+    hits = []
+    for lag in (0.15, 0.3, 0.15):  # each attempt adds one record
+        hits.append(await attempt(boot, restart, lag, end))
+        end += 1
+    return any(hits)
 
 
 if __name__ == "__main__":
