@@ -15,6 +15,7 @@ from __future__ import annotations
 import types
 import typing
 import uuid
+from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar, Union, get_args, get_origin
 
@@ -244,6 +245,23 @@ EVENT_TYPES: dict[str, type[Event]] = {
 # Fields whose string value (a list field: each item) must be an s3:// URI (checked here;
 # namespace checked by the tracker).
 ADDRESS_FIELDS = ("address", "replaces_address", "storage_namespace", "addresses")
+# Of those, the fields naming an object an event acts on (not a namespace): admission checks
+# each against the repository's namespace, and a dead-lettered event's are held.
+NAMED_ADDRESS_FIELDS = ("address", "replaces_address", "addresses")
+
+
+def named_addresses(value_of: Callable[[str], object]) -> list[str]:
+    """The physical addresses an event names, in field order. ``value_of(name)`` is the field's
+    value, None when absent: ``body.get`` for a decoded body, ``getattr`` for an event. Lenient
+    (a value of another type names nothing), so it also reads a record that failed validation."""
+    out: list[str] = []
+    for name in NAMED_ADDRESS_FIELDS:
+        v = value_of(name)
+        if type(v) is str:
+            out.append(v)
+        elif type(v) is list or type(v) is tuple:
+            out += [a for a in v if type(a) is str]
+    return out
 _ENVELOPE = ("type", "v")
 
 

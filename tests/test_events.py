@@ -280,3 +280,33 @@ def test_encoded_events_validate_against_their_json_schema() -> None:
             if isinstance(body[name], list):
                 for bad_list in ([], [*body[name], "gs://x/y"]):
                     assert list(validator.iter_errors({**body, name: bad_list})), (etype, name)
+
+
+def test_every_address_field_but_the_namespace_is_a_named_address() -> None:
+    """Admission checks, and holds cover, the fields in NAMED_ADDRESS_FIELDS: an event type
+    that gains an address field must name it there, or its address escapes the namespace
+    check."""
+    for cls in EVENT_TYPES.values():
+        for f in fields(cls):
+            if f.name in ev.ADDRESS_FIELDS and f.name != "storage_namespace":
+                assert f.name in ev.NAMED_ADDRESS_FIELDS, (cls.TYPE, f.name)
+            if "address" in f.name:
+                assert f.name in ev.ADDRESS_FIELDS, (cls.TYPE, f.name)
+
+
+def test_named_addresses_of_an_event_and_of_its_body_agree() -> None:
+    a, b = "s3://b/r/x", "s3://b/r/y"
+    events = [
+        ev.ObjectWritten(repository="r", branch="main", staging_token="t", path="p",
+                         address=a, size=1, ref_id="p", replaces_address=b,
+                         replaces_ref_id="q"),
+        ev.ObjectDeleted(repository="r", branch="main", staging_token="t", path="p",
+                         address=a, ref_id="p"),
+        ev.AddressesReaped(repository="r", addresses=[a, b], reaper="reaper-1"),
+        ev.BranchCreated(repository="r", branch="main", staging_token="t"),
+    ]
+    expected = [[a, b], [a], [a, b], []]
+    for e, want in zip(events, expected, strict=True):
+        body = orjson.loads(encode(e))
+        assert ev.named_addresses(body.get) == want
+        assert ev.named_addresses(lambda n, e=e: getattr(e, n, None)) == want

@@ -25,7 +25,14 @@ from typing import Any
 import orjson
 
 from schemas import events as ev
-from schemas.events import ADDRESS_FIELDS, EVENT_TYPES, SCHEMA_VERSION, EventError
+from schemas.events import (
+    ADDRESS_FIELDS,
+    EVENT_TYPES,
+    NAMED_ADDRESS_FIELDS,
+    SCHEMA_VERSION,
+    EventError,
+    named_addresses,
+)
 from schemas.layout import RESERVED_PREFIXES, OutsideNamespace, namespace_key
 from tracker.references import admission_problem
 
@@ -211,18 +218,6 @@ def parse(value: bytes | None) -> dict[str, Any]:
     return event_body(ev.decode(value))  # raises EventError with the reason
 
 
-def addresses(body: dict[str, Any]) -> list[str]:
-    t = body["type"]
-    if t in ("object_written", "object_copied"):
-        ra = body.get("replaces_address")
-        return [body["address"]] if ra is None else [body["address"], ra]
-    if t in ("object_deleted", "address_issued"):
-        return [body["address"]]
-    if t == "addresses_reaped":
-        return list(body["addresses"])
-    return []
-
-
 def _version(body: dict[str, Any]) -> int:
     v = body.get("ref_version")
     return NO_VERSION if v is None else int(v)
@@ -323,7 +318,7 @@ class Gate:
             if problem is None and known is not None:
                 self.retired[repo] = self.namespaces.pop(repo)
             return problem
-        addrs = addresses(body)
+        addrs = named_addresses(body.get)
         if known is not None:
             ok = self._valid.get(known)
             if ok is None:
@@ -337,7 +332,9 @@ class Gate:
         return admission_problem(repo, t, addrs, known, retired=repo in self.retired)
 
 
-_HOLD_FIELDS = ("address", "replaces_address")
+# The named address fields a hold covers: not ``addresses``, whose record (addresses_reaped)
+# names objects already deleted, and which a malformed record could fill with millions.
+_HOLD_FIELDS = tuple(f for f in NAMED_ADDRESS_FIELDS if f != "addresses")
 
 
 def hold_targets(value: bytes | None, key: bytes | None,

@@ -151,14 +151,7 @@ class Outcome:
 
 def addresses_of(event: ev.Event) -> list[str]:
     """The physical addresses an event names (all must lie inside the namespace)."""
-    if isinstance(event, ev.ObjectWritten | ev.ObjectCopied):
-        return [event.address] if event.replaces_address is None else [
-            event.address, event.replaces_address]
-    if isinstance(event, ev.ObjectDeleted | ev.AddressIssued):
-        return [event.address]
-    if isinstance(event, ev.AddressesReaped):
-        return list(event.addresses)
-    return []
+    return ev.named_addresses(lambda name: getattr(event, name, None))
 
 
 def admission_problem(repository: str, event_type: str, addresses: list[str],
