@@ -26,10 +26,10 @@ from reaper.daemon import Reaper
 from schemas import events as ev
 from schemas.layout import INCIDENTS, NAMESPACES, REPOS, RETIRED, RepoKeys
 from schemas.namespaces import overlaps, registration_problem
-from schemas.publisher import Publisher, ensure_topics
 from tracker.daemon import Tracker, running_tracker
 from tracker.references import World
-from tracker.state import aredis_time_ms, await_horizon, read_repo_state, register_namespace
+from tracker.state import await_horizon, read_repo_state, register_namespace
+from tracker.testing import publish
 
 NOW = 1_000_000
 
@@ -158,17 +158,6 @@ def test_registration_is_atomic_across_concurrent_trackers(settings, redis_clien
 
 # --- end to end ----------------------------------------------------------------------------------
 
-async def _publish(settings: Settings, events: list[ev.Event]) -> int:
-    await ensure_topics(settings)
-    async with Publisher(settings) as pub:
-        await pub.publish_many(events)
-    r = redis_async(settings)
-    try:
-        return await aredis_time_ms(r)
-    finally:
-        await r.aclose()
-
-
 async def _wait(cond: Any, what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not await cond():
@@ -243,13 +232,13 @@ async def test_a_repository_over_a_live_namespace_is_refused_and_reaps_nothing_o
     r = redis_async(settings)
     try:
         async with running_tracker(settings) as tracker:
-            await _publish(settings, r_events)
+            await publish(settings, r_events)
 
             async def registered() -> bool:
                 return bool(await r.hget(NAMESPACES, r_ns) == "R")
 
             await _wait(registered, "R's namespace registered")
-            target = await _publish(settings, p_events)
+            target = await publish(settings, p_events)
             await _past_grace(settings, target)
             report = await _reap(settings)
             dead_lettered = tracker.dead_lettered
@@ -304,7 +293,7 @@ async def test_a_retired_repositorys_queue_is_not_reaped_under_a_new_repository(
     r = redis_async(settings)
     try:
         async with running_tracker(settings):
-            await _publish(settings, phase1)
+            await publish(settings, phase1)
 
             async def registered() -> bool:
                 return bool(await r.hget(NAMESPACES, ns) == "R1")
@@ -313,9 +302,9 @@ async def test_a_retired_repositorys_queue_is_not_reaped_under_a_new_repository(
                 return bool(await r.llen(INCIDENTS))
 
             await _wait(registered, "R1 registered")
-            await _publish(settings, [early])
+            await publish(settings, [early])
             await _wait(refused, "R2's premature repository_created refused")
-            await _publish(settings, [ev.RepositoryDeleted(
+            await publish(settings, [ev.RepositoryDeleted(
                 repository="R1", storage_namespace=ns, event_id="r1-retire")])
 
             async def retired() -> bool:  # the service waits for the retirement to land
@@ -324,7 +313,7 @@ async def test_a_retired_repositorys_queue_is_not_reaped_under_a_new_repository(
 
             await _wait(retired, "R1 retired")
             queue_dropped = not await r.exists(RepoKeys("R1").unreferenced)
-            target = await _publish(settings, phase2)
+            target = await publish(settings, phase2)
             await _past_grace(settings, target)
             report = await _reap(settings)
         assert _exists(s3, bucket, "repo/data/a"), "R1's stale queue deleted R2's object"
@@ -367,7 +356,7 @@ async def test_two_trackers_admit_no_overlapping_repositories(settings: Settings
     second.start()
     try:
         await _wait(lambda: _both(first, second), "both trackers assigned", 60)
-        target = await _publish(settings, events)
+        target = await publish(settings, events)
         r = redis_async(settings)
         try:
             await await_horizon(r, target, 60)
@@ -465,7 +454,7 @@ async def test_a_retirement_interrupted_after_its_apply_completes_on_redelivery(
         rs.sadd(REPOS, "R")
         rs.hset(NAMESPACES, ns, "R")
         async with running_tracker(settings) as tracker:
-            target = await _publish(settings, [retire, created("S", ns, event_id="s")])
+            target = await publish(settings, [retire, created("S", ns, event_id="s")])
             r = redis_async(settings)
             try:
                 await await_horizon(r, target, 60)

@@ -31,31 +31,11 @@ from tracker.state import (
     repositories,
     tracker_horizon_ms,
 )
-from tracker.testing import pure_world, timeless
+from tracker.testing import publish, pure_world, timeless, wait_horizon
 
 pytestmark = pytest.mark.integration
 
 NS = "s3://bucket/repo0/"
-
-
-async def publish(settings: Settings, events: list[ev.Event]) -> int:
-    """Publish and return the Redis time after every ack: the horizon to wait for."""
-    await ensure_topics(settings)
-    async with Publisher(settings) as pub:
-        await pub.publish_many(events)
-    r = redis_async(settings)
-    try:
-        return await aredis_time_ms(r)
-    finally:
-        await r.aclose()
-
-
-async def wait_horizon(settings: Settings, target: int, timeout: float = 60.0) -> None:
-    r = redis_async(settings)
-    try:
-        await await_horizon(r, target, timeout)
-    finally:
-        await r.aclose()
 
 
 def assert_matches_pure(settings: Settings, events: list[ev.Event]) -> None:

@@ -25,7 +25,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from hardelete.clients import redis_async, redis_sync
+from hardelete.clients import redis_sync
 from hardelete.settings import Settings
 from hardelete.stack import Server, redis_server, tansu_server
 from reaper.daemon import Reaper
@@ -34,38 +34,14 @@ from schemas.layout import FAIL_CLOSED, PROGRESS_META, RepoKeys
 from schemas.publisher import Publisher, ensure_topics
 from tracker.daemon import running_tracker
 from tracker.state import (
-    aredis_time_ms,
-    await_horizon,
     fail_closed_reason,
     holds,
     read_repo_state,
     tracker_horizon_ms,
 )
+from tracker.testing import publish, redis_now, wait_horizon
 
 pytestmark = pytest.mark.integration
-
-
-async def publish(s: Settings, events: list[ev.Event]) -> int:
-    await ensure_topics(s)
-    async with Publisher(s) as pub:
-        await pub.publish_many(events)
-    return await redis_now(s)
-
-
-async def redis_now(s: Settings) -> int:
-    r = redis_async(s)
-    try:
-        return await aredis_time_ms(r)
-    finally:
-        await r.aclose()
-
-
-async def wait_horizon(s: Settings, target: int, timeout: float = 60.0) -> int:
-    r = redis_async(s)
-    try:
-        return await await_horizon(r, target, timeout)
-    finally:
-        await r.aclose()
 
 
 def repo_events(ns: str, repo: str = "repo0") -> list[ev.Event]:

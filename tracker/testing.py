@@ -1,5 +1,6 @@
 """Helpers for tests (tracker, reaper, reconciler): drive the pure machine and the Lua script
-with the same events, and compare states with or without arrival-time timestamps."""
+with the same events, compare states with or without arrival-time timestamps, and publish to a
+running tracker and wait for its horizon."""
 
 from __future__ import annotations
 
@@ -10,11 +11,45 @@ from typing import Any
 
 import orjson
 
+from hardelete.clients import redis_async
+from hardelete.settings import Settings
 from schemas import events as ev
 from schemas.layout import INCIDENTS, REFUSED, REPOS, RETIRED, AddressState, RepoKeys
+from schemas.publisher import Publisher, ensure_topics
 from tracker import codec
 from tracker.references import RefusedRepository, RepoState, World
-from tracker.state import ApplyScript, free_namespace, register_namespace
+from tracker.state import (
+    ApplyScript,
+    aredis_time_ms,
+    await_horizon,
+    free_namespace,
+    register_namespace,
+)
+
+
+async def publish(settings: Settings, events: Iterable[ev.Event]) -> int:
+    """Publish (acks=all) and return the Redis time after every ack: the horizon to wait for."""
+    await ensure_topics(settings)
+    async with Publisher(settings) as pub:
+        await pub.publish_many(events)
+    return await redis_now(settings)
+
+
+async def redis_now(settings: Settings) -> int:
+    r = redis_async(settings)
+    try:
+        return await aredis_time_ms(r)
+    finally:
+        await r.aclose()
+
+
+async def wait_horizon(settings: Settings, target: int, timeout: float = 60.0) -> int:
+    """Wait until the tracker horizon reaches ``target``; returns it."""
+    r = redis_async(settings)
+    try:
+        return await await_horizon(r, target, timeout)
+    finally:
+        await r.aclose()
 
 
 def timeless(st: RepoState) -> RepoState:
