@@ -262,6 +262,8 @@ def named_addresses(value_of: Callable[[str], object]) -> list[str]:
         elif type(v) is list or type(v) is tuple:
             out += [a for a in v if type(a) is str]
     return out
+
+
 _ENVELOPE = ("type", "v")
 
 
