@@ -1,0 +1,477 @@
+"""An adversary in the property tests (issue 19, item 10).
+
+A hypothesis rule-based state machine over the pure parts: the reference machine
+(``tracker.references``), the one judgment (``schemas.liveness.judge``), the reaper's claims,
+releases and prune, the reconciler's sweep decision, and Redis going back in time. Its rules
+include what an adversary can do: a publisher with rights to one repository sends any
+schema-valid event (forged ``addresses_reaped`` records, duplicates, late and reordered
+deliveries), an operator pauses, holds and retires, and the daemons' steps interleave (claim,
+re-check right before the request, a refused request, lease expiry and release, prune, sweep).
+
+The invariant, checked at every delete: **nothing is deleted while anything protects it**, where
+protection is computed by an oracle of its own from what the service really did (a live
+reference in a token that is not dropped, an unexpired issued upload, less than the grace window
+since a reference last ended or the address was first named, a hold, a pause), never from the
+tracker's records. The oracle ignores ``addresses_reaped`` entirely: no event can vouch for a
+deletion.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import urllib.parse
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from schemas import events as ev
+from schemas.layout import AddressState, TokenState
+from schemas.liveness import Guards, judge
+from schemas.records import DecodedAddress
+from tracker import codec
+from tracker import references as refs
+
+REPO = "r"
+NS = "s3://bucket/repo/"
+GRACE = 10_000  # ms
+LEASE = 5_000
+TOMBSTONE = 20_000
+TTL = 30.0  # s, issued uploads
+REAPER = "reaper-1"
+
+
+# --- the oracle: what the service really did -------------------------------------------------
+
+@dataclass
+class Truth:
+    """The service's ground truth, folded from every delivered event except reaper records."""
+
+    adds: dict[str, dict[str, str]] = field(default_factory=dict)  # address -> ref -> token
+    removes: dict[str, set[str]] = field(default_factory=dict)  # address -> refs removed
+    tokens: dict[str, TokenState] = field(default_factory=dict)
+    issued_until: dict[str, int] = field(default_factory=dict)
+    last_end: dict[str, int] = field(default_factory=dict)  # address -> ms a reference ended
+    rank = {TokenState.OPEN: 0, TokenState.SEALED: 1, TokenState.DROPPED: 2,
+            TokenState.COMMITTED: 3}
+
+    def _live(self, address: str) -> set[str]:
+        out = set()
+        for ref, tok in self.adds.get(address, {}).items():
+            if ref in self.removes.get(address, set()):
+                continue
+            if self.tokens.get(tok) is not TokenState.DROPPED:
+                out.add(ref)
+        return out
+
+    def _touch(self, address: str, now: int) -> None:
+        self.last_end.setdefault(address, now)
+
+    def apply(self, event: ev.Event, now: int) -> None:
+        for name in ("address", "replaces_address"):
+            spelled = getattr(event, name, None)
+            if spelled is not None and spelled not in ADDRS:
+                # Another spelling: the service meant one of the objects it may name.
+                for address in meanings(spelled):
+                    self.apply(dataclasses.replace(event, **{name: address}), now)
+                return
+        if isinstance(event, ev.AddressesReaped):
+            return  # only the reaper says this; it is never evidence of anything
+        if isinstance(event, ev.ObjectWritten | ev.ObjectCopied):
+            self._touch(event.address, now)
+            self.adds.setdefault(event.address, {}).setdefault(event.ref_id,
+                                                               event.staging_token)
+            if event.replaces_ref_id is not None and event.replaces_address is not None:
+                self._remove(event.replaces_address, event.replaces_ref_id, now)
+        elif isinstance(event, ev.ObjectDeleted):
+            self._remove(event.address, event.ref_id, now)
+        elif isinstance(event, ev.AddressIssued):
+            self._touch(event.address, now)
+            self.issued_until.setdefault(event.address, now + int(event.ttl_seconds * 1000))
+        elif isinstance(event, ev.CommitCreated):
+            for t in event.sealed_tokens:
+                self._token(t, TokenState.COMMITTED, now)
+            self._token(event.staging_token, TokenState.OPEN, now)
+        elif isinstance(event, ev.BranchReset | ev.BranchDeleted):
+            for t in event.dropped_tokens:
+                self._token(t, TokenState.DROPPED, now)
+            if isinstance(event, ev.BranchReset):
+                self._token(event.staging_token, TokenState.OPEN, now)
+        elif isinstance(event, ev.BranchCreated):
+            self._token(event.staging_token, TokenState.OPEN, now)
+
+    def _remove(self, address: str, ref: str, now: int) -> None:
+        self._touch(address, now)
+        if ref in self._live(address):
+            self.last_end[address] = now
+        self.removes.setdefault(address, set()).add(ref)
+
+    def _token(self, token: str, state: TokenState, now: int) -> None:
+        cur = self.tokens.get(token)
+        if cur is not None and self.rank[state] <= self.rank[cur]:
+            return
+        before = {a: self._live(a) for a in self.adds}
+        self.tokens[token] = state
+        for a, live in before.items():
+            if live and not self._live(a):
+                self.last_end[a] = now
+
+    def protection(self, address: str, now: int) -> str | None:
+        """Why the service says this object must stay, or None."""
+        for ref in self._live(address):
+            return f"reference {ref} in a {self.tokens.get(self.adds[address][ref])} token"
+        iu = self.issued_until.get(address)
+        if iu is not None and iu > now:
+            return f"issued upload until {iu}"
+        end = self.last_end.get(address)
+        if end is not None and now - end < GRACE:
+            return f"a reference ended {now - end} ms ago (grace {GRACE})"
+        return None
+
+
+# --- the machine under attack ----------------------------------------------------------------
+
+def decoded(rec: refs.AddressRecord) -> DecodedAddress:
+    return DecodedAddress(adds=dict(rec.adds), removes=dict(rec.removes),
+                          state=None if rec.state is None else rec.state.value,
+                          since=rec.since, committed=rec.committed,
+                          issued_until=rec.issued_until, size=rec.size,
+                          lease_until=rec.lease_until, claimer=rec.claimer,
+                          reaped_at=rec.reaped_at)
+
+
+ADDRS = [f"{NS}data/{i}" for i in range(3)]
+
+
+def spellings(address: str) -> list[str]:
+    """Other ways a publisher may write the same object's address."""
+    rest = address[len("s3://"):]
+    bucket, key = rest.split("/", 1)
+    return [f"S3://{rest}", f"s3a://{rest}", f"s3://{bucket.upper()}/{key}",
+            f"s3://{bucket}/{key.replace('/', '%2F')}", f"s3://{bucket}/{key.replace('a', '%61')}"]
+
+
+def meanings(spelled: str) -> list[str]:
+    """The objects (canonical addresses of ADDRS) a spelling may name: the oracle protects
+    every reading (scheme and bucket name case-insensitive, s3a:// the same store, a key
+    either raw or percent-decoded)."""
+    scheme, _, rest = spelled.partition("://")
+    if scheme.lower() not in ("s3", "s3a", "s3n") or "/" not in rest:
+        return []
+    bucket, key = rest.split("/", 1)
+    keys = {key, urllib.parse.unquote(key)}
+    return [a for a in ADDRS if a in {f"s3://{bucket.lower()}/{k}" for k in keys}]
+TOKENS = ["t0", "t1", "t2", "t3"]
+
+
+class Adversary(RuleBasedStateMachine):
+    @initialize()
+    def start(self) -> None:
+        self.now = 1_000_000
+        self.n = 0
+        self.world = refs.World()
+        self.truth = Truth()
+        self.log: list[ev.Event] = []  # what was delivered, in order (the broker's log)
+        self.pending: list[ev.Event] = []  # published, not yet delivered (late, reordered)
+        self.store: set[str] = set()  # objects that exist
+        self.written_at: dict[str, int] = {}
+        self.open_token = "t0"
+        self.sealed: list[str] = []
+        self.entries: dict[str, tuple[str, str]] = {}  # ref -> (address, token): staged refs
+        self.paused = False
+        self.holds: set[str] = set()  # the operator's
+        self.dlq_holds: set[str] = set()  # placed by the tracker for dead-lettered records
+        self.fail_closed = False
+        self.snapshot: tuple[refs.World, int] | None = None
+        self.applied = 0  # how much of the log the mirror has applied
+        self.deletes = 0
+        self._deliver(ev.RepositoryCreated(repository=REPO, event_id=self._id(),
+                                           storage_namespace=NS, default_branch="main",
+                                           default_retention_days=7.0))
+        self._deliver(ev.BranchCreated(repository=REPO, event_id=self._id(), branch="main",
+                                       staging_token="t0", source_commit=None))
+
+    def _id(self) -> str:
+        self.n += 1
+        return f"e{self.n}"
+
+    def _deliver(self, event: ev.Event) -> None:
+        """The tracker's path for one record: the contract's validator, admission, the
+        reference machine; a refused record is dead-lettered and what it names is held."""
+        self.truth.apply(event, self.now)  # the service did it, whatever the tracker makes of it
+        self.log.append(event)
+        if self.fail_closed:
+            return  # the log guard applies nothing past the gap until the replay
+        self._apply(event)
+        self.applied = len(self.log)
+
+    def _apply(self, event: ev.Event) -> None:
+        raw = ev.encode(event)
+        try:
+            ev.decode(raw)
+        except ev.EventError as exc:
+            rejected: str | None = str(exc)
+        else:
+            rejected = self.world.apply(event, self.now).rejected
+            self.world.settle()
+        if rejected is not None:
+            for _, address in codec.hold_targets(raw, REPO.encode(), {REPO: NS}):
+                self.dlq_holds.add(address)
+
+    def _publish(self, event: ev.Event, late: bool) -> None:
+        if late:
+            self.pending.append(event)
+        else:
+            self._deliver(event)
+
+    @property
+    def state(self) -> refs.RepoState:
+        return self.world.repos[REPO]
+
+    def _token_states(self) -> dict[str, str | None]:
+        return {t: s.value for t, (s, _) in self.state.tokens.items()}
+
+    def _guards(self, address: str) -> Guards:
+        return Guards(fail_closed="redis went back" if self.fail_closed else None,
+                      paused="paused" if self.paused else None,
+                      held="held" if address in self.holds | self.dlq_holds else None)
+
+    def _judge(self, address: str, path: str, claimer: str | None = None):  # type: ignore[no-untyped-def]
+        rec = self.state.addresses.get(address)
+        if rec == refs.AddressRecord():
+            rec = None  # a pruned (or never written) hash
+        return judge(None if rec is None else decoded(rec), self._token_states(),
+                     now_ms=self.now, horizon_ms=self.now, grace_ms=GRACE,
+                     path=path,  # type: ignore[arg-type]
+                     cutoff_ms=self.now - GRACE if path == "reconciler" else None,
+                     claimer=claimer, guards=self._guards(address))
+
+    def _delete(self, address: str, by: str) -> None:
+        why = self.truth.protection(address, self.now)
+        if self.paused:
+            why = why or "paused"
+        if address in self.holds | self.dlq_holds:
+            why = why or "held"
+        assert why is None, f"{by} deleted live {address}: {why}"
+        self.store.discard(address)
+        self.deletes += 1
+
+    # --- the service (honest or not: any schema-valid event of its repository) ---------------
+
+    @rule(i=st.integers(0, len(ADDRS) - 1), late=st.booleans(), ttl=st.booleans())
+    def write(self, i: int, late: bool, ttl: bool) -> None:
+        address = ADDRS[i]
+        if ttl:
+            self._publish(ev.AddressIssued(repository=REPO, event_id=self._id(),
+                                           address=address, ttl_seconds=TTL), late)
+        self.store.add(address)
+        self.written_at.setdefault(address, self.now)
+        ref = f"ref{self.n}"
+        self.entries[ref] = (address, self.open_token)
+        self._publish(ev.ObjectWritten(repository=REPO, event_id=self._id(), branch="main",
+                                       staging_token=self.open_token, path=f"p{i}",
+                                       address=address, size=1, ref_id=ref), late)
+
+    @rule(data=st.data(), late=st.booleans())
+    def unstage(self, data: st.DataObject, late: bool) -> None:
+        staged = sorted(r for r, (_, t) in self.entries.items() if t == self.open_token)
+        if not staged:
+            return
+        ref = data.draw(st.sampled_from(staged))
+        address, token = self.entries.pop(ref)
+        self._publish(ev.ObjectDeleted(repository=REPO, event_id=self._id(), branch="main",
+                                       staging_token=token, path="p", address=address,
+                                       ref_id=ref), late)
+
+    @rule(late=st.booleans())
+    def commit(self, late: bool) -> None:
+        sealed, new = self.open_token, f"t{self.n + 1}"
+        self.open_token = new
+        self._publish(ev.CommitCreated(repository=REPO, event_id=self._id(), branch="main",
+                                       commit_id=f"c{self.n}", parents=[],
+                                       sealed_tokens=[sealed], staging_token=new,
+                                       committed_at=self.now / 1000, manifest=f"{NS}m"), late)
+        self.entries = {r: v for r, v in self.entries.items() if v[1] != sealed}
+
+    @rule(late=st.booleans())
+    def reset(self, late: bool) -> None:
+        dropped, new = self.open_token, f"t{self.n + 1}"
+        self.open_token = new
+        self._publish(ev.BranchReset(repository=REPO, event_id=self._id(), branch="main",
+                                     dropped_tokens=[dropped], staging_token=new), late)
+        self.entries = {r: v for r, v in self.entries.items() if v[1] != dropped}
+
+    @rule(i=st.integers(0, len(ADDRS) - 1))
+    def touch(self, i: int) -> None:
+        """A reference comes and goes: a shallow copy to the address, then its delete."""
+        address, ref = ADDRS[i], f"ref{self.n}"
+        self.store.add(address)  # (the copy's source exists)
+        self.written_at.setdefault(address, self.now)
+        self._deliver(ev.ObjectCopied(repository=REPO, event_id=self._id(), branch="main",
+                                      staging_token=self.open_token, path="copy",
+                                      address=address, size=1, ref_id=ref,
+                                      source_read_at=self.now / 1000))
+        self._deliver(ev.ObjectDeleted(repository=REPO, event_id=self._id(), branch="main",
+                                       staging_token=self.open_token, path="copy",
+                                       address=address, ref_id=ref))
+
+    @rule(i=st.integers(0, len(ADDRS) - 1), how=st.integers(0, 4), late=st.booleans())
+    def write_spelled(self, i: int, how: int, late: bool) -> None:
+        """The same object written under another spelling of its address."""
+        address = ADDRS[i]
+        self.store.add(address)
+        self.written_at.setdefault(address, self.now)
+        ref = f"ref{self.n}"
+        self._publish(ev.ObjectWritten(repository=REPO, event_id=self._id(), branch="main",
+                                       staging_token=self.open_token, path=f"s{i}",
+                                       address=spellings(address)[how], size=1, ref_id=ref),
+                      late)
+
+    @rule(addrs=st.lists(st.sampled_from(ADDRS), min_size=1, max_size=3, unique=True))
+    def forge_reaped(self, addrs: list[str]) -> None:
+        """A publisher claims the reaper deleted these (it did not)."""
+        self._deliver(ev.AddressesReaped(repository=REPO, event_id=self._id(),
+                                         addresses=addrs, reaper="mallory"))
+
+    @rule(data=st.data())
+    def duplicate(self, data: st.DataObject) -> None:
+        self._deliver(data.draw(st.sampled_from(self.log)))
+
+    @precondition(lambda self: bool(self.pending))
+    @rule(data=st.data())
+    def deliver_late(self, data: st.DataObject) -> None:
+        order = data.draw(st.permutations(self.pending))
+        self.pending = []
+        for event in order:
+            self._deliver(event)
+
+    @precondition(lambda self: not self.pending)  # late means within one grace window
+    @rule(ms=st.sampled_from([500, 3_000, 6_000, 11_000, 40_000]))
+    def tick(self, ms: int) -> None:
+        self.now += ms
+
+    # --- operators -------------------------------------------------------------------------
+
+    @rule(on=st.booleans())
+    def pause(self, on: bool) -> None:
+        self.paused = on
+
+    @rule(i=st.integers(0, len(ADDRS) - 1), on=st.booleans())
+    def hold(self, i: int, on: bool) -> None:
+        (self.holds.add if on else self.holds.discard)(ADDRS[i])
+
+    # --- Redis going back in time ------------------------------------------------------------
+
+    @rule()
+    def save_redis(self) -> None:
+        self.snapshot = (copy.deepcopy(self.world), self.applied)
+
+    @precondition(lambda self: self.snapshot is not None)
+    @rule()
+    def redis_goes_back(self) -> None:
+        """Redis restored from an older copy: the log guard sees it and fails closed."""
+        assert self.snapshot is not None
+        world, self.applied = self.snapshot
+        self.world = copy.deepcopy(world)
+        self.fail_closed = True
+
+    @precondition(lambda self: self.fail_closed and self.snapshot is not None)
+    @rule()
+    def replay(self) -> None:
+        """The tracker replays the log from where the old copy stood; then it is trusted."""
+        assert self.snapshot is not None
+        for event in self.log[self.applied:]:
+            self._apply(event)
+        self.applied = len(self.log)
+        self.fail_closed = False
+
+    # --- the daemons -------------------------------------------------------------------------
+
+    @rule()
+    def claim(self) -> None:
+        """One pass of the claim script over every address."""
+        for address in ADDRS:
+            self._claim(address)
+
+    def _claim(self, address: str) -> None:
+        """Judge (online), then take a lease. An expired claim that no longer passes is
+        released to the state its record implies (claims.lua)."""
+        rec = self.state.addresses.get(address)
+        if self.fail_closed or self.paused or rec is None:
+            return
+        j = self._judge(address, "online")
+        if j.may_delete:
+            rec.state = AddressState.REAPING
+            rec.lease_until = self.now + LEASE
+            rec.claimer = REAPER
+        elif rec.state is AddressState.REAPING and (rec.lease_until or 0) <= self.now:
+            rec.state = {"staged": AddressState.STAGED,
+                         "committed": AddressState.COMMITTED}.get(j.reason,
+                                                                   AddressState.UNREFERENCED)
+            rec.lease_until = rec.claimer = None
+
+    @rule(refused=st.booleans())
+    def reap(self, refused: bool) -> None:
+        """Right before the request the reaper judges its claims again; the store may refuse."""
+        for address in ADDRS:
+            self._reap(address, refused)
+
+    def _reap(self, address: str, refused: bool) -> None:
+        rec = self.state.addresses.get(address)
+        if rec is None or rec.state is not AddressState.REAPING or rec.claimer != REAPER:
+            return
+        if (rec.lease_until or 0) <= self.now:
+            return  # the lease ran out: the claim is the claim script's to judge again
+        if not self._judge(address, "online", claimer=REAPER).may_delete:
+            return
+        if refused:
+            return  # the store said no: the claim stays until its lease expires
+        if address in self.store:
+            self._delete(address, "the reaper")
+        genuine = ev.AddressesReaped(repository=REPO, event_id=self._id(),
+                                     addresses=[address], reaper=REAPER)
+        self._deliver(genuine)
+        rec = self.state.addresses[address]
+        rec.state, rec.reaped_at = AddressState.REAPED, self.now
+        rec.lease_until = rec.claimer = None
+
+    @rule()
+    def prune(self) -> None:
+        """The reaper forgets old tombstones."""
+        for address, rec in list(self.state.addresses.items()):
+            if rec.state is AddressState.REAPED and (rec.reaped_at or self.now) \
+                    <= self.now - TOMBSTONE:
+                # claims.lua DELs the hash: it reads as no record, and the next event that
+                # names the address starts a fresh one (its token sets still name it).
+                self.state.addresses[address] = refs.AddressRecord()
+
+    @rule()
+    def sweep(self) -> None:
+        """The reconciler: every listed object older than the cutoff that its mark does not
+        keep (retained commits, live staging tokens) and the tracker's record does not keep."""
+        if self.fail_closed or self.paused:
+            return
+        live_tokens = {t for t, (s, _) in self.state.tokens.items()
+                       if s in (TokenState.OPEN, TokenState.SEALED)}
+        committed = {t for t, (s, _) in self.state.tokens.items() if s is TokenState.COMMITTED}
+        for address in sorted(self.store):
+            if self.written_at[address] > self.now - GRACE:
+                continue
+            marked = any(address in self.state.token_addresses.get(t, ())
+                         for t in live_tokens | committed)
+            if marked:
+                continue
+            if self._judge(address, "reconciler").may_delete:
+                self._delete(address, "the sweep")
+
+
+TestAdversary = pytest.mark.xfail(reason="Safety III fixes not merged yet: finds forged reaps, "
+                                   "stale release evidence and unheld spellings on main")(
+    Adversary.TestCase)
+TestAdversary.settings = settings(max_examples=1000, stateful_step_count=50, deadline=None,
+                                  suppress_health_check=[HealthCheck.too_slow])
+
+pytestmark = pytest.mark.filterwarnings("ignore")
