@@ -118,6 +118,7 @@ class Settings:
         lambda v: None if 0 < v <= 1 else "must be > 0 and <= 1"))
     sweep_max_growth: float = field(default=10.0, metadata=_opt(_positive))
     sweep_growth_floor: int = field(default=1_000, metadata=_opt(_non_negative))
+    sweep_history_runs: int = field(default=7, metadata=_opt(_non_negative))
 
     # --- operations ---
     metrics_port: int = field(default=0, metadata=_opt(_port, "0 disables the endpoint"))
@@ -211,10 +212,13 @@ DOCS: dict[str, str] = {
     "uncommitted_export": "the service's uncommitted-address export for the reconciler: a path, "
                           "s3:// prefix ({repo} is replaced), or 'namespace' "
                           "(<namespace>_hardelete/exports/); empty: none",
-    "sweep_max_share": "a sweep deleting more than this share of the listed objects is refused "
-                       "without --allow-large-sweep",
-    "sweep_max_growth": "... or more than this many times the last successful run's deletes",
-    "sweep_growth_floor": "... and more than this many objects (growth check only)",
+    "sweep_max_share": "a repository's first sweep deleting more than this share of the listed "
+                       "objects is refused without --allow-large-sweep",
+    "sweep_max_growth": "a later sweep deleting more than this many times the median of the "
+                        "repository's recent completed sweeps is refused",
+    "sweep_growth_floor": "a sweep of at most this many objects is never refused (small and "
+                          "young repositories)",
+    "sweep_history_runs": "how many recent completed sweeps make a repository's usual size",
     "metrics_port": "Prometheus metrics port; 0 disables the endpoint",
     "metrics_textfile": "reconciler: write run metrics here (node-exporter textfile, *.prom)",
     "pushgateway_url": "reconciler: push run metrics to this Prometheus Pushgateway",

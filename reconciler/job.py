@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import sys
 import time
 import traceback
@@ -35,6 +36,7 @@ from hardelete import UserError
 from hardelete.clients import redis_sync, s3_client
 from hardelete.logs import get_logger
 from hardelete.settings import Settings
+from reconciler.blast_radius import judge_blast_radius
 from reconciler.committed import (
     export_df,
     manifest_keys_df,
@@ -707,35 +709,32 @@ class Run:
         return None, parts, retained
 
     def _blast_radius(self, parts: list[str], retained: SweepStats) -> str | None:
-        """Why the sweep is too large to go without ``--allow-large-sweep``, or None."""
+        """Why the sweep is too large to go without ``--allow-large-sweep``, or None
+        (``reconciler/blast_radius.py`` decides)."""
         s, cfg = self.summary, self.settings
         marked = int(s["mark"]["marked"]) - retained.skipped_retained
-        listed = int(s["mark"]["listed"])
-        guard: dict[str, Any] = {"would_delete": marked, "listed": listed,
-                                 "max_share": cfg.sweep_max_share,
-                                 "allowed_by_flag": self.opts.allow_large_sweep}
-        s["blast_radius"] = guard
-        problems = []
-        if listed and marked / listed > cfg.sweep_max_share:
-            problems.append(f"it would delete {marked:,} of {listed:,} listed objects "
-                            f"({marked / listed:.0%} > sweep_max_share "
-                            f"{cfg.sweep_max_share:.0%})")
-        previous = next((p for p in previous_runs(self.s3, self.ns, self.opts.repo,
-                                                  before=s["run_id"])
-                         if (p.get("sweep") or {}).get("status") == "done"), None)
-        if previous is not None:
-            before = int((previous.get("sweep") or {}).get("confirmed") or 0)
-            guard.update(previous_run=previous["run_id"], previous_confirmed=before)
-            if marked > cfg.sweep_growth_floor and marked > cfg.sweep_max_growth * before:
-                problems.append(f"it would delete {marked:,} objects, more than "
-                                f"{cfg.sweep_max_growth:g}x the {before:,} of the last "
-                                f"successful run {previous['run_id']} (and more than "
-                                f"sweep_growth_floor {cfg.sweep_growth_floor:,})")
-        guard["problems"] = problems
-        if not problems or self.opts.allow_large_sweep:
+        history = [int((p.get("sweep") or {}).get("confirmed") or 0)
+                   for p in itertools.islice(
+                       (p for p in previous_runs(self.s3, self.ns, self.opts.repo,
+                                                 before=s["run_id"])
+                        if (p.get("sweep") or {}).get("status") == "done"),
+                       cfg.sweep_history_runs)]
+        verdict = judge_blast_radius(marked, int(s["mark"]["listed"]), history,
+                                     max_share=cfg.sweep_max_share,
+                                     max_growth=cfg.sweep_max_growth,
+                                     floor=cfg.sweep_growth_floor,
+                                     history_runs=cfg.sweep_history_runs)
+        s["blast_radius"] = {"would_delete": verdict.would_delete, "listed": verdict.listed,
+                             "history": list(verdict.history), "usual": verdict.usual,
+                             "floor": cfg.sweep_growth_floor,
+                             "max_share": cfg.sweep_max_share,
+                             "max_growth": cfg.sweep_max_growth,
+                             "problems": list(verdict.problems),
+                             "allowed_by_flag": self.opts.allow_large_sweep}
+        if not verdict.refused or self.opts.allow_large_sweep:
             return None
-        return ("blast-radius guard: " + "; ".join(problems) + ". Check the mark, then sweep "
-                f"it with --sweep-only {s['run_id']} --allow-large-sweep")
+        return ("blast-radius guard: " + "; ".join(verdict.problems) + ". Check the mark, "
+                f"then sweep it with --sweep-only {s['run_id']} --allow-large-sweep")
 
 
 def reconcile(spark: Any, settings: Settings, opts: RunOptions, ui: Any = None) -> dict[str,

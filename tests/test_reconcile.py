@@ -306,10 +306,13 @@ def test_sweep_only_from_a_dry_run_mark_the_lease_the_guard_and_the_crosscheck(
         reconcile(spark, rsettings, RunOptions(repo, dry_run=True, cutoff_ms=cutoff))
     redis_client.delete(RECONCILER_LEASE + repo)
 
-    # the mark would delete more than sweep_max_share of the listing: refused without the flag
+    # the repository's first sweep would delete more than sweep_max_share of the listing, and
+    # (with the floor lowered: by default a sweep this small is never refused) more than the
+    # floor: refused without the flag
     expected = expected_garbage(w, repo, dry["now_ms"], old)
     assert len(expected) > rsettings.sweep_max_share * dry["mark"]["listed"]
-    res = reconcile(spark, rsettings, RunOptions(repo, sweep_only=dry["run_id"]))
+    res = reconcile(spark, rsettings.replace(sweep_growth_floor=len(expected) - 1),
+                    RunOptions(repo, sweep_only=dry["run_id"]))
     assert res["sweep"]["status"] == "refused"
     assert "sweep_max_share" in res["sweep"]["reason"]
     assert res["blast_radius"]["would_delete"] == len(expected)
