@@ -114,6 +114,8 @@ class Settings:
     spark_shuffle_partitions: int = field(default=0, metadata=_opt(_non_negative))
     reconcile_min_age_seconds: float = field(default=6 * 3_600.0, metadata=_opt(_non_negative))
     uncommitted_export: str = ""
+    uncommitted_export_max_age_seconds: float = field(default=2 * 86_400.0,
+                                                      metadata=_opt(_positive))
     sweep_max_share: float = field(default=0.5, metadata=_opt(
         lambda v: None if 0 < v <= 1 else "must be > 0 and <= 1"))
     sweep_max_growth: float = field(default=10.0, metadata=_opt(_positive))
@@ -212,6 +214,8 @@ DOCS: dict[str, str] = {
     "uncommitted_export": "the service's uncommitted-address export for the reconciler: a path, "
                           "s3:// prefix ({repo} is replaced), or 'namespace' "
                           "(<namespace>_hardelete/exports/); empty: none",
+    "uncommitted_export_max_age_seconds": "a named uncommitted export older than this refuses "
+                                          "the run",
     "sweep_max_share": "a repository's first sweep deleting more than this share of the listed "
                        "objects is refused without --allow-large-sweep",
     "sweep_max_growth": "a later sweep deleting more than this many times the median of the "

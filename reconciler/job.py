@@ -46,8 +46,8 @@ from reconciler.errors import ReconcileError, SweepRefused
 from reconciler.listing import (
     discover_units,
     inventory_df,
-    inventory_files,
     listing_df,
+    named_inventory,
     newest_slice,
     select_optimized,
 )
@@ -69,7 +69,7 @@ from reconciler.report import (
     write_summary,
 )
 from reconciler.s3io import Namespace, cached_s3, get_json, put_json, put_parquet, read_parquet_rows
-from reconciler.service_export import export_keys_df, find_export, resolve_location
+from reconciler.service_export import export_keys_df, named_export, resolve_location
 from reconciler.sparkio import distributed
 from reconciler.state import (
     Lease,
@@ -474,7 +474,7 @@ class Run:
                 s["mode"] = "clean"
                 s["mode_note"] = "optimized run requested, but no earlier swept run: clean run"
         if o.inventory:
-            files = inventory_files(self.s3, o.inventory)
+            files = named_inventory(self.s3, o.inventory)
             listing = inventory_df(self.spark, self.settings, ns, files)
             s["listing"] = {"source": "inventory", "inventory": o.inventory,
                             "files": len(files), "last_read_slice": None}
@@ -541,9 +541,10 @@ class Run:
         found = None
         if setting:
             location = resolve_location(setting, self.ns, o.repo)
-            found = find_export(self.s3, location, o.repo)
-            s["service_export"] = ({"location": location, "found": False} if found is None
-                                   else {**found.as_dict(cutoff_ms), "found": True})
+            found = named_export(self.s3, location, o.repo, now_ms=int(s["now_ms"]),
+                                 max_age_ms=self.settings.uncommitted_export_max_age_seconds
+                                 * 1000)
+            s["service_export"] = {**found.as_dict(cutoff_ms), "found": True}
         else:
             s["service_export"] = {"found": False, "location": None}
         reason = fail_closed_reason(self.r, o.repo)

@@ -150,6 +150,26 @@ def inventory_files(s3: Any, uri: str) -> list[str]:
     return sorted(str(f.resolve()) for f in p.rglob("*") if f.name.endswith(suffixes))
 
 
+def named_inventory(s3: Any, uri: str) -> list[str]:
+    """The files of the inventory ``--inventory`` named, checked on the driver before anything
+    is listed: missing, empty, or a first file without the inventory's columns refuses the run
+    with one line (``ReconcileError``) instead of a task failure deep in Spark."""
+    from reconciler.errors import ReconcileError
+
+    try:
+        files = inventory_files(s3, uri)
+    except Exception as exc:  # a missing path, no such bucket, access denied
+        raise ReconcileError(f"inventory {uri}: cannot be read ({exc})") from None
+    if not files:
+        raise ReconcileError(f"inventory {uri}: no .parquet or .csv files")
+    try:
+        next(iter(_read_inventory_file(s3, files[0])), None)
+    except Exception as exc:
+        raise ReconcileError(f"inventory {uri}: unreadable ({type(exc).__name__}: {exc})") \
+            from None
+    return files
+
+
 def _read_inventory_file(s3: Any, path: str) -> Iterator[tuple[Any, Any, Any]]:
     import io
 

@@ -121,6 +121,52 @@ def find_export(s3: Any, location: str, repo: str) -> ServiceExport | None:
     return best
 
 
+def named_export(s3: Any, location: str, repo: str, *, now_ms: int,
+                 max_age_ms: float) -> ServiceExport:
+    """The export a command line or the settings *named*: it must be there and be usable.
+
+    A named witness that cannot be read is not the same as no witness: the run would go on
+    without it and take a staged object whose events were lost for a leak. So every way it
+    can be unusable refuses the run with one line (``ReconcileError``): nothing at the
+    location, no ``export.json`` (a file or folder that is not an export), only other
+    repositories' exports, no data files, a data file without an ``address`` column, an
+    export older than ``max_age_ms`` or dated in the future (it would vouch for everything).
+    """
+    try:
+        files = _all_files(s3, location)
+    except (OSError, ReconcileError) as exc:
+        raise ReconcileError(f"uncommitted export {location}: cannot be read ({exc})") from None
+    except Exception as exc:  # botocore: no such bucket, access denied
+        raise ReconcileError(f"uncommitted export {location}: cannot be listed "
+                             f"({type(exc).__name__}: {exc})") from None
+    if not files:
+        raise ReconcileError(f"uncommitted export {location}: nothing there")
+    if not any(f.rsplit("/", 1)[-1] == EXPORT_META for f in files):
+        raise ReconcileError(f"uncommitted export {location}: no {EXPORT_META} (not an "
+                             "export; the format is in reconciler/README.md)")
+    found = find_export(s3, location, repo)
+    if found is None:
+        raise ReconcileError(f"uncommitted export {location}: only other repositories' "
+                             f"exports, none of {repo!r}")
+    if found.exported_at_ms > now_ms + 60_000:
+        raise ReconcileError(f"uncommitted export {found.location}: exported_at "
+                             f"{found.exported_at_ms} is in the future (now {now_ms})")
+    if now_ms - found.exported_at_ms > max_age_ms:
+        raise ReconcileError(
+            f"uncommitted export {found.location}: exported "
+            f"{(now_ms - found.exported_at_ms) / 3_600_000:.1f} h ago, older than "
+            f"uncommitted_export_max_age_seconds ({max_age_ms / 1000:g} s)")
+    if not found.files:
+        raise ReconcileError(f"uncommitted export {found.location}: no data files "
+                             f"({', '.join(DATA_SUFFIXES)})")
+    try:
+        next(iter(_rows(s3, found.files[0])), None)
+    except Exception as exc:  # a missing column, not Parquet, not CSV
+        raise ReconcileError(f"uncommitted export {found.files[0]}: unreadable "
+                             f"({type(exc).__name__}: {exc})") from None
+    return found
+
+
 def _rows(s3: Any, path: str) -> Iterator[tuple[Any, Any]]:
     """(address, repository) rows of one export file."""
     import pyarrow.csv as pacsv

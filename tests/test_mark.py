@@ -490,3 +490,56 @@ def test_service_export_newest_of_the_repository_csv_and_parquet(tmp_path):
     (old / "export.json").write_text('{"format": 1}')
     with pytest.raises(ReconcileError, match="exported_at"):
         find_export(None, str(tmp_path), "r")
+
+
+def test_a_named_export_that_cannot_be_used_refuses_with_one_line(tmp_path):
+    from reconciler.errors import ReconcileError
+    from reconciler.service_export import named_export, write_export
+
+    now = 2 * 10**12
+    day = 86_400_000.0
+
+    def refused(location: object, match: str, repo: str = "r") -> None:
+        with pytest.raises(ReconcileError, match=match) as info:
+            named_export(None, str(location), repo, now_ms=now, max_age_ms=day)
+        assert "\n" not in str(info.value)
+
+    refused(tmp_path / "missing", "cannot be read")
+    (tmp_path / "empty").mkdir()
+    refused(tmp_path / "empty", "nothing there")
+    lone = tmp_path / "addresses.csv"
+    lone.write_text("address\ns3://b/r/data/x\n")
+    refused(lone, "no export.json")
+    write_export(None, str(tmp_path / "q"), ["s3://b/q/data/w"], exported_at_ms=now,
+                 repository="q")
+    refused(tmp_path / "q", "none of 'r'")
+    write_export(None, str(tmp_path / "old"), [], exported_at_ms=int(now - 2 * day),
+                 repository="r")
+    refused(tmp_path / "old", "older than uncommitted_export_max_age_seconds")
+    write_export(None, str(tmp_path / "future"), [], exported_at_ms=int(now + day),
+                 repository="r")
+    refused(tmp_path / "future", "in the future")
+    shape = tmp_path / "shape"
+    shape.mkdir()
+    (shape / "export.json").write_text(f'{{"format": 1, "exported_at": {now}}}')
+    refused(shape, "no data files")
+    (shape / "part.csv").write_text("key\ndata/x\n")
+    refused(shape, "no column 'address'")
+    (shape / "part.csv").write_text("address\ndata/x\n")
+    found = named_export(None, str(shape), "r", now_ms=now, max_age_ms=day)
+    assert found.files and found.exported_at_ms == now
+
+
+def test_a_named_inventory_that_cannot_be_used_refuses_with_one_line(tmp_path):
+    from reconciler.errors import ReconcileError
+    from reconciler.listing import named_inventory
+
+    with pytest.raises(ReconcileError, match="cannot be read"):
+        named_inventory(None, str(tmp_path / "missing"))
+    with pytest.raises(ReconcileError, match="no .parquet or .csv files"):
+        named_inventory(None, str(tmp_path))
+    (tmp_path / "inv.csv").write_text("name,size\nx,1\n")
+    with pytest.raises(ReconcileError, match="missing column"):
+        named_inventory(None, str(tmp_path))
+    (tmp_path / "inv.csv").write_text("key,size,last_modified\nx,1,2026-01-01T00:00:00Z\n")
+    assert named_inventory(None, str(tmp_path)) == [str((tmp_path / "inv.csv").resolve())]

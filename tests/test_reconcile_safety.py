@@ -394,3 +394,24 @@ def test_a_garbled_tracker_record_fails_the_load_naming_it(redis_client, hash_, 
     redis_client.hset(getattr(k, hash_), "c9", raw)
     with pytest.raises(ReconcileError, match=says.replace("[", r"\[")):
         load_repo(redis_client, "garbled")
+
+
+def test_a_named_export_that_is_not_an_export_refuses_the_run_and_deletes_nothing(
+        spark, rsettings, s3, redis_client, tmp_path):
+    w = make(rsettings, s3, redis_client)
+    call(w, M.create_repository, "r", f"s3://{BUCKET}/svc/r/")
+    w.track(None)
+    # the service staged this one, but its events were lost (never reached the tracker)
+    lost = call(w, M.write, "r", "main", "lost", 10).address
+    w.applied = len(w.model.events)
+    past_grace(rsettings)
+    cutoff = boundary()
+    # the operator names a file of addresses, not an export (no export.json): before, the run
+    # went on without the witness and swept the staged object as a leak
+    not_an_export = tmp_path / "uncommitted.csv"
+    not_an_export.write_text(f"address\n{lost}\n")
+    res = reconcile(spark, rsettings, RunOptions("r", cutoff_ms=cutoff,
+                                                 uncommitted_export=str(not_an_export)))
+    assert not res["success"] and "no export.json" in res["error"], res.get("error")
+    assert res["sweep"]["status"] == "not_run"
+    assert lost in w.data("r")
