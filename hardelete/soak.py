@@ -1167,12 +1167,12 @@ class Soak:
         # A dead-lettered event that named an address put a hold on it (SPEC safety 10): it is
         # kept until an operator resolves the dead letter, which the soak does not play.
         held = self._held()
-        reclaimable = {a for a in garbage
-                       if "*" not in closed and self.model.objects[a].repository not in closed
-                       and a not in held}
-        closed_garbage = sum(1 for a in garbage if "*" in closed
-                             or self.model.objects[a].repository in closed)
+        # Every repository counts, fail-closed ones included: failing closed is safe, but the
+        # promise is that garbage still goes, so what they keep is garbage not reclaimed.
+        reclaimable = {a for a in garbage if a not in held}
         left = sorted(reclaimable & listed)
+        closed_garbage = sum(1 for a in left if "*" in closed
+                             or self.model.objects[a].repository in closed)
         planned = Counter(s.action.value for s in self.steps
                           if isinstance(s.action, FaultKind))
         return SoakVerdict(

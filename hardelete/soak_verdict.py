@@ -147,11 +147,12 @@ class SoakVerdict:
     beyond_contract: dict[str, int]  # delay_beyond copies: published after their source was
     #                                  reaped ("after_reap", each must raise an incident) or not
     objects_written: int
-    reclaimable: int  # the model's reclaimable garbage at the end (fail-closed repos excluded)
+    reclaimable: int  # the model's reclaimable garbage at the end, every repository (only
+    #                   addresses a dead letter holds are left out: an operator's to resolve)
     reclaimed: int
     garbage_left_sample: list[str]
     fail_closed_repos: list[str]
-    fail_closed_garbage: int  # reclaimable garbage kept in fail-closed repositories
+    fail_closed_garbage: int  # reclaimable garbage still stored in fail-closed repositories
     fail_closed_periods: list[FailClosedPeriod]
     incidents: list[IncidentRecord]
     dead_lettered: int
