@@ -146,6 +146,7 @@ def _install(final: Path, what: str, expect: str, build: Callable[[Path], None])
         _say(f"installing {what} into {final} (first use only; {expect})")
         try:
             build(staging)
+            staging.chmod(0o755)  # (mkdtemp's 0700: other users of the cache read it too)
             os.rename(staging, final)  # atomic: the directory is complete or absent
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -199,18 +200,24 @@ def install_minio() -> Path:
     go = _need("go", f"building MinIO {MINIO_VERSION}",
                "install Go (https://go.dev/dl/), or point HARDELETE_S3_ENDPOINT_URL at an S3 "
                "server")
-    gopath = cache_dir() / "go"
 
     def build(staging: Path) -> None:
+        # Go's module and build caches (about 2 GB) live in the staging directory and go with
+        # it: only the binary is kept.
+        gopath = staging / ".go"
         env = {
-            "GOPATH": str(gopath),  # the module download cache stays inside ours
+            "GOPATH": str(gopath),
             "GOCACHE": str(gopath / "build-cache"),
             "GOBIN": str(staging),
             "GOFLAGS": "-modcacherw -buildvcs=false",  # (read-write: the cache can be removed)
             "CGO_ENABLED": "0",
         }
-        with _heartbeat("building MinIO (go install; minutes on a small machine)", 60):
-            _run([go, "install", f"{MINIO_MODULE}@{MINIO_VERSION}"], "building MinIO", env=env)
+        try:
+            with _heartbeat("building MinIO (go install; minutes on a small machine)", 60):
+                _run([go, "install", f"{MINIO_MODULE}@{MINIO_VERSION}"], "building MinIO",
+                     env=env)
+        finally:
+            shutil.rmtree(gopath, ignore_errors=True)
         if not (staging / "minio").exists():
             raise InstallError(f"go install finished but no minio binary in {staging}")
 

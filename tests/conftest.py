@@ -1,11 +1,13 @@
-"""Fixtures: real servers (Tansu, Redis/Valkey, moto) started once per worker on free loopback
-ports by the same launcher the demo uses; each test gets fresh topics, a flushed Redis and a
-reset S3 server."""
+"""Fixtures: real servers (Apache Kafka, Redis/Valkey, MinIO) started once per worker on free
+loopback ports by the same launcher the demo uses; each test gets fresh topics (deleted after
+it), a flushed Redis and an S3 server without buckets."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
-import urllib.request
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 
 from hardelete.clients import redis_sync, s3_client
 from hardelete.settings import Settings, load_settings
-from hardelete.stack import Stack, embedded_stack
+from hardelete.stack import Stack, embedded_stack, reset_s3
 
 os.environ.setdefault("HARDELETE_LOG_FORMAT", "console")
 # pytest-xdist's workers export the runner's COLUMNS; the CLI subprocesses the tests start
@@ -53,7 +55,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 @pytest.fixture
-def settings(stack: Stack) -> Settings:
+def settings(stack: Stack) -> Iterator[Settings]:
     """Per-test settings: own topics and consumer group on the shared servers, clean state."""
     suffix = uuid.uuid4().hex[:8]
     s = stack.settings.replace(
@@ -64,9 +66,28 @@ def settings(stack: Stack) -> Settings:
     r = redis_sync(s)
     r.flushall()
     r.close()
-    req = urllib.request.Request(f"{s.s3_endpoint_url}/moto-api/reset", method="POST")
-    urllib.request.urlopen(req, timeout=10).close()
-    return s
+    reset_s3(s)
+    yield s
+    # The broker is shared by the worker's tests: it keeps only what a test is using. (In a
+    # thread of its own: the test's event loop, if any, must stay the current one.)
+    t = threading.Thread(target=asyncio.run,
+                         args=(_delete_topics(stack.settings.kafka_bootstrap, suffix),))
+    t.start()
+    t.join()
+
+
+async def _delete_topics(bootstrap: str, suffix: str) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5_000)
+    with contextlib.suppress(Exception):  # (best effort: a test may have stopped the broker)
+        await admin.start()
+        try:
+            mine = [t for t in await admin.list_topics() if t.endswith(suffix)]
+            if mine:
+                await admin.delete_topics(mine)
+        finally:
+            await admin.close()
 
 
 @pytest.fixture

@@ -3,14 +3,24 @@ are used as configured."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 import pytest
 import redis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from hardelete.clients import s3_client
 from hardelete.settings import load_settings
-from hardelete.stack import StackError, embedded_stack, redis_server
+from hardelete.stack import (
+    KafkaServer,
+    StackError,
+    embedded_stack,
+    kafka_server,
+    redis_server,
+    reset_s3,
+)
 
 
 def _alive(pid: int) -> bool:
@@ -26,12 +36,56 @@ def test_starts_answers_and_stops(tmp_path: Path) -> None:
     with embedded_stack(load_settings(env={}), workdir=tmp_path) as st:
         pids = {name: s.pid for name, s in st.servers.items()}
         assert set(pids) == {"kafka", "redis", "s3"}
+        assert isinstance(st.servers["kafka"], KafkaServer)  # Apache Kafka, not a stand-in
         assert st.settings.kafka_bootstrap.startswith("127.0.0.1:")
         r = redis.Redis.from_url(st.settings.redis_url)
         assert r.ping()
         r.close()
+        s3 = s3_client(st.settings)  # MinIO, with the settings' credentials
+        s3.create_bucket(Bucket="stack-test")
+        s3.put_object(Bucket="stack-test", Key="k", Body=b"x")
+        assert s3.get_object(Bucket="stack-test", Key="k")["Body"].read() == b"x"
+        reset_s3(st.settings)
+        assert s3.list_buckets()["Buckets"] == []
     for pid in pids.values():
         assert pid is not None and not _alive(pid)
+
+
+async def _produce_and_end(bootstrap: str, topic: str) -> int:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"x", key=b"k")
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        return int((await consumer.end_offsets([tp]))[tp])
+    finally:
+        await consumer.stop()
+
+
+def test_kafka_restart_keeps_its_log_and_lose_log_starts_a_new_one(tmp_path: Path) -> None:
+    """The two broker faults the safety tests stage: a restart (log kept) and a lost disk
+    (data wiped, formatted with a new cluster id, same port)."""
+    server = kafka_server(tmp_path)
+    server.start()
+    try:
+        bootstrap = f"127.0.0.1:{server.port}"
+        assert asyncio.run(_produce_and_end(bootstrap, "t")) == 1
+        server.restart()
+        assert asyncio.run(_produce_and_end(bootstrap, "t")) == 2
+        old = server.cluster_id
+        server.kill()
+        server.lose_log()
+        server.start(move_on_clash=False)
+        assert server.cluster_id != old
+        assert f"127.0.0.1:{server.port}" == bootstrap
+        assert asyncio.run(_produce_and_end(bootstrap, "t")) == 1
+    finally:
+        server.stop()
 
 
 def test_external_service_is_used_not_started(tmp_path: Path) -> None:
@@ -50,13 +104,13 @@ def test_external_service_is_used_not_started(tmp_path: Path) -> None:
 def test_a_taken_port_moves_the_server_on_first_start(tmp_path: Path) -> None:
     import socket
 
-    from hardelete.stack import free_port, moto_server
+    from hardelete.stack import free_port, minio_server
 
     taken = free_port()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as blocker:
         blocker.bind(("127.0.0.1", taken))
         blocker.listen()
-        server = moto_server(tmp_path, port=taken)
+        server = minio_server(tmp_path, port=taken)
         server.start()
         try:
             assert server.port != taken
