@@ -7,6 +7,11 @@ does on partial failure), and can fail a seeded random share of delete requests 
 inside them (``error_share``), and can deliver chosen reads late (``late_reads``). Nothing here
 imitates the reaper: it exercises it.
 
+A request passes unchanged, its signature with it (the client's ``Host`` header is kept: SigV4
+signs it). One whose body the proxy rewrites (keys taken out of a ``DeleteObjects``) is signed
+again with the proxy's credentials, the S3 server's, as the client would have signed it: MinIO,
+like S3, checks every signature and every body's hash.
+
 (The fault tests import it through tests/faults.py.)
 """
 
@@ -24,9 +29,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 from xml.sax.saxutils import escape
 
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
 _KEY_RE = re.compile(rb"<Object>\s*<Key>(.*?)</Key>.*?</Object>", re.S)
-_DROP_HEADERS = {"host", "content-length", "content-md5", "x-amz-sdk-checksum-algorithm",
-                 "transfer-encoding", "connection"}
+_HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive"}
+# Dropped from a rewritten request, and set again by its new signature.
+_RESIGNED_HEADERS = {"host", "content-md5", "x-amz-sdk-checksum-algorithm", "authorization",
+                     "x-amz-date", "x-amz-content-sha256", "x-amz-security-token"}
 
 
 @dataclass
@@ -51,9 +62,12 @@ class Faults:
 
 
 class FaultProxy:
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, *, access_key: str = "hardelete",
+                 secret_key: str = "hardelete-secret", region: str = "us-east-1") -> None:
+        """``upstream``: the S3 server; the keys are its (the embedded MinIO's by default)."""
         self.upstream = urlparse(upstream)
         self.faults = Faults()
+        self._signer = S3SigV4Auth(Credentials(access_key, secret_key), "s3", region)
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -97,10 +111,9 @@ class FaultProxy:
                             self._reply(200, f"<DeleteResult>{errors}</DeleteResult>".encode())
                             return
                 headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in _DROP_HEADERS and not k.lower().startswith(
-                               "x-amz-checksum")}
-                if is_delete:
-                    headers["Content-MD5"] = base64.b64encode(hashlib.md5(body).digest()).decode()
+                           if k.lower() not in _HOP_HEADERS}
+                if injected:
+                    headers = proxy._resign(self.command, self.path, headers, body)
                 conn = http.client.HTTPConnection(proxy.upstream.hostname or "127.0.0.1",
                                                   proxy.upstream.port,
                                                   timeout=60)
@@ -135,6 +148,18 @@ class FaultProxy:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _resign(self, method: str, path: str, headers: dict[str, str],
+                body: bytes) -> dict[str, str]:
+        """The headers of a request whose body changed, signed anew for the upstream."""
+        kept = {k: v for k, v in headers.items()
+                if k.lower() not in _RESIGNED_HEADERS and not k.lower().startswith(
+                    "x-amz-checksum")}
+        kept["Content-MD5"] = base64.b64encode(hashlib.md5(body).digest()).decode()
+        req = AWSRequest(method=method, url=self.upstream._replace(path="").geturl() + path,
+                         data=body, headers=kept)
+        self._signer.add_auth(req)
+        return dict(req.headers.items())
 
     def _strip_failing(self, body: bytes) -> tuple[bytes, list[tuple[str, str]]]:
         injected: list[tuple[str, str]] = []
