@@ -40,6 +40,17 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
+async def topic_partitions(consumer: Any, topic: str) -> list[Any]:
+    """``topic``'s partitions (TopicPartitions, in order) as a metadata request sent now sees
+    them; empty when there is no such topic. (aiokafka's ``partitions_for_topic`` knows only
+    the topics in the client's own metadata, which ``topics()`` does not fill: for a topic the
+    consumer neither subscribed to nor was assigned, it is None on Apache Kafka.)"""
+    from aiokafka import TopicPartition
+
+    md = await consumer._client.fetch_all_metadata()
+    return [TopicPartition(topic, p) for p in sorted(md.partitions_for_topic(topic) or ())]
+
+
 def redis_sync(settings: Settings) -> Any:
     """A synchronous client (RedisCluster when redis_cluster is set)."""
     if settings.redis_cluster:

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from hardelete import UserError
+from hardelete.clients import topic_partitions
 from hardelete.holds import DLQ, list_holds
 from hardelete.settings import Settings
 from schemas.layout import REFUSED, RepoKeys
@@ -134,12 +135,7 @@ def _consumer(settings: Settings) -> Any:
 
 
 async def _partitions(consumer: Any, topic: str) -> list[Any]:
-    from aiokafka import TopicPartition
-
-    topics = await consumer.topics()  # fetches the cluster's metadata
-    if topic not in topics:
-        return []
-    return [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+    return await topic_partitions(consumer, topic)
 
 
 async def _ends(consumer: Any, tps: list[Any]) -> tuple[dict[Any, int], dict[Any, int]]:

@@ -43,7 +43,7 @@ import orjson
 from rich.console import Console
 
 from hardelete import UserError
-from hardelete.clients import redis_async, redis_sync, s3_client
+from hardelete.clients import redis_async, redis_sync, s3_client, topic_partitions
 from hardelete.logs import get_logger
 from hardelete.model import (
     Model,
@@ -1232,7 +1232,7 @@ class Soak:
     async def _log_regressions(self) -> list[str]:
         """Partitions whose log ends below what a repository says it applied: the log went
         back (reset or lost tail) and new records reuse offsets the tracker skips."""
-        from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka import AIOKafkaConsumer
 
         c = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap)
         out: list[str] = []
@@ -1240,20 +1240,10 @@ class Soak:
         try:
             await c.start()
             topic = self.settings.events_topic
-            parts = c.partitions_for_topic(topic) or set()
-            tps = [TopicPartition(topic, p) for p in parts]
-            # The high watermark a fetch reports (what the trackers see); Tansu's ListOffsets
-            # answer lags the last batch.
-            c.assign(tps)
-            await c.seek_to_beginning(*tps)
-            end_of: dict[int, int] = {}
-            deadline = time.monotonic() + 10
-            while len(end_of) < len(tps) and time.monotonic() < deadline:
-                await c.getmany(timeout_ms=500, max_records=1)
-                for tp in tps:
-                    hw = c.highwater(tp)
-                    if hw is not None:
-                        end_of[tp.partition] = hw
+            tps = await topic_partitions(c, topic)
+            if not tps:
+                raise RuntimeError(f"no partitions of {topic} in the broker's metadata")
+            end_of = {tp.partition: int(end) for tp, end in (await c.end_offsets(tps)).items()}
             # hd:log holds what the trackers applied from each partition's log (epoch:offset:
             # fingerprint): an offset at or past the log's end there is a reset they missed.
             for fld, value in (await r.hgetall(LOG)).items():
@@ -1275,13 +1265,12 @@ class Soak:
         return out
 
     async def _dead_lettered(self) -> int:
-        from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka import AIOKafkaConsumer
 
         c = AIOKafkaConsumer(bootstrap_servers=self.settings.kafka_bootstrap)
         try:
             await c.start()
-            parts = c.partitions_for_topic(self.settings.dlq_topic) or set()
-            tps = [TopicPartition(self.settings.dlq_topic, p) for p in parts]
+            tps = await topic_partitions(c, self.settings.dlq_topic)
             ends = await c.end_offsets(tps) if tps else {}
             return int(sum(ends.values()))
         except Exception:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterable
 from types import TracebackType
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -24,9 +25,32 @@ from aiokafka.errors import TopicAlreadyExistsError
 from hardelete.settings import Settings
 from schemas.events import Event, encode
 
+# CreateTopics errors that no retry mends (the request itself is wrong for this cluster).
+_REFUSALS = {17: "InvalidTopic", 29: "TopicAuthorizationFailed", 37: "InvalidPartitions",
+             38: "InvalidReplicationFactor", 39: "InvalidReplicaAssignment", 40: "InvalidConfig",
+             42: "PolicyViolation"}
+
+
+class TopicRefused(RuntimeError):
+    """The broker refused to create a topic as configured (no retry helps)."""
+
+
+def _topic_errors(response: Any) -> list[tuple[str, int, str]]:
+    """(topic, error code, message) of each topic the broker did not create. aiokafka returns
+    the per-topic errors of a CreateTopics response without raising them."""
+    out = []
+    for err in getattr(response, "topic_errors", ()):
+        topic, code = err[0], err[1]
+        message = err[2] if len(err) > 2 and isinstance(err[2], str) else ""
+        if code not in (0, 36):  # 36: already exists (a concurrent creator won)
+            out.append((topic, code, message or ""))
+    return out
+
 
 async def ensure_topics(settings: Settings, attempts: int = 20) -> None:
-    """Create the events and dead-letter topics if they do not exist (idempotent)."""
+    """Create the events and dead-letter topics if they do not exist (idempotent). A topic the
+    broker refuses (replication above its broker count, say) is an error, not a topic left to
+    auto-creation with the broker's defaults."""
     last: Exception | None = None
     for attempt in range(attempts):
         admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
@@ -40,10 +64,21 @@ async def ensure_topics(settings: Settings, attempts: int = 20) -> None:
             ]
             if wanted:
                 with contextlib.suppress(TopicAlreadyExistsError):
-                    await admin.create_topics(wanted)
+                    errors = _topic_errors(await admin.create_topics(wanted))
+                    refused = [e for e in errors if e[1] in _REFUSALS]
+                    if refused:
+                        topic, code, message = refused[0]
+                        raise TopicRefused(
+                            f"{settings.kafka_bootstrap} refused to create topic {topic} "
+                            f"({settings.topic_partitions} partitions, replication factor "
+                            f"{settings.topic_replication_factor}): {_REFUSALS[code]}: {message}")
+                    if errors:  # (a controller moving, a timeout: retried)
+                        raise RuntimeError(f"creating topics: {errors}")
             return
         except TopicAlreadyExistsError:
             return
+        except TopicRefused:
+            raise
         except Exception as exc:  # broker still starting: retry with backoff
             last = exc
             await asyncio.sleep(min(0.1 * 2**attempt, 2.0))

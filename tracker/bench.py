@@ -18,9 +18,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
-from hardelete.clients import redis_sync
+from hardelete.clients import redis_sync, topic_partitions
 from hardelete.settings import Settings, load_settings
 from hardelete.stack import REDIS_MALLOCS, embedded_stack
 from schemas.publisher import Publisher, ensure_topics
@@ -43,8 +43,7 @@ async def _raw_consume(settings: Settings, n: int) -> float:
                                 max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
     await consumer.start()
     try:
-        parts = consumer.partitions_for_topic(settings.events_topic) or set()
-        consumer.assign([TopicPartition(settings.events_topic, p) for p in parts])
+        consumer.assign(await topic_partitions(consumer, settings.events_topic))
         count = 0
         t0 = time.perf_counter()
         while count < n:
