@@ -410,7 +410,7 @@ class Tracker:
         probe = self._probe = AIOKafkaConsumer(
             bootstrap_servers=s.kafka_bootstrap, group_id=None, enable_auto_commit=False,
             client_id=f"hardelete-{self.name}-probe", auto_offset_reset="none",
-            fetch_max_wait_ms=self._fetch_wait.poll_ms,  # raised per probe (FetchWait)
+            fetch_max_wait_ms=self._fetch_wait.poll_ms,
             max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
         server = None
         meta_task: asyncio.Task[None] | None = None
@@ -606,46 +606,41 @@ class Tracker:
             return await self._probe_at_locked(tp, offset)
 
     async def _probe_at_locked(self, tp: Any, offset: int) -> tuple[int, str | None]:
-        """(high watermark, fingerprint of the record at ``offset`` or None) as a fetch sent
-        now sees them (Tansu's ListOffsets is not reliable for the end of a log; a fetch's
-        high watermark is)."""
+        """(end of the log, fingerprint of the record at ``offset`` or None) as the broker sees
+        them now: the end (high watermark) from ListOffsets, the record from a fetch.
+
+        A log that was replaced or lost its tail ends at or before ``offset``: that is answered
+        at once. (The end used to come from a fetch's high watermark, for Tansu, whose
+        ListOffsets lagged; on Kafka a fetch past the end of a new log fails with
+        OffsetOutOfRange and brings no high watermark, and the probe waited for one until it
+        gave up: the tracker stalled after a broker lost its log.)"""
         probe = self._probe
         assert probe is not None
+        end = int((await probe.end_offsets([tp]))[tp])
+        if offset >= end:
+            return end, None
         probe.assign([tp])
         probe.seek(tp, offset)
-        wait = FetchWait(self._fetch_wait.poll_ms, self.settings.tracker_catchup_wait_ms)
-        _set_fetch_max_wait(probe, wait.current)
-        limit = max(15.0, 5 * wait.catchup_ms / 1000)
+        _set_fetch_max_wait(probe, self._fetch_wait.poll_ms)
+        limit = 15.0
         deadline = time.monotonic() + limit
-        # getmany returns records or its timeout, never "a response without records"; so it
-        # is polled briefly and the high watermark checked, and the broker's wait is raised
-        # only when a whole wait (twice, for the round trip) brought nothing to decide on.
-        def patience() -> float:
-            return time.monotonic() + 2 * wait.current / 1000 + 0.2
-
-        read_until = patience()
         try:
             while time.monotonic() < deadline:
                 try:
-                    got = await probe.getmany(tp, timeout_ms=50, max_records=1)
+                    got = await probe.getmany(tp, timeout_ms=100, max_records=1)
                 except OffsetOutOfRangeError:
-                    got = {}
-                hw = probe.highwater(tp)
+                    # Gone since the ListOffsets (retention, or a log replaced meanwhile).
+                    return end, None
                 recs = got.get(tp, [])
                 if recs:
-                    return max(hw or 0, recs[0].offset + 1), (
+                    return max(end, recs[0].offset + 1), (
                         fingerprint(recs[0]) if recs[0].offset == offset else None)
-                if hw is not None and hw <= offset:
-                    return hw, None  # (below the high watermark the record is fetched next)
-                if time.monotonic() > read_until:  # nothing read in time: read longer
-                    _set_fetch_max_wait(probe, wait.grow())
-                    read_until = patience()
         finally:
             # Idle between probes: its client also sends the partition-count checks
-            # (_verify_meta), and a fetch the broker holds would delay them (one connection,
-            # answers in order), and with them the horizon, by up to the grown wait.
+            # (_verify_meta), and a fetch the broker holds would delay them.
             probe.unsubscribe()
-        raise RuntimeError(f"no fetch response for partition {tp.partition} within {limit:.0f} s")
+        raise RuntimeError(f"partition {tp.partition}: no record fetched at offset {offset} "
+                           f"below the log's end {end} within {limit:.0f} s")
 
     async def _partition_repos(self, partition: int) -> list[str]:
         """Repositories that have applied records from this partition (any log)."""
