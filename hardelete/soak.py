@@ -2,10 +2,10 @@
 by the model's ground truth.
 
 The model service drives a seeded lakeFS-like workload over several repositories and branches
-through the real stack: Tansu (its log in ``s3://`` on moto, so a restart keeps it), Redis with
-AOF, moto behind a fault proxy, two trackers and two reapers as separate OS processes (kill -9
-is real), and reconciler runs on a shared local Spark session scheduled during the load
-(mark+sweep, dry run, sweep-only of an earlier mark; a killed run is a subprocess).
+through the real stack: Apache Kafka, Redis with AOF, MinIO behind a fault proxy, two trackers
+and two reapers as separate OS processes (kill -9 is real), and reconciler runs on a shared
+local Spark session scheduled during the load (mark+sweep, dry run, sweep-only of an earlier
+mark; a killed run is a subprocess).
 
 :func:`hardelete.soak_plan.plan` decides, from the seed alone, which fault and which reconciler
 run happen before which operation; this module only carries the steps out and keeps the
@@ -200,8 +200,6 @@ def options_from_args(args: argparse.Namespace) -> SoakOptions:
                        flush_every=args.flush_every)
 
 
-_BROKER_FAULTS = frozenset({FaultKind.BROKER_RESTART, FaultKind.BROKER_KILL,
-                            FaultKind.BROKER_LOG_LOST})
 _NEEDS_SPARK = frozenset({FaultKind.KILL_RECONCILER, FaultKind.MARK_SWEEP_RACE})
 
 
@@ -249,9 +247,8 @@ def run_soak(settings: Settings, options: SoakOptions,
     servers: SoakServers | None = None
     supervisor: Supervisor | None = None
     try:
-        with console.status("soak: starting moto, Redis (AOF) and Tansu"):
-            servers = start_servers(soak_settings(settings, options), workdir,
-                                    durable_log=bool(options.faults & _BROKER_FAULTS))
+        with console.status("soak: starting MinIO, Redis (AOF) and Apache Kafka"):
+            servers = start_servers(soak_settings(settings, options), workdir)
         supervisor = make_daemons(servers.daemon_settings, workdir, trackers=2, reapers=2,
                                   command=_PYTHON_CLI, reaper_command=options.reaper_command)
         soak = Soak(options, servers, supervisor, run_id, console, started)
@@ -814,7 +811,9 @@ class Soak:
 
     async def _fault_oversized(self, step: Step) -> None:
         repo = self._repo(step.target)
-        body = b'{"type": "object_written", "v": 1, "junk": "' + b"x" * (5 << 20) + b'"}'
+        # As large as Kafka's default record limit (1 MB) lets through: above the tracker's
+        # dead-letter cut (900 kB), so its dead letter is truncated.
+        body = b'{"type": "object_written", "v": 1, "junk": "' + b"x" * 1_000_000 + b'"}'
         await self.producer.send_and_wait(self.settings.events_topic, body, key=repo.encode())
         self._injected(FaultKind.OVERSIZED)
 

@@ -1,9 +1,9 @@
-"""The soak's processes: its own servers (moto, Redis with AOF, Tansu on an ``s3://`` log) and
-the daemons (trackers, reapers) as separate OS processes, so that kill -9 is real.
+"""The soak's processes: its own servers (MinIO, Redis with AOF, Apache Kafka) and the daemons
+(trackers, reapers) as separate OS processes, so that kill -9 is real.
 
-The soak always starts its own servers (it kills and restarts them); the broker keeps its log in
-a bucket of a second moto server, so a broker restart keeps its log, and a restart on a fresh
-bucket is a broker whose log was lost. Daemons reach S3 through a :class:`FaultProxy`.
+The soak always starts its own servers (it kills and restarts them); a broker restart keeps its
+log, and a broker whose log is lost is killed, its data directory wiped and formatted with a new
+cluster id, and started on the same port. Daemons reach S3 through a :class:`FaultProxy`.
 A :class:`Supervisor` restarts any daemon that exits, as systemd or Kubernetes would.
 """
 
@@ -15,15 +15,23 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hardelete.clients import redis_sync, s3_client
+from hardelete.clients import redis_sync
 from hardelete.faultproxy import FaultProxy
 from hardelete.logs import get_logger
 from hardelete.settings import ENV_PREFIX, Settings
-from hardelete.stack import Server, moto_server, redis_server, tansu_server
+from hardelete.stack import (
+    KafkaServer,
+    Server,
+    kafka_server,
+    minio_server,
+    redis_server,
+    tmpfs_root,
+)
 
 log = get_logger(__name__)
 
@@ -40,17 +48,16 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 @dataclass
 class SoakServers:
-    """moto, Redis (AOF, fsync always) and Tansu (log in ``s3://<log bucket>/`` on a second
-    moto server: the broker's log traffic would otherwise share one process, and one core,
-    with every data request)."""
+    """MinIO, Redis (AOF, fsync always) and Apache Kafka (KRaft, one node); Kafka's and MinIO's
+    data on tmpfs where the machine has one."""
 
     workdir: Path
     settings: Settings  # points at the servers; the model service and the checks use it
-    moto: Server
-    log_moto: Server
+    minio: Server
     redis: Server
-    broker: Server
+    broker: KafkaServer
     proxy: FaultProxy
+    data_dir: Path
     log_generation: int = 0
     redis_snapshots: list[Path] = field(default_factory=list)
 
@@ -91,7 +98,7 @@ class SoakServers:
     def restart_broker(self, *, lose_log: bool, down_seconds: float = 0.0,
                        hard: bool = False) -> None:
         """Restart the broker: stopped (``hard``: kill -9), down a moment, started again on
-        the same log, or on an empty one (``lose_log``)."""
+        the same log, or on an empty one formatted with a new cluster id (``lose_log``)."""
         if hard:
             self.broker.kill()
         else:
@@ -99,67 +106,43 @@ class SoakServers:
         time.sleep(down_seconds)
         if lose_log:
             self.log_generation += 1
-            bucket = _log_bucket(self.workdir, self.log_generation)
-            _create_bucket(self._log_settings, bucket)
-            self.broker = tansu_server(self.workdir, port=self.broker.port,
-                                       storage=f"s3://{bucket}/", env=self.broker.env)
+            self.broker.lose_log()
         self.broker.start(move_on_clash=False)
-
-    @property
-    def _log_settings(self) -> Settings:
-        return self.settings.replace(s3_endpoint_url=f"http://127.0.0.1:{self.log_moto.port}")
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
             self.proxy.__exit__(None, None, None)
-        for server in (self.broker, self.redis, self.moto, self.log_moto):
+        for server in (self.broker, self.redis, self.minio):
             server.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-def _log_bucket(workdir: Path, generation: int) -> str:
-    return f"soak-broker-log-{generation}"
-
-
-def _create_bucket(settings: Settings, bucket: str) -> None:
-    s3 = s3_client(settings)
-    with contextlib.suppress(Exception):
-        s3.create_bucket(Bucket=bucket)
-
-
-def start_servers(base: Settings, workdir: Path, *, durable_log: bool = True) -> SoakServers:
-    """``durable_log=False`` keeps the broker's log in memory (faster: fetches do not read
-    moto); only a soak without broker restarts may use it."""
+def start_servers(base: Settings, workdir: Path) -> SoakServers:
     started: list[Server] = []
+    data = Path(tempfile.mkdtemp(prefix="hardelete-soak-data-", dir=tmpfs_root() or workdir))
     try:
-        moto = moto_server(workdir)
-        moto.start()
-        started.append(moto)
-        log_moto = moto_server(workdir)
-        log_moto.start()
-        started.append(log_moto)
-        s3_url = f"http://127.0.0.1:{moto.port}"
-        log_url = f"http://127.0.0.1:{log_moto.port}"
-        settings = base.replace(s3_endpoint_url=s3_url)
-        _create_bucket(settings.replace(s3_endpoint_url=log_url), _log_bucket(workdir, 0))
+        minio = minio_server(workdir, data_dir=data / "minio", access_key=base.s3_access_key,
+                             secret_key=base.s3_secret_key)
+        minio.start()
+        started.append(minio)
+        s3_url = f"http://127.0.0.1:{minio.port}"
         redis = redis_server(workdir, aof=True)
         redis.start()
         started.append(redis)
-        aws = {"AWS_ENDPOINT": log_url, "AWS_ALLOW_HTTP": "true",
-               "AWS_ACCESS_KEY_ID": base.s3_access_key,
-               "AWS_SECRET_ACCESS_KEY": base.s3_secret_key,
-               "AWS_DEFAULT_REGION": base.s3_region}
-        storage = f"s3://{_log_bucket(workdir, 0)}/" if durable_log else "memory://tansu/"
-        broker = tansu_server(workdir, storage=storage, env=aws)
+        broker = kafka_server(workdir, data_dir=data / "kafka")
         broker.start()
         started.append(broker)
-        proxy = FaultProxy(s3_url).__enter__()
+        proxy = FaultProxy(s3_url, access_key=base.s3_access_key,
+                           secret_key=base.s3_secret_key, region=base.s3_region).__enter__()
     except BaseException:
         for server in reversed(started):
             server.stop()
+        shutil.rmtree(data, ignore_errors=True)
         raise
-    settings = settings.replace(kafka_bootstrap=f"127.0.0.1:{broker.port}",
-                                redis_url=f"redis://127.0.0.1:{redis.port}/0")
-    return SoakServers(workdir, settings, moto, log_moto, redis, broker, proxy)
+    settings = base.replace(s3_endpoint_url=s3_url,
+                            kafka_bootstrap=f"127.0.0.1:{broker.port}",
+                            redis_url=f"redis://127.0.0.1:{redis.port}/0")
+    return SoakServers(workdir, settings, minio, redis, broker, proxy, data)
 
 
 @dataclass
