@@ -107,6 +107,7 @@ class Settings:
 
     # --- uploads ---
     upload_token_secret: str = "hardelete-dev-secret-change-me"
+    reaper_secret: str = ""
     upload_ttl_seconds: float = field(default=3_600.0, metadata=_opt(_positive))
 
     # --- reconciler ---
@@ -206,6 +207,8 @@ DOCS: dict[str, str] = {
     "reaper_poll_seconds": "reaper idle poll interval",
     "quarantine_days": "0: delete; >0: move to the quarantine prefix and keep N days",
     "upload_token_secret": "HMAC secret that signs upload tokens",
+    "reaper_secret": "HMAC key that signs addresses_reaped (reaper and tracker share it); empty: "
+                     "one minted in the tracker's Redis (hd:reaperkey), never given to publishers",
     "upload_ttl_seconds": "lifetime of an issued upload address",
     "spark_master": "Spark master for the reconciler",
     "spark_shuffle_partitions": "Spark SQL shuffle partitions; 0: 4 in local mode, 200 on a "

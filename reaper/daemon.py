@@ -38,7 +38,8 @@ from hardelete.settings import Settings
 from reaper.claims import ClaimBatch, ClaimStore
 from reaper.deleter import AddressRecheck, DeleteOutcome, S3Deleter
 from reaper.quarantine import hold_check, purge_expired, quarantine, quarantine_size
-from schemas.events import MAX_REAPED_PER_EVENT, AddressesReaped
+from schemas import reaper_auth
+from schemas.events import MAX_REAPED_PER_EVENT, AddressesReaped, new_id
 from schemas.layout import REPOS, RepoKeys
 from schemas.liveness import judge
 from schemas.publisher import Publisher
@@ -119,6 +120,7 @@ class Reaper:
         self._last_purge = 0.0
         self._publisher: Publisher | None = None
         self.records_published = 0  # addresses_reaped records
+        self._reap_key: bytes | None = None  # signs them (schemas/reaper_auth.py)
 
     async def close(self) -> None:
         if self._publisher is not None:
@@ -142,10 +144,19 @@ class Reaper:
                     await publisher.stop()
                 raise
             self._publisher = publisher
-        self.records_published += await self._publisher.publish_many(
-            AddressesReaped(repository=repo, addresses=addresses[i:i + MAX_REAPED_PER_EVENT],
-                            reaper=self.id, emitted_at=time.time())
-            for i in range(0, len(addresses), MAX_REAPED_PER_EVENT))
+        if self._reap_key is None:
+            self._reap_key = await reaper_auth.aload_key(self.redis,
+                                                         self.settings.reaper_secret)
+        key = self._reap_key
+        records = []
+        for i in range(0, len(addresses), MAX_REAPED_PER_EVENT):
+            chunk = addresses[i:i + MAX_REAPED_PER_EVENT]
+            eid = new_id()
+            records.append(AddressesReaped(
+                repository=repo, addresses=chunk, reaper=self.id, event_id=eid,
+                emitted_at=time.time(),
+                signature=reaper_auth.sign(key, repo, self.id, eid, chunk)))
+        self.records_published += await self._publisher.publish_many(records)
 
     async def run_once(self) -> PassReport:
         horizon = await atracker_horizon_ms(self.redis)

@@ -16,7 +16,6 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from hardelete.clients import redis_async, redis_sync
 from hardelete.model import ManualClock, Model, ModelError, seeded_ids
@@ -29,7 +28,7 @@ from schemas.namespaces import overlaps, registration_problem
 from tracker.daemon import Tracker, running_tracker
 from tracker.references import World
 from tracker.state import await_horizon, read_repo_state, register_namespace
-from tracker.testing import publish
+from tracker.testing import dead_letters, publish
 
 NOW = 1_000_000
 
@@ -183,24 +182,6 @@ async def _reap(settings: Settings) -> Any:
         await reaper.close()
 
 
-async def _dead_letters(settings: Settings, n: int) -> dict[str, str]:
-    """event_id -> reason of the first n dead letters."""
-    consumer = AIOKafkaConsumer(settings.dlq_topic, bootstrap_servers=settings.kafka_bootstrap,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
-    await consumer.start()
-    got: dict[str, str] = {}
-    try:
-        deadline = time.monotonic() + 30
-        while len(got) < n and time.monotonic() < deadline:
-            for recs in (await consumer.getmany(timeout_ms=200)).values():
-                for rec in recs:
-                    got[orjson.loads(rec.value)["event_id"]] = dict(rec.headers)[
-                        "reason"].decode()
-    finally:
-        await consumer.stop()
-    return got
-
-
 def _exists(s3: Any, bucket: str, key: str) -> bool:
     return bool(s3.list_objects_v2(Bucket=bucket, Prefix=key).get("KeyCount"))
 
@@ -250,7 +231,7 @@ async def test_a_repository_over_a_live_namespace_is_refused_and_reaps_nothing_o
     finally:
         await r.aclose()
     assert report.total("deleted") == 0
-    reasons = await _dead_letters(settings, len(p_events))
+    reasons = await dead_letters(settings, len(p_events))
     assert "namespace overlap" in reasons["p-create"] and "'R'" in reasons["p-create"]
     assert reasons["p-write"] == "unknown repository 'P'"
     rs = redis_sync(settings)
@@ -323,7 +304,7 @@ async def test_a_retired_repositorys_queue_is_not_reaped_under_a_new_repository(
     finally:
         await r.aclose()
     assert report.total("deleted") == 0
-    reasons = await _dead_letters(settings, 3)
+    reasons = await dead_letters(settings, 3)
     assert "s3://" in reasons["r2-early"] and "R1" in reasons["r2-early"]
     assert reasons["r1-late"] == "repository 'R1' is retired"
     assert "never used again" in reasons["r1-again"]

@@ -66,6 +66,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from hardelete import UserError
 from hardelete.clients import redis_async
 from hardelete.settings import Settings
+from schemas import reaper_auth
 from schemas.events import EventError
 from schemas.layout import (
     FAIL_CLOSED,
@@ -320,6 +321,7 @@ class Tracker:
         self.applied = 0
         self.redelivered = 0
         self.dead_lettered = 0
+        self._reap_key: bytes | None = None  # verifies addresses_reaped (reaper_auth)
         self.incidents = 0
         self.batches = 0
         self.assigned_event = asyncio.Event()
@@ -403,6 +405,9 @@ class Tracker:
         # we handle, never a silent jump; every assigned partition is sought from Redis.
         # metadata_max_age_ms: new partitions are noticed (and assigned) within a second.
         await self._backfill_registry()
+        # Minted now (if nobody has yet): a copy of Redis taken from here on holds the key that
+        # verifies the reaper's records, so replaying them after a restore still verifies.
+        self._reap_key = await reaper_auth.aload_key(self._redis, s.reaper_secret)
         consumer = self._consumer = self._new_consumer()
         producer = self._producer = AIOKafkaProducer(
             bootstrap_servers=s.kafka_bootstrap, acks="all", linger_ms=2,
@@ -841,6 +846,8 @@ class Tracker:
                     problem = await self._lifecycle(batch, body, check(body))
             else:
                 problem = check(body)
+                if problem is None and t == "addresses_reaped":
+                    problem = await self._forged_reap(batch, body)
             if problem:
                 dlq.append((rec, problem))
                 continue
@@ -853,6 +860,29 @@ class Tracker:
                     "event_id": _event_id(rec.value), "partition": rec.partition,
                     "offset": rec.offset})))
         return batch
+
+    async def _forged_reap(self, batch: _Batch, body: dict[str, Any]) -> str | None:
+        """Only the reaper vouches for a deletion (schemas/reaper_auth.py): an
+        ``addresses_reaped`` that does not carry its signature is refused (dead letter and a
+        ``forged_reap`` incident), never applied."""
+        if self._reap_key is None or not reaper_auth.verify(self._reap_key, body):
+            # the key may have been minted (or rotated) since we read it
+            self._reap_key = await self._retrying(
+                lambda: reaper_auth.aload_key(self._redis, self.settings.reaper_secret))
+            if reaper_auth.verify(self._reap_key, body):
+                return None
+        else:
+            return None
+        problem = ("forged addresses_reaped: no valid reaper signature (only the reaper may "
+                   "assert a deletion)")
+        batch.refused.append({"kind": "forged_reap", "repository": body["repository"],
+                              "reaper": str(body.get("reaper"))[:200],
+                              "addresses": len(body["addresses"]),
+                              "sample": body["addresses"][:5], "reason": problem,
+                              "event_id": body["event_id"]})
+        self.log.error("incident: forged addresses_reaped", repository=body["repository"],
+                       event_id=body["event_id"], addresses=len(body["addresses"]))
+        return problem
 
     async def _lifecycle(self, batch: _Batch, body: dict[str, Any],
                          problem: str | None) -> str | None:

@@ -220,6 +220,12 @@ def _derive(state: RepoState, address: str, rec: AddressRecord, now: int) -> Non
         elif ts is None or ts in LIVE_TOKEN_STATES:
             live = True
     if rec.state in HELD_BY_REAPER:
+        # The reaper's state stays, but what references did meanwhile is recorded: when the
+        # claim is given back (a refused delete, an expired lease) the address is judged again
+        # with its grace restarted from its last reference, never on its original since.
+        # (Not queued: the claim's release queues it, tests/test_liveness_lua.py.)
+        if not rec.committed and not live:
+            rec.since = now
         return
     if rec.committed or live:
         rec.state = AddressState.COMMITTED if rec.committed else AddressState.STAGED

@@ -35,6 +35,28 @@ async def publish(settings: Settings, events: Iterable[ev.Event]) -> int:
     return await redis_now(settings)
 
 
+async def dead_letters(settings: Settings, n: int, timeout: float = 30.0) -> dict[str, str]:
+    """event_id -> reason of the first ``n`` dead letters (waits up to ``timeout``)."""
+    import time
+
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(settings.dlq_topic, bootstrap_servers=settings.kafka_bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    got: dict[str, str] = {}
+    try:
+        deadline = time.monotonic() + timeout
+        while len(got) < n and time.monotonic() < deadline:
+            for recs in (await consumer.getmany(timeout_ms=200)).values():
+                for rec in recs:
+                    got[orjson.loads(rec.value)["event_id"]] = dict(rec.headers)[
+                        "reason"].decode()
+    finally:
+        await consumer.stop()
+    return got
+
+
 async def redis_now(settings: Settings) -> int:
     r = redis_async(settings)
     try:
