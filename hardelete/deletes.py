@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.address import canonical_namespace
 from schemas.layout import FAIL_CLOSED, NAMESPACES, OutsideNamespace, RepoKeys, namespace_key
 from schemas.liveness import Guards
-from schemas.namespaces import canonical_namespace, ownership_problem
+from schemas.namespaces import ownership_problem
 
 S3_MAX_KEYS = 1000
 TRANSIENT_CODES = frozenset({

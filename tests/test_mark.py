@@ -417,8 +417,8 @@ def test_verdict_keeps_an_address_unreferenced_less_than_grace_before_the_horizo
 # ---------------------------------------------------------------- one canonical address
 
 def test_canonical_address_forms():
+    from schemas.address import address_forms, canonical_address
     from schemas.layout import OutsideNamespace
-    from schemas.namespaces import address_forms, canonical_address
 
     ns = "s3://bucket/repo/"
     want = "s3://bucket/repo/data/s/x"

@@ -227,7 +227,8 @@ class _Batch:
     offsets: dict[Any, OffsetAndMetadata] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
     last: dict[int, tuple[int, str]] = field(default_factory=dict)  # p -> (offset, fingerprint)
-    holds: list[tuple[str, str, bytes]] = field(default_factory=list)  # repo, address, json
+    # repo, address (or the namespace, then a prefix hold), prefix?, json
+    holds: list[tuple[str, str, bool, bytes]] = field(default_factory=list)
     records: int = 0
     t0: float = 0.0
 
@@ -854,11 +855,19 @@ class Tracker:
             chunks[(body["repository"], p)].append(compact(body, rec.offset))
         batch.calls = [(repo, p, orjson.dumps(evts)) for (repo, p), evts in chunks.items()]
         for rec, reason in dlq:  # a lost event never becomes a deletion: hold what it names
-            for repo, address in codec.hold_targets(rec.value, rec.key, gate.namespaces):
-                batch.holds.append((repo, address, orjson.dumps({
+            targets = codec.hold_targets(rec.value, rec.key, gate.namespaces)
+            for repo, address in targets:
+                prefix = address == gate.namespaces.get(repo)  # it could name anything there
+                batch.holds.append((repo, address, prefix, orjson.dumps({
                     "reason": reason[:_MAX_REASON], "source": "dlq", "at_ms": self._redis_now,
                     "event_id": _event_id(rec.value), "partition": rec.partition,
                     "offset": rec.offset})))
+            if targets and "address" in reason:
+                # A spelling the tracker will not apply (schemas/address.py): kept, and said.
+                batch.refused.append({"kind": "address_spelling", "repository": targets[0][0],
+                                      "reason": reason[:_MAX_REASON],
+                                      "held": [a for _, a in targets][:10],
+                                      "event_id": _event_id(rec.value)})
         return batch
 
     async def _forged_reap(self, batch: _Batch, body: dict[str, Any]) -> str | None:
@@ -1037,15 +1046,16 @@ class Tracker:
             return False
         return True
 
-    async def _write_holds(self, holds: list[tuple[str, str, bytes]]) -> None:
+    async def _write_holds(self, holds: list[tuple[str, str, bool, bytes]]) -> None:
         async def write() -> None:
             pipe = self._redis.pipeline(transaction=False)
-            for repo, address, value in holds:
-                pipe.hsetnx(RepoKeys(repo).holds, address, value)
+            for repo, address, prefix, value in holds:
+                k = RepoKeys(repo)
+                pipe.hsetnx(k.hold_prefixes if prefix else k.holds, address, value)
             await pipe.execute()
         await self._retrying(write)
         self.holds += len(holds)
-        for repo, address, _ in holds:
+        for repo, address, _, _ in holds:
             self.log.warning("hold placed on an address named by a dead-lettered event",
                              repository=repo, address=address[:500])
 

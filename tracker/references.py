@@ -50,13 +50,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas import events as ev
+from schemas.address import spelling
 from schemas.layout import (
     LIVE_TOKEN_STATES,
     TOKEN_RANK,
     AddressState,
-    OutsideNamespace,
     TokenState,
-    namespace_key,
 )
 from schemas.namespaces import namespace_problem, registration_problem
 
@@ -187,11 +186,10 @@ def admission_problem(repository: str, event_type: str, addresses: list[str],
         return None
     if known_namespace is None:
         return f"unknown repository {repository!r}"
-    for address in addresses:
-        try:
-            namespace_key(known_namespace, address)
-        except OutsideNamespace as exc:
-            return f"rejected address: {exc}"
+    for address in addresses:  # the wire form is canonical (schemas/address.py)
+        problem = spelling(known_namespace, address).problem
+        if problem is not None:
+            return problem
     return None
 
 
