@@ -212,3 +212,26 @@ def judge(rec: DecodedAddress | None, token_states: Mapping[str, str | None], *,
     if reaped and online:  # pragma: no cover - online always knows the horizon here
         return _keep(Keep.REAPED, "reaped", "already deleted by the reaper")
     return Judgment(True, "", kind, "the reaper deleted it" if reaped else "")
+
+
+def tombstone_keeps(rec: DecodedAddress, token_states: Mapping[str, str | None], *,
+                    now_ms: int, tombstone_ms: int) -> bool:
+    """Whether the reaper's prune must keep a ``reaped`` record older than ``tombstone_ms``
+    (``reaper/claims.lua`` ``prune`` is this rule; ``tests/test_reaped_authority.py``).
+
+    Dropping the record makes the address untracked, which the reconciler leaves to its
+    listing: so a record is dropped only when it protects nothing. It keeps while a reference
+    is not removed (whatever its token, unless dropped), it is committed, an upload is still
+    issued, or a reference was active within the tombstone time; a field that cannot be read
+    keeps too."""
+    if rec.malformed:
+        return True
+    for token in rec.unremoved().values():
+        raw = token_states.get(token)
+        if raw is None or raw.split(":", 1)[0] != TokenState.DROPPED:
+            return True
+    if rec.committed:
+        return True
+    if rec.issued_until is not None and rec.issued_until > now_ms:
+        return True
+    return rec.since is not None and rec.since > now_ms - tombstone_ms

@@ -51,6 +51,15 @@ def verify(key: bytes, body: dict[str, Any]) -> bool:
     return hmac.compare_digest(signature, expected)
 
 
+def problem(key: bytes | None, body: dict[str, Any]) -> str | None:
+    """Why the tracker must refuse this ``addresses_reaped`` body (dead letter and a
+    ``forged_reap`` incident), or None when the reaper signed it."""
+    if key is not None and verify(key, body):
+        return None
+    return ("forged addresses_reaped: no valid reaper signature (only the reaper may assert a "
+            "deletion)")
+
+
 async def aload_key(redis: Any, secret: str = "") -> bytes:
     """The signing key: the configured secret, else the one in Redis (minted if absent)."""
     if secret:

@@ -21,9 +21,9 @@ from reaper.daemon import Reaper
 from schemas import events as ev
 from schemas import reaper_auth
 from schemas.layout import INCIDENTS, REAPER_KEY, AddressState, RepoKeys, TokenState
-from schemas.liveness import judge
+from schemas.liveness import judge, tombstone_keeps
 from schemas.publisher import Publisher, ensure_topics
-from schemas.records import DecodedAddress
+from schemas.records import DecodedAddress, decode_address
 from tests.faults import FaultProxy
 from tests.test_reaper import _service, _settings, _state_is, listed, wait_for
 from tracker.daemon import running_tracker
@@ -98,6 +98,12 @@ async def test_prune_drops_only_tombstones_that_protect_nothing(settings: Settin
     assert pruned == 2
     left = {n for n in records if redis_client.exists(keys.address(f"s3://b/r/{n}"))}
     assert left == {"live", "committed", "issued", "touched"}
+    # the script is the pure rule (liveness.tombstone_keeps)
+    tokens = {"open-tok": "open:1", "gone-tok": "dropped:1"}
+    now = int(redis_client.time()[0]) * 1000
+    assert left == {n for n, fields in records.items() if tombstone_keeps(
+        decode_address({k: str(v) for k, v in fields.items()}), tokens, now_ms=now,
+        tombstone_ms=1_000)}
     # kept ones are looked at again later, not at the head of the index every pass
     assert all(score > old for _, score in redis_client.zscan_iter(keys.reaped))
 

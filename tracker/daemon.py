@@ -874,16 +874,14 @@ class Tracker:
         """Only the reaper vouches for a deletion (schemas/reaper_auth.py): an
         ``addresses_reaped`` that does not carry its signature is refused (dead letter and a
         ``forged_reap`` incident), never applied."""
-        if self._reap_key is None or not reaper_auth.verify(self._reap_key, body):
-            # the key may have been minted (or rotated) since we read it
-            self._reap_key = await self._retrying(
-                lambda: reaper_auth.aload_key(self._redis, self.settings.reaper_secret))
-            if reaper_auth.verify(self._reap_key, body):
-                return None
-        else:
+        if reaper_auth.problem(self._reap_key, body) is None:
             return None
-        problem = ("forged addresses_reaped: no valid reaper signature (only the reaper may "
-                   "assert a deletion)")
+        # the key may have been minted (or rotated) since we read it
+        self._reap_key = await self._retrying(
+            lambda: reaper_auth.aload_key(self._redis, self.settings.reaper_secret))
+        problem = reaper_auth.problem(self._reap_key, body)
+        if problem is None:
+            return None
         batch.refused.append({"kind": "forged_reap", "repository": body["repository"],
                               "reaper": str(body.get("reaper"))[:200],
                               "addresses": len(body["addresses"]),
