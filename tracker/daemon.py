@@ -90,7 +90,6 @@ from tracker.state import (
     PROGRESS_LUA,
     ApplyScript,
     LogGuard,
-    afree_namespace,
     aredis_time_ms,
     aregister_namespace,
     atracker_horizon_ms,
@@ -960,7 +959,8 @@ class Tracker:
             await self._retrying(lambda repo=repo: self._redis.srem(REPOS, repo))
             await self._retrying(lambda repo=repo, record=record: self._redis.hsetnx(
                 RETIRED, repo, record))
-            await self._retrying(lambda repo=repo, ns=ns: afree_namespace(self._redis, repo, ns))
+            # The namespace stays registered to it while its data is kept (retired retention,
+            # reconciler/retirement.py): no new repository may take the retired one's objects.
             self.log.info("repository retired", repository=repo, namespace=ns, event_id=eid)
 
     async def _apply(self, consumer: AIOKafkaConsumer, batch: _Batch) -> None:
