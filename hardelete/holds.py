@@ -23,7 +23,8 @@ import orjson
 
 from hardelete import UserError
 from hardelete.settings import Settings
-from schemas.layout import REPOS, RepoKeys
+from schemas.address import canonical_uri
+from schemas.layout import REPOS, OutsideNamespace, RepoKeys
 
 OPERATOR, RESTORE, DLQ = "operator", "restore", "dlq"
 
@@ -81,10 +82,18 @@ def namespace_of(r: Any, repo: str) -> str:
     return str(ns)
 
 
+def canonical_target(target: str) -> str:
+    """An operator's address or prefix in canonical form (``schemas/address.py``): holds are
+    matched against canonical addresses, so ``S3://Bucket/...`` must hold the same object."""
+    try:
+        return canonical_uri(target)
+    except OutsideNamespace as exc:
+        raise UserError(str(exc)) from None
+
+
 def find_repository(r: Any, target: str, repo: str | None = None) -> tuple[str, str]:
     """(repository, namespace) whose namespace contains ``target``; a clear error otherwise."""
-    if not target.startswith("s3://"):
-        raise UserError(f"expected an s3:// address or prefix, got {target!r}")
+    target = canonical_target(target)
     candidates = [repo] if repo else sorted(r.smembers(REPOS))
     for candidate in candidates:
         ns = r.hget(RepoKeys(candidate).meta, "namespace")
@@ -102,6 +111,7 @@ def add_hold(r: Any, target: str, reason: str, *, repo: str | None = None,
              detail: Mapping[str, Any] | None = None) -> Hold:
     if not reason.strip():
         raise UserError("a hold needs a reason (--reason)")
+    target = canonical_target(target)
     repository, _ns = find_repository(r, target, repo)
     k = RepoKeys(repository)
     at = now_ms(r)
@@ -113,6 +123,7 @@ def add_hold(r: Any, target: str, reason: str, *, repo: str | None = None,
 
 def remove_hold(r: Any, target: str, *, repo: str | None = None, prefix: bool = False,
                 force: bool = False) -> Hold:
+    target = canonical_target(target)
     repository, _ns = find_repository(r, target, repo)
     k = RepoKeys(repository)
     key = k.hold_prefixes if prefix else k.holds

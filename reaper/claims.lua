@@ -93,13 +93,35 @@ if op == 'restore' then
 end
 
 if op == 'prune' then
-  local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now - tonumber(ARGV[3]),
+  -- A tombstone is dropped only when its record protects nothing: no reference that is not
+  -- removed (whatever its token, unless dropped), not committed, no upload still issued and
+  -- no reference activity within the tombstone time. Anything else keeps the record (looked
+  -- at again a tombstone time later): without it the reconciler would take a live object
+  -- for a leak.
+  local tomb = tonumber(ARGV[3])
+  local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now - tomb,
                          'LIMIT', 0, tonumber(ARGV[4]))
+  local pruned = 0
   for _, addr in ipairs(old) do
-    redis.call('DEL', prefix .. addr)
-    redis.call('ZREM', KEYS[4], addr)
+    local f, adds, removes = read_record(addr)
+    if f == nil or f['state'] ~= 'reaped' then
+      redis.call('ZREM', KEYS[4], addr)  -- gone, or no longer a tombstone (restored)
+    else
+      local iu = tonumber(f['iu'] or '')
+      local since = tonumber(f['since'] or '')
+      local flag = f['committed']
+      if has_live_ref(adds, removes) or (flag ~= nil and flag ~= '' and flag ~= '0')
+          or (f['iu'] ~= nil and (iu == nil or iu > now))
+          or (f['since'] ~= nil and (since == nil or since > now - tomb)) then
+        redis.call('ZADD', KEYS[4], now, addr)
+      else
+        redis.call('DEL', prefix .. addr)
+        redis.call('ZREM', KEYS[4], addr)
+        pruned = pruned + 1
+      end
+    end
   end
-  return #old
+  return pruned
 end
 
 -- op == 'claim'
@@ -162,10 +184,15 @@ local function check(addr)
   if st == 'reaping' and lease ~= nil and lease > now then return 'claimed' end
   if st == nil or st == '' or not KNOWN[st] or st == 'staged' then return 'doubt' end
   if st == 'issued' and iu == nil then return 'doubt' end
-  if st == 'reaped' then return 'reaped' end
+  -- 'reaped' last (liveness.py rule 9): no record overrides an upload or the grace window
   if iu ~= nil and (iu > now or iu > cutoff) then return 'issued' end
+  if st == 'reaped' then
+    local at = num(f, 'reaped_at')
+    if since == nil or (at ~= nil and at > since) then since = at end
+  end
   if since == nil then return 'doubt' end
   if since > cutoff then return 'young' end
+  if st == 'reaped' then return 'reaped' end
   return 'ok', size or 0, since
 end
 

@@ -7,7 +7,7 @@
    record or manifest is unknown is an error: its data cannot be protected, so the run fails.
 2. :func:`manifest_keys_df`: the manifests are read in parallel inside Spark tasks (boto3 +
    pyarrow; column ``address``, full ``s3://`` URI or namespace-relative) into a DataFrame of
-   namespace-relative keys in canonical form (``schemas.namespaces.address_forms``: ``s3a://``,
+   namespace-relative keys in canonical form (``schemas.address.address_forms``: ``s3a://``,
    ``S3://``, percent escapes and relative rows are accepted; every form an ambiguous row may
    name is kept). A missing or unreadable manifest, or a row outside the namespace, fails the
    Spark job, and so the run.
@@ -32,8 +32,8 @@ from reconciler.retention import (
 from reconciler.s3io import Namespace, cached_s3, read_parquet_rows
 from reconciler.sparkio import distributed
 from reconciler.state import RepoState
+from schemas.address import address_forms
 from schemas.layout import OutsideNamespace
-from schemas.namespaces import address_forms
 
 MANIFEST_ADDRESS_COLUMN = "address"
 

@@ -31,8 +31,8 @@ from reconciler.errors import ReconcileError
 from reconciler.mark import KEYS_SCHEMA
 from reconciler.s3io import Namespace, cached_s3, list_keys
 from reconciler.sparkio import distributed
+from schemas.address import address_forms
 from schemas.layout import META_PREFIX, OutsideNamespace
-from schemas.namespaces import address_forms
 
 EXPORT_META = "export.json"
 EXPORTS_PREFIX = META_PREFIX + "exports/"
@@ -198,7 +198,7 @@ def export_keys_df(spark: Any, settings: Settings, ns: Namespace, repo: str,
                    export: ServiceExport) -> Any:
     """Namespace-relative keys the service says are uncommitted (read inside tasks).
 
-    Every form an address may name is kept (``schemas.namespaces.address_forms``); rows of
+    Every form an address may name is kept (``schemas.address.address_forms``); rows of
     other repositories and addresses outside the namespace protect nothing here and are left.
     """
 

@@ -22,6 +22,7 @@ from reconciler.errors import LeaseBusy, ReconcileError
 from reconciler.records import token_state, verdict
 from reconciler.retention import Commit, RetentionPolicy
 from reconciler.s3io import Namespace, put_parquet
+from schemas.address import address_forms, canonical_namespace
 from schemas.layout import (
     FAIL_CLOSED,
     NAMESPACES,
@@ -32,7 +33,6 @@ from schemas.layout import (
     OutsideNamespace,
     RepoKeys,
 )
-from schemas.namespaces import address_forms, canonical_namespace
 from schemas.records import RecordError, decode_branch, decode_commit
 
 

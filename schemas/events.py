@@ -221,6 +221,9 @@ class AddressesReaped(Event):
     )
     addresses: list[str]
     reaper: str
+    # HMAC-SHA256 under the reaper's key (schemas/reaper_auth.py): the tracker applies only a
+    # record that verifies; any other is dead-lettered with a forged_reap incident.
+    signature: str | None = None
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

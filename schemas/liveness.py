@@ -28,11 +28,14 @@ The rules, in the order their reason is reported (every rule that keeps, keeps):
 4. ``committed``: the sticky flag, a reference in a committed token, or the state says so;
 5. ``claimed``: a reaper's lease in flight (online: an expired lease may be claimed again);
 6. ``doubt``: an unknown or missing state, ``staged`` without a live reference, ``issued``
-   without ``iu``; ``reaped`` (online: already deleted);
+   without ``iu``;
 7. ``issued``: an upload address whose protection ends (``iu``) after ``now`` or after the
    bound ``horizon - grace``;
 8. ``no_horizon`` (the tracker has no proven progress), ``doubt`` (no ``since``), ``young``
-   (unreferenced since after ``horizon - grace``: SPEC safety 2, for both paths).
+   (unreferenced since after ``horizon - grace``: SPEC safety 2, for both paths; for a
+   ``reaped`` record, grace runs from the later of its ``since`` and ``reaped_at``);
+9. ``reaped`` (online: already deleted). Last on purpose: a record saying "deleted" is a
+   claim, and no claim overrides a live reference, an unexpired upload or the grace window.
 """
 
 from __future__ import annotations
@@ -169,10 +172,9 @@ def judge(rec: DecodedAddress | None, token_states: Mapping[str, str | None], *,
         return _keep(Keep.DOUBT, "staged", "state staged without a live reference")
     if state == AddressState.ISSUED and rec.issued_until is None:
         return _keep(Keep.DOUBT, "issued", "state issued without an expiry")
-    if state == AddressState.REAPED:
-        if online:
-            return _keep(Keep.REAPED, "reaped", "already deleted by the reaper")
-        return Judgment(True, "", "reaped", "the reaper deleted it")
+    # ``reaped`` is judged last (below): a record saying "deleted" never overrides a live
+    # reference, an unexpired upload or the grace window, which are all checked before it.
+    reaped = state == AddressState.REAPED
     if state is None and (online or (not rec.adds and rec.issued_until is None)):
         return _keep(Keep.DOUBT, "unknown", "no state")
 
@@ -186,7 +188,8 @@ def judge(rec: DecodedAddress | None, token_states: Mapping[str, str | None], *,
         iu_bound = cutoff_ms if iu_bound is None else min(iu_bound, cutoff_ms)
     bound = grace_bound if grace_bound is not None else cutoff_ms
     iu = rec.issued_until
-    kind = "issued" if iu is not None and not rec.adds else "unreferenced"
+    kind = ("reaped" if reaped else
+            "issued" if iu is not None and not rec.adds else "unreferenced")
     if iu is not None and (iu > now_ms or (iu_bound is not None and iu > iu_bound)):
         return _keep(Keep.ISSUED, "issued", f"issued upload protected until {iu}",
                      iu + grace_ms)
@@ -194,10 +197,41 @@ def judge(rec: DecodedAddress | None, token_states: Mapping[str, str | None], *,
         if horizon_ms is None:
             return _keep(Keep.NO_HORIZON, kind, "no proven tracker progress")
         since = rec.since
+        if reaped:  # grace from the delete or from any reference activity after it
+            since = max((t for t in (rec.since, rec.reaped_at) if t is not None), default=None)
         if since is None:
             return _keep(Keep.DOUBT, kind, "unreferenced without a since")
         if bound is not None and since > bound:
             return _keep(Keep.YOUNG, kind, f"unreferenced since {since}, within grace",
                          since + grace_ms)
+        if reaped:
+            if online:
+                return _keep(Keep.REAPED, "reaped", "already deleted by the reaper")
+            return Judgment(True, "", "reaped", "the reaper deleted it", since + grace_ms)
         return Judgment(True, "", kind, "", since + grace_ms)
-    return Judgment(True, "", kind)
+    if reaped and online:  # pragma: no cover - online always knows the horizon here
+        return _keep(Keep.REAPED, "reaped", "already deleted by the reaper")
+    return Judgment(True, "", kind, "the reaper deleted it" if reaped else "")
+
+
+def tombstone_keeps(rec: DecodedAddress, token_states: Mapping[str, str | None], *,
+                    now_ms: int, tombstone_ms: int) -> bool:
+    """Whether the reaper's prune must keep a ``reaped`` record older than ``tombstone_ms``
+    (``reaper/claims.lua`` ``prune`` is this rule; ``tests/test_reaped_authority.py``).
+
+    Dropping the record makes the address untracked, which the reconciler leaves to its
+    listing: so a record is dropped only when it protects nothing. It keeps while a reference
+    is not removed (whatever its token, unless dropped), it is committed, an upload is still
+    issued, or a reference was active within the tombstone time; a field that cannot be read
+    keeps too."""
+    if rec.malformed:
+        return True
+    for token in rec.unremoved().values():
+        raw = token_states.get(token)
+        if raw is None or raw.split(":", 1)[0] != TokenState.DROPPED:
+            return True
+    if rec.committed:
+        return True
+    if rec.issued_until is not None and rec.issued_until > now_ms:
+        return True
+    return rec.since is not None and rec.since > now_ms - tombstone_ms

@@ -6,31 +6,17 @@ equals, contains or lies inside a registered one; every delete path calls
 :func:`ownership_problem` right before its request, so neither a bad registration nor a stale
 queue of a retired repository can steer a delete into another repository's data.
 
-Namespaces are compared in their canonical form (:func:`canonical_namespace`): ``s3://`` in
-lower case, bucket and prefix as given (S3 keys are case-sensitive), one trailing slash.
+Namespaces are compared in their canonical form (``schemas.address.canonical_namespace``):
+``s3://`` and the bucket in lower case, the prefix as given (S3 keys are case-sensitive), one
+trailing slash.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from schemas.address import canonical_namespace
 from schemas.layout import OutsideNamespace, namespace_key
-
-
-def canonical_namespace(namespace: str) -> str:
-    """``s3://bucket/prefix/`` with a lower-case scheme and exactly one trailing slash.
-
-    Raises :class:`OutsideNamespace` for anything that is not an ``s3://bucket[/prefix]``.
-    """
-    if not isinstance(namespace, str) or namespace[:5].lower() != "s3://":
-        raise OutsideNamespace(f"namespace {namespace!r} must be s3://bucket/prefix/")
-    rest = namespace[5:]
-    bucket, _, prefix = rest.partition("/")
-    if not bucket or any(part in ("", ".", "..") for part in prefix.rstrip("/").split("/")
-                         if prefix.rstrip("/")):
-        raise OutsideNamespace(f"namespace {namespace!r} must be s3://bucket/prefix/")
-    prefix = prefix.rstrip("/")
-    return f"s3://{bucket}/" + (prefix + "/" if prefix else "")
 
 
 def overlaps(a: str, b: str) -> bool:
@@ -74,7 +60,8 @@ def conflict_reason(repo: str, namespace: str, other_ns: str, owner: str) -> str
     how = ("equals" if namespace == other_ns
            else "contains" if other_ns.startswith(namespace) else "lies inside")
     return (f"storage namespace {namespace!r} of repository {repo!r} {how} namespace "
-            f"{other_ns!r} of live repository {owner!r} (namespace overlap)")
+            f"{other_ns!r} of repository {owner!r}, live or retired with its data still kept "
+            "(namespace overlap)")
 
 
 def conflicting_owner(registry: Mapping[str, str], repo: str, namespace: str) -> str | None:
@@ -107,62 +94,3 @@ def ownership_problem(registry: Mapping[str, str], repo: str, namespace: str,
         if owner != repo and address.startswith(other_ns):
             return f"{address!r} lies in namespace {other_ns!r} of repository {owner!r}"
     return None
-
-
-_SCHEMES = ("s3://", "s3a://", "s3n://")
-
-
-def canonical_address(namespace: str, raw: str, *, decode: bool = False) -> str:
-    """The canonical ``s3://bucket/prefix/key`` of an address of ``namespace``, else raise.
-
-    Accepted spellings: any case of ``s3://``, ``s3a://`` and ``s3n://`` (Hadoop's), a bucket
-    in any case (S3 bucket names are lower case), and a key relative to the namespace (no
-    scheme, no leading ``/``). ``decode=True`` also decodes ``%XX`` escapes (URL-encoded
-    forms). The key itself is kept byte for byte (S3 keys are literal: no ``.``/``//``
-    folding). Raises :class:`OutsideNamespace` when the address is not inside the namespace
-    or cannot be read as an address at all: a caller building a live set must then fail,
-    never drop the row.
-    """
-    from urllib.parse import unquote
-
-    ns = canonical_namespace(namespace)
-    if not isinstance(raw, str) or not raw:
-        raise OutsideNamespace(f"address {raw!r} is empty or not text")
-    text = unquote(raw, errors="strict") if decode and "%" in raw else raw
-    lower = text[:6].lower()
-    scheme = next((s for s in _SCHEMES if lower.startswith(s)), None)
-    if scheme is not None:
-        rest = text[len(scheme):]
-        bucket, sep, key = rest.partition("/")
-        if not bucket or not sep:
-            raise OutsideNamespace(f"address {raw!r} has no bucket or key")
-        full = f"s3://{bucket.lower()}/{key}"
-    elif "://" in text or text.startswith("/"):
-        raise OutsideNamespace(f"address {raw!r} is neither s3:// nor namespace-relative")
-    else:
-        full = ns + text
-    if not full.startswith(ns) or full == ns:
-        raise OutsideNamespace(f"address {raw!r} is outside namespace {ns!r}")
-    return full
-
-
-def address_forms(namespace: str, raw: str) -> tuple[str, ...]:
-    """Every canonical address ``raw`` may name (for live sets: each form is protected).
-
-    An address with ``%`` escapes may be URL-encoded or a key that really holds ``%``: both
-    the literal and the decoded form are returned (doubt keeps both). Raises
-    :class:`OutsideNamespace` when no form lies inside the namespace.
-    """
-    forms: list[str] = []
-    errors: list[str] = []
-    for decode in (False, True) if "%" in raw else (False,):
-        try:
-            form = canonical_address(namespace, raw, decode=decode)
-        except (OutsideNamespace, UnicodeDecodeError) as exc:
-            errors.append(str(exc))
-            continue
-        if form not in forms:
-            forms.append(form)
-    if not forms:
-        raise OutsideNamespace(errors[0] if errors else f"address {raw!r}")
-    return tuple(forms)

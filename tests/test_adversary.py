@@ -29,8 +29,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from schemas import events as ev
+from schemas import reaper_auth
 from schemas.layout import AddressState, TokenState
-from schemas.liveness import Guards, judge
+from schemas.liveness import Guards, judge, tombstone_keeps
 from schemas.records import DecodedAddress
 from tracker import codec
 from tracker import references as refs
@@ -42,6 +43,7 @@ LEASE = 5_000
 TOMBSTONE = 20_000
 TTL = 30.0  # s, issued uploads
 REAPER = "reaper-1"
+REAPER_KEY = b"the reaper's key, which no publisher holds"
 
 
 # --- the oracle: what the service really did -------------------------------------------------
@@ -215,8 +217,12 @@ class Adversary(RuleBasedStateMachine):
         except ev.EventError as exc:
             rejected: str | None = str(exc)
         else:
-            rejected = self.world.apply(event, self.now).rejected
-            self.world.settle()
+            if isinstance(event, ev.AddressesReaped) and reaper_auth.problem(
+                    REAPER_KEY, codec.parse(raw)):
+                rejected = "forged addresses_reaped"  # the tracker verifies the signature
+            else:
+                rejected = self.world.apply(event, self.now).rejected
+                self.world.settle()
         if rejected is not None:
             for _, address in codec.hold_targets(raw, REPO.encode(), {REPO: NS}):
                 self.dlq_holds.add(address)
@@ -234,10 +240,15 @@ class Adversary(RuleBasedStateMachine):
     def _token_states(self) -> dict[str, str | None]:
         return {t: s.value for t, (s, _) in self.state.tokens.items()}
 
+    def _held(self, address: str) -> bool:
+        """An operator's hold, or one a dead letter placed (exact, or its namespace prefix)."""
+        return address in self.holds or any(
+            address == t or (t.endswith("/") and address.startswith(t)) for t in self.dlq_holds)
+
     def _guards(self, address: str) -> Guards:
         return Guards(fail_closed="redis went back" if self.fail_closed else None,
                       paused="paused" if self.paused else None,
-                      held="held" if address in self.holds | self.dlq_holds else None)
+                      held="held" if self._held(address) else None)
 
     def _judge(self, address: str, path: str, claimer: str | None = None):  # type: ignore[no-untyped-def]
         rec = self.state.addresses.get(address)
@@ -253,7 +264,7 @@ class Adversary(RuleBasedStateMachine):
         why = self.truth.protection(address, self.now)
         if self.paused:
             why = why or "paused"
-        if address in self.holds | self.dlq_holds:
+        if self._held(address):
             why = why or "held"
         assert why is None, f"{by} deleted live {address}: {why}"
         self.store.discard(address)
@@ -431,8 +442,10 @@ class Adversary(RuleBasedStateMachine):
             return  # the store said no: the claim stays until its lease expires
         if address in self.store:
             self._delete(address, "the reaper")
-        genuine = ev.AddressesReaped(repository=REPO, event_id=self._id(),
-                                     addresses=[address], reaper=REAPER)
+        eid = self._id()
+        genuine = ev.AddressesReaped(repository=REPO, event_id=eid, addresses=[address],
+                                     reaper=REAPER, signature=reaper_auth.sign(
+                                         REAPER_KEY, REPO, REAPER, eid, [address]))
         self._deliver(genuine)
         rec = self.state.addresses[address]
         rec.state, rec.reaped_at = AddressState.REAPED, self.now
@@ -441,9 +454,13 @@ class Adversary(RuleBasedStateMachine):
     @rule()
     def prune(self) -> None:
         """The reaper forgets old tombstones."""
+        cutoff = self.now - TOMBSTONE
         for address, rec in list(self.state.addresses.items()):
-            if rec.state is AddressState.REAPED and (rec.reaped_at or self.now) \
-                    <= self.now - TOMBSTONE:
+            if rec.state is not AddressState.REAPED or (rec.reaped_at or self.now) > cutoff:
+                continue
+            # claims.lua keeps a tombstone whose record still protects anything
+            if not tombstone_keeps(decoded(rec), self._token_states(), now_ms=self.now,
+                                   tombstone_ms=TOMBSTONE):
                 # claims.lua DELs the hash: it reads as no record, and the next event that
                 # names the address starts a fresh one (its token sets still name it).
                 self.state.addresses[address] = refs.AddressRecord()
@@ -468,10 +485,60 @@ class Adversary(RuleBasedStateMachine):
                 self._delete(address, "the sweep")
 
 
-TestAdversary = pytest.mark.xfail(reason="Safety III fixes not merged yet: finds forged reaps, "
-                                   "stale release evidence and unheld spellings on main")(
-    Adversary.TestCase)
+TestAdversary = Adversary.TestCase
 TestAdversary.settings = settings(max_examples=1000, stateful_step_count=50, deadline=None,
                                   suppress_health_check=[HealthCheck.too_slow])
 
 pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+# --- each finding of issue 19 as the machine's own steps (they fail when its fix is undone) --
+
+def _play(*steps: tuple[str, dict[str, object]]) -> Adversary:
+    machine = Adversary()
+    machine.start()
+    for rule_name, args in steps:
+        getattr(machine, rule_name)(**args)
+    machine.teardown()
+    return machine
+
+
+def test_finding_a_forged_record_of_a_deletion_vouches_for_nothing() -> None:
+    """A publisher says the reaper deleted an address whose upload token is valid for another
+    hour: the sweep must not take it (the signature refuses the record; the judgment checks
+    the upload before ``reaped`` anyway)."""
+    m = _play(("write", {"i": 0, "late": False, "ttl": True}),
+              ("reset", {"late": False}),
+              ("forge_reaped", {"addrs": [ADDRS[0]]}),
+              ("tick", {"ms": 11_000}),
+              ("sweep", {}), ("prune", {}), ("sweep", {}))
+    assert ADDRS[0] in m.store
+
+
+def test_finding_a_released_claim_is_judged_on_its_last_reference() -> None:
+    """The store refuses the delete; meanwhile a reference comes and goes; after the lease the
+    claim is judged again with grace from that reference, not from its first end."""
+    m = _play(("write", {"i": 0, "late": False, "ttl": False}),
+              ("reset", {"late": False}),
+              ("tick", {"ms": 11_000}),
+              ("claim", {}), ("reap", {"refused": True}),
+              ("touch", {"i": 0}),
+              ("tick", {"ms": 6_000}),
+              ("claim", {}), ("reap", {"refused": False}))
+    assert ADDRS[0] in m.store
+    m2 = _play(("write", {"i": 0, "late": False, "ttl": False}),
+               ("reset", {"late": False}),
+               ("tick", {"ms": 11_000}),
+               ("claim", {}), ("reap", {"refused": True}),
+               ("touch", {"i": 0}),
+               ("tick", {"ms": 11_000}),
+               ("claim", {}), ("reap", {"refused": False}))
+    assert ADDRS[0] not in m2.store  # and once its grace is over, it goes
+
+
+@pytest.mark.parametrize("how", range(5))
+def test_finding_one_object_spelled_another_way_is_kept(how: int) -> None:
+    m = _play(("write_spelled", {"i": 0, "how": how, "late": False}),
+              ("tick", {"ms": 11_000}),
+              ("claim", {}), ("reap", {"refused": False}), ("sweep", {}))
+    assert ADDRS[0] in m.store and m.dlq_holds

@@ -417,8 +417,8 @@ def test_verdict_keeps_an_address_unreferenced_less_than_grace_before_the_horizo
 # ---------------------------------------------------------------- one canonical address
 
 def test_canonical_address_forms():
+    from schemas.address import address_forms, canonical_address
     from schemas.layout import OutsideNamespace
-    from schemas.namespaces import address_forms, canonical_address
 
     ns = "s3://bucket/repo/"
     want = "s3://bucket/repo/data/s/x"
@@ -536,7 +536,7 @@ def test_a_named_inventory_that_cannot_be_used_refuses_with_one_line(tmp_path):
 
     with pytest.raises(ReconcileError, match="cannot be read"):
         named_inventory(None, str(tmp_path / "missing"))
-    with pytest.raises(ReconcileError, match="no .parquet or .csv files"):
+    with pytest.raises(ReconcileError, match=r"no \.parquet or \.csv files"):
         named_inventory(None, str(tmp_path))
     (tmp_path / "inv.csv").write_text("name,size\nx,1\n")
     with pytest.raises(ReconcileError, match="missing column"):

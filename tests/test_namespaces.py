@@ -16,20 +16,20 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from hardelete.clients import redis_async, redis_sync
 from hardelete.model import ManualClock, Model, ModelError, seeded_ids
 from hardelete.settings import Settings
 from hardelete.status import collect_status, explain_address
 from reaper.daemon import Reaper
+from reconciler.retirement import purge_retired
 from schemas import events as ev
 from schemas.layout import INCIDENTS, NAMESPACES, REPOS, RETIRED, RepoKeys
 from schemas.namespaces import overlaps, registration_problem
 from tracker.daemon import Tracker, running_tracker
 from tracker.references import World
 from tracker.state import await_horizon, read_repo_state, register_namespace
-from tracker.testing import publish
+from tracker.testing import dead_letters, publish
 
 NOW = 1_000_000
 
@@ -67,7 +67,7 @@ def test_an_overlapping_namespace_is_refused_with_an_incident(other, how):
     assert w.apply(created("Q", "s3://b/Rx/"), NOW).rejected is None
 
 
-def test_a_namespace_is_free_only_once_its_repository_is_retired():
+def test_a_namespace_is_free_only_once_its_retired_repositorys_data_is_purged():
     w = World()
     w.apply(created("R", "s3://b/R/"), NOW)
     w.apply(written("R", "t", "s3://b/R/data/a", "r1"), NOW)
@@ -79,14 +79,17 @@ def test_a_namespace_is_free_only_once_its_repository_is_retired():
     assert w.apply(retire, NOW + 1).rejected is None
     st = w.repos["R"]
     assert st.retired_at == NOW + 1 and st.unreferenced == {}
-    # before the retirement is applied (end of the batch) the namespace is still taken
+    # retired, its data is kept: the namespace stays taken (issue 19: retirement must not hand
+    # the retired repository's committed objects to the next owner as leaks)
     assert "namespace overlap" in (w.apply(created("S", "s3://b/R/"), NOW).rejected or "")
     w.settle()
+    assert "namespace overlap" in (w.apply(created("S", "s3://b/R/"), NOW).rejected or "")
     assert w.apply(retire, NOW + 2).rejected is None  # a duplicate changes nothing
     assert st.retired_at == NOW + 1
     assert w.apply(written("R", "t", "s3://b/R/data/b", "r2"), NOW).rejected \
         == "repository 'R' is retired"
     assert "never used again" in (w.apply(created("R", "s3://b/R/"), NOW).rejected or "")
+    w.release("R")  # its data purged (reconciler/retirement.py): the namespace is free
     assert w.apply(created("S", "s3://b/R/"), NOW).rejected is None
     assert w.namespaces == {"s3://b/R/": "S"}
     assert w.apply(ev.RepositoryDeleted(repository="X", storage_namespace="s3://b/X/"),
@@ -109,6 +112,7 @@ def test_the_model_service_retires_repositories_and_never_reuses_an_id():
     for e in events:
         assert w.apply(e, NOW).rejected is None
     w.settle()
+    w.release("R")  # once the retired repository's data is purged
     again = m.create_repository("S", "s3://b/R/")
     assert all(w.apply(e, NOW).rejected is None for e in again)
     assert w.namespaces == {"s3://b/R/": "S"}
@@ -183,24 +187,6 @@ async def _reap(settings: Settings) -> Any:
         await reaper.close()
 
 
-async def _dead_letters(settings: Settings, n: int) -> dict[str, str]:
-    """event_id -> reason of the first n dead letters."""
-    consumer = AIOKafkaConsumer(settings.dlq_topic, bootstrap_servers=settings.kafka_bootstrap,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
-    await consumer.start()
-    got: dict[str, str] = {}
-    try:
-        deadline = time.monotonic() + 30
-        while len(got) < n and time.monotonic() < deadline:
-            for recs in (await consumer.getmany(timeout_ms=200)).values():
-                for rec in recs:
-                    got[orjson.loads(rec.value)["event_id"]] = dict(rec.headers)[
-                        "reason"].decode()
-    finally:
-        await consumer.stop()
-    return got
-
-
 def _exists(s3: Any, bucket: str, key: str) -> bool:
     return bool(s3.list_objects_v2(Bucket=bucket, Prefix=key).get("KeyCount"))
 
@@ -250,7 +236,7 @@ async def test_a_repository_over_a_live_namespace_is_refused_and_reaps_nothing_o
     finally:
         await r.aclose()
     assert report.total("deleted") == 0
-    reasons = await _dead_letters(settings, len(p_events))
+    reasons = await dead_letters(settings, len(p_events))
     assert "namespace overlap" in reasons["p-create"] and "'R'" in reasons["p-create"]
     assert reasons["p-write"] == "unknown repository 'P'"
     rs = redis_sync(settings)
@@ -308,11 +294,16 @@ async def test_a_retired_repositorys_queue_is_not_reaped_under_a_new_repository(
                 repository="R1", storage_namespace=ns, event_id="r1-retire")])
 
             async def retired() -> bool:  # the service waits for the retirement to land
-                return bool(await r.hexists(RETIRED, "R1")
-                            and not await r.hexists(NAMESPACES, ns))
+                return bool(await r.hexists(RETIRED, "R1"))
 
             await _wait(retired, "R1 retired")
             queue_dropped = not await r.exists(RepoKeys("R1").unreferenced)
+            # its data is kept, and with it its namespace, until an operator releases it
+            assert await r.hget(NAMESPACES, ns) == "R1"
+            purge = await asyncio.to_thread(purge_retired, settings, "R1", release=True)
+            assert purge["status"] == "done" and purge["deleted"] == 1
+            assert not await r.hexists(NAMESPACES, ns)
+            s3.put_object(Bucket=bucket, Key="repo/data/a", Body=b"referenced by R2")
             target = await publish(settings, phase2)
             await _past_grace(settings, target)
             report = await _reap(settings)
@@ -323,7 +314,7 @@ async def test_a_retired_repositorys_queue_is_not_reaped_under_a_new_repository(
     finally:
         await r.aclose()
     assert report.total("deleted") == 0
-    reasons = await _dead_letters(settings, 3)
+    reasons = await dead_letters(settings, 3)
     assert "s3://" in reasons["r2-early"] and "R1" in reasons["r2-early"]
     assert reasons["r1-late"] == "repository 'R1' is retired"
     assert "never used again" in reasons["r1-again"]
@@ -441,9 +432,9 @@ async def test_a_tracker_with_a_stale_cache_cannot_revive_a_retired_repository(
 @pytest.mark.integration
 async def test_a_retirement_interrupted_after_its_apply_completes_on_redelivery(
         settings: Settings) -> None:
-    """A tracker died after the script retired R (queue dropped) but before it freed the
-    namespace: the redelivered repository_deleted finishes the job, and only then is the
-    namespace free."""
+    """A tracker died after the script retired R (queue dropped) but before it recorded the
+    retirement: the redelivered repository_deleted finishes the job; the namespace stays R's
+    (its data is kept until purged), so S is refused."""
     ns = "s3://b/R/"
     retire = ev.RepositoryDeleted(repository="R", storage_namespace=ns, event_id="retire")
     rs = redis_sync(settings)
@@ -463,11 +454,9 @@ async def test_a_retirement_interrupted_after_its_apply_completes_on_redelivery(
             dead_lettered = tracker.dead_lettered
         assert "R" not in rs.smembers(REPOS)
         assert orjson.loads(rs.hget(RETIRED, "R"))["event_id"] == "retire"
-        # S arrived while R still owned the namespace (same batch or not): refused, or, if
-        # processed after the retirement completed, registered. Never both owners.
-        registry = rs.hgetall(NAMESPACES)
-        assert registry in ({}, {ns: "S"})
-        assert (registry == {}) == (dead_lettered == 1)
+        # S arrived while R's data is kept: refused, whatever the batching
+        assert rs.hgetall(NAMESPACES) == {ns: "R"}
+        assert dead_lettered == 1
     finally:
         rs.close()
 
@@ -481,4 +470,4 @@ def test_status_prints_refusals_and_retired_repositories(capsys):
                          retired={"R1": {"namespace": "s3://b/R1/", "at_ms": 1}}))
     out = capsys.readouterr().out
     assert "1 incident(s) outside any live repository" in out
-    assert "P: namespace overlap" in out and "R1 (s3://b/R1/)" in out
+    assert "P: namespace overlap" in out and "R1 (s3://b/R1/, kept until" in out

@@ -115,7 +115,11 @@ local function derive(address, r, ev_id, ev_type, commit_tok)
     end
   end
   if comm and not r.committed then r.committed = true; r.dcomm = true end
-  if held then return end
+  if held then
+    -- references.py _derive: the grace of a released claim restarts from its last reference
+    if not comm and not live then r.since = NOW end
+    return
+  end
   if comm then
     r.state, r.since = 'committed', nil
   elseif live then
@@ -221,9 +225,12 @@ local function flush()
       redis.call('ZADD', K_REAPED, now, address)  -- pruned with the reaper's tombstones
     end
     call_chunked('HSET', akey, f, 2000)
+    local held = r.state == 'reaping' or r.state == 'reaped'
     if r.since == nil and r.since0 ~= nil then
       redis.call('HDEL', akey, 'since')
       zrem[#zrem + 1] = address
+    elseif held then  -- never queued: a claim's release queues it again
+      if r.since0 ~= nil then zrem[#zrem + 1] = address end
     elseif r.since ~= nil and r.since ~= r.since0 then
       zadd[#zadd + 1] = r.since
       zadd[#zadd + 1] = address

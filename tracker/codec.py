@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from schemas import events as ev
+from schemas.address import spelling
 from schemas.events import (
     ADDRESS_FIELDS,
     EVENT_TYPES,
@@ -33,7 +34,7 @@ from schemas.events import (
     EventError,
     named_addresses,
 )
-from schemas.layout import RESERVED_PREFIXES, OutsideNamespace, namespace_key
+from schemas.layout import RESERVED_PREFIXES
 from tracker.references import admission_problem
 
 OP_REPO, OP_BRANCH, OP_ISSUE, OP_ADD, OP_DEL, OP_COMMIT = 1, 2, 3, 4, 5, 6
@@ -269,7 +270,7 @@ def _plain_key_fast(namespace: str, address: str) -> bool:
     if not address.startswith(namespace):
         return False
     rel = address[len(namespace):]
-    if not rel or rel[0] == "/" or "//" in rel:
+    if not rel or rel[0] == "/" or "//" in rel or "%" in rel:  # (%: maybe an escape)
         return False
     if "." in rel:  # only then can a segment be "." or ".."
         padded = "/" + rel + "/"
@@ -357,20 +358,28 @@ def hold_targets(value: bytes | None, key: bytes | None,
     if key:
         with contextlib.suppress(UnicodeDecodeError):
             repos.append(key.decode())
-    out = []
+    out: list[tuple[str, str]] = []
     for repo in dict.fromkeys(repos):
         ns = namespaces.get(repo)
         if ns is None:
             continue
-        for name in _HOLD_FIELDS:
-            addr = body.get(name)
-            if type(addr) is str and addr.startswith(ns):
-                try:
-                    namespace_key(ns, addr)
-                except OutsideNamespace:
-                    continue
-                out.append((repo, addr))
-    return out
+        named = [body.get(name) for name in _HOLD_FIELDS if body.get(name) is not None]
+        if body.get("type") in _ADDRESS_TYPES and not named:
+            out.append((repo, ns))  # an address event that lost its address: anything
+            continue
+        for addr in named:
+            # Every object the spelling could mean (schemas/address.py); one that cannot be
+            # read at all could mean anything in the namespace.
+            seen = spelling(ns, addr)
+            if not seen.readable:
+                out.append((repo, ns))
+            out.extend((repo, a) for a in seen.meant)
+    return list(dict.fromkeys(out))
+
+
+# Events whose loss may lose a reference: one that names no readable address holds everything.
+_ADDRESS_TYPES = frozenset({"object_written", "object_copied", "object_deleted",
+                            "address_issued"})
 
 
 def candidate_repos(value: bytes | None, key: bytes | None) -> set[str]:

@@ -66,6 +66,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from hardelete import UserError
 from hardelete.clients import redis_async
 from hardelete.settings import Settings
+from schemas import reaper_auth
 from schemas.events import EventError
 from schemas.layout import (
     FAIL_CLOSED,
@@ -89,7 +90,6 @@ from tracker.state import (
     PROGRESS_LUA,
     ApplyScript,
     LogGuard,
-    afree_namespace,
     aredis_time_ms,
     aregister_namespace,
     atracker_horizon_ms,
@@ -226,7 +226,8 @@ class _Batch:
     offsets: dict[Any, OffsetAndMetadata] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
     last: dict[int, tuple[int, str]] = field(default_factory=dict)  # p -> (offset, fingerprint)
-    holds: list[tuple[str, str, bytes]] = field(default_factory=list)  # repo, address, json
+    # repo, address (or the namespace, then a prefix hold), prefix?, json
+    holds: list[tuple[str, str, bool, bytes]] = field(default_factory=list)
     records: int = 0
     t0: float = 0.0
 
@@ -320,6 +321,7 @@ class Tracker:
         self.applied = 0
         self.redelivered = 0
         self.dead_lettered = 0
+        self._reap_key: bytes | None = None  # verifies addresses_reaped (reaper_auth)
         self.incidents = 0
         self.batches = 0
         self.assigned_event = asyncio.Event()
@@ -403,6 +405,9 @@ class Tracker:
         # we handle, never a silent jump; every assigned partition is sought from Redis.
         # metadata_max_age_ms: new partitions are noticed (and assigned) within a second.
         await self._backfill_registry()
+        # Minted now (if nobody has yet): a copy of Redis taken from here on holds the key that
+        # verifies the reaper's records, so replaying them after a restore still verifies.
+        self._reap_key = await reaper_auth.aload_key(self._redis, s.reaper_secret)
         consumer = self._consumer = self._new_consumer()
         producer = self._producer = AIOKafkaProducer(
             bootstrap_servers=s.kafka_bootstrap, acks="all", linger_ms=2,
@@ -836,18 +841,49 @@ class Tracker:
                     problem = await self._lifecycle(batch, body, check(body))
             else:
                 problem = check(body)
+                if problem is None and t == "addresses_reaped":
+                    problem = await self._forged_reap(batch, body)
             if problem:
                 dlq.append((rec, problem))
                 continue
             chunks[(body["repository"], p)].append(compact(body, rec.offset))
         batch.calls = [(repo, p, orjson.dumps(evts)) for (repo, p), evts in chunks.items()]
         for rec, reason in dlq:  # a lost event never becomes a deletion: hold what it names
-            for repo, address in codec.hold_targets(rec.value, rec.key, gate.namespaces):
-                batch.holds.append((repo, address, orjson.dumps({
+            targets = codec.hold_targets(rec.value, rec.key, gate.namespaces)
+            for repo, address in targets:
+                prefix = address == gate.namespaces.get(repo)  # it could name anything there
+                batch.holds.append((repo, address, prefix, orjson.dumps({
                     "reason": reason[:_MAX_REASON], "source": "dlq", "at_ms": self._redis_now,
                     "event_id": _event_id(rec.value), "partition": rec.partition,
                     "offset": rec.offset})))
+            if targets and "address" in reason:
+                # A spelling the tracker will not apply (schemas/address.py): kept, and said.
+                batch.refused.append({"kind": "address_spelling", "repository": targets[0][0],
+                                      "reason": reason[:_MAX_REASON],
+                                      "held": [a for _, a in targets][:10],
+                                      "event_id": _event_id(rec.value)})
         return batch
+
+    async def _forged_reap(self, batch: _Batch, body: dict[str, Any]) -> str | None:
+        """Only the reaper vouches for a deletion (schemas/reaper_auth.py): an
+        ``addresses_reaped`` that does not carry its signature is refused (dead letter and a
+        ``forged_reap`` incident), never applied."""
+        if reaper_auth.problem(self._reap_key, body) is None:
+            return None
+        # the key may have been minted (or rotated) since we read it
+        self._reap_key = await self._retrying(
+            lambda: reaper_auth.aload_key(self._redis, self.settings.reaper_secret))
+        problem = reaper_auth.problem(self._reap_key, body)
+        if problem is None:
+            return None
+        batch.refused.append({"kind": "forged_reap", "repository": body["repository"],
+                              "reaper": str(body.get("reaper"))[:200],
+                              "addresses": len(body["addresses"]),
+                              "sample": body["addresses"][:5], "reason": problem,
+                              "event_id": body["event_id"]})
+        self.log.error("incident: forged addresses_reaped", repository=body["repository"],
+                       event_id=body["event_id"], addresses=len(body["addresses"]))
+        return problem
 
     async def _lifecycle(self, batch: _Batch, body: dict[str, Any],
                          problem: str | None) -> str | None:
@@ -918,7 +954,8 @@ class Tracker:
             await self._retrying(lambda repo=repo: self._redis.srem(REPOS, repo))
             await self._retrying(lambda repo=repo, record=record: self._redis.hsetnx(
                 RETIRED, repo, record))
-            await self._retrying(lambda repo=repo, ns=ns: afree_namespace(self._redis, repo, ns))
+            # The namespace stays registered to it while its data is kept (retired retention,
+            # reconciler/retirement.py): no new repository may take the retired one's objects.
             self.log.info("repository retired", repository=repo, namespace=ns, event_id=eid)
 
     async def _apply(self, consumer: AIOKafkaConsumer, batch: _Batch) -> None:
@@ -1002,15 +1039,16 @@ class Tracker:
             return False
         return True
 
-    async def _write_holds(self, holds: list[tuple[str, str, bytes]]) -> None:
+    async def _write_holds(self, holds: list[tuple[str, str, bool, bytes]]) -> None:
         async def write() -> None:
             pipe = self._redis.pipeline(transaction=False)
-            for repo, address, value in holds:
-                pipe.hsetnx(RepoKeys(repo).holds, address, value)
+            for repo, address, prefix, value in holds:
+                k = RepoKeys(repo)
+                pipe.hsetnx(k.hold_prefixes if prefix else k.holds, address, value)
             await pipe.execute()
         await self._retrying(write)
         self.holds += len(holds)
-        for repo, address, _ in holds:
+        for repo, address, _, _ in holds:
             self.log.warning("hold placed on an address named by a dead-lettered event",
                              repository=repo, address=address[:500])
 

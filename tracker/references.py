@@ -50,13 +50,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas import events as ev
+from schemas.address import spelling
 from schemas.layout import (
     LIVE_TOKEN_STATES,
     TOKEN_RANK,
     AddressState,
-    OutsideNamespace,
     TokenState,
-    namespace_key,
 )
 from schemas.namespaces import namespace_problem, registration_problem
 
@@ -187,11 +186,10 @@ def admission_problem(repository: str, event_type: str, addresses: list[str],
         return None
     if known_namespace is None:
         return f"unknown repository {repository!r}"
-    for address in addresses:
-        try:
-            namespace_key(known_namespace, address)
-        except OutsideNamespace as exc:
-            return f"rejected address: {exc}"
+    for address in addresses:  # the wire form is canonical (schemas/address.py)
+        problem = spelling(known_namespace, address).problem
+        if problem is not None:
+            return problem
     return None
 
 
@@ -220,6 +218,12 @@ def _derive(state: RepoState, address: str, rec: AddressRecord, now: int) -> Non
         elif ts is None or ts in LIVE_TOKEN_STATES:
             live = True
     if rec.state in HELD_BY_REAPER:
+        # The reaper's state stays, but what references did meanwhile is recorded: when the
+        # claim is given back (a refused delete, an expired lease) the address is judged again
+        # with its grace restarted from its last reference, never on its original since.
+        # (Not queued: the claim's release queues it, tests/test_liveness_lua.py.)
+        if not rec.committed and not live:
+            rec.since = now
         return
     if rec.committed or live:
         rec.state = AddressState.COMMITTED if rec.committed else AddressState.STAGED
@@ -459,12 +463,15 @@ class World:
         return apply(state, event, now_ms)
 
     def settle(self) -> None:
-        """The tracker finished applying a batch: retired repositories' namespaces are free.
-        (Until then a ``repository_created`` on such a namespace is refused: the safe side.)"""
-        for repo, ns in self.retiring:
-            if self.namespaces.get(ns) == repo:
-                del self.namespaces[ns]
+        """The tracker finished applying a batch. A retired repository keeps its namespace
+        registered while its data is kept (``reconciler/retirement.py``): nothing to free."""
         self.retiring.clear()
+
+    def release(self, repo: str) -> None:
+        """A retired repository's data was purged: its namespace may be registered again."""
+        for ns, owner in list(self.namespaces.items()):
+            if owner == repo and self.repos[repo].retired_at is not None:
+                del self.namespaces[ns]
 
 
 def live_refs(state: RepoState, address: str) -> dict[str, str]:

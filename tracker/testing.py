@@ -22,7 +22,6 @@ from tracker.state import (
     ApplyScript,
     aredis_time_ms,
     await_horizon,
-    free_namespace,
     register_namespace,
 )
 
@@ -33,6 +32,28 @@ async def publish(settings: Settings, events: Iterable[ev.Event]) -> int:
     async with Publisher(settings) as pub:
         await pub.publish_many(events)
     return await redis_now(settings)
+
+
+async def dead_letters(settings: Settings, n: int, timeout: float = 30.0) -> dict[str, str]:
+    """event_id -> reason of the first ``n`` dead letters (waits up to ``timeout``)."""
+    import time
+
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(settings.dlq_topic, bootstrap_servers=settings.kafka_bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    got: dict[str, str] = {}
+    try:
+        deadline = time.monotonic() + timeout
+        while len(got) < n and time.monotonic() < deadline:
+            for recs in (await consumer.getmany(timeout_ms=200)).values():
+                for rec in recs:
+                    got[orjson.loads(rec.value)["event_id"]] = dict(rec.headers)[
+                        "reason"].decode()
+    finally:
+        await consumer.stop()
+    return got
 
 
 async def redis_now(settings: Settings) -> int:
@@ -137,7 +158,6 @@ class LuaTracker:
         for repo, ns in retired.items():
             self.r.srem(REPOS, repo)
             self.r.hsetnx(RETIRED, repo, orjson.dumps({"namespace": ns, "at_ms": now_ms}))
-            free_namespace(self.r, repo, ns)
         return rejected, results
 
 
