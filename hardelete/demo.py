@@ -1,6 +1,6 @@
 """``hardelete demo``: run the model service on the embedded stack and show what it did.
 
-Starts Tansu, Redis and moto (or uses the ones the settings point at), creates the topics,
+Starts Apache Kafka, Redis and MinIO (or uses the ones the settings point at), creates the topics,
 runs a seeded workload through :class:`hardelete.model.ModelService` (real objects, Parquet
 manifests and events), then prints a summary and checks the model's ground truth against a
 direct listing of the store.
@@ -169,7 +169,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     defaults = DemoOptions()
     parser.add_argument("--seed", type=int, default=defaults.seed, help="workload seed")
     parser.add_argument("--ops", type=int, default=defaults.ops,
-                        help="random operations after set-up (moto takes ~260 PUT/s)")
+                        help="random operations after set-up (MinIO takes ~450 PUT/s)")
     parser.add_argument("--repos", type=int, default=defaults.repos)
     parser.add_argument("--branches", type=int, default=defaults.branches,
                         help="branches per repository at the start")

@@ -3,7 +3,7 @@ run; and the unreferenced-to-deleted latency with a live tracker.
 
     .venv/bin/python -m reaper.bench --objects 20000
 
-Phase 1 (throughput): 2N objects are PUT into the embedded moto server. N are deleted by a raw
+Phase 1 (throughput): 2N objects are PUT into the embedded S3 server (MinIO). N are deleted by a raw
 sequential ``delete_objects`` loop (1,000 keys per request, one client): the physical limit.
 The two alternate in rounds (raw, reaper, raw, reaper, ...) because the server's speed drifts
 during a run. For the other N, the tracker's own apply script records a write and a delete (so
@@ -11,7 +11,7 @@ they are unreferenced, exactly as the tracker would leave them), the tracker-pro
 set to the Redis clock (the benchmark stands in for a caught-up tracker), and the reaper deletes
 them with its real path: claim script, bulk parallel deletes, completion script.
 
-Phase 2 (latency): Tansu + tracker + reaper live, grace 1 s; the model service writes and then
+Phase 2 (latency): Kafka + tracker + reaper live, grace 1 s; the model service writes and then
 deletes M objects; each confirmed delete's time since its address became unreferenced (tracker
 clock) is recorded. Reported as percentiles, and as time beyond the grace window.
 """
@@ -46,7 +46,7 @@ from tracker.testing import apply_lua, lua_batches
 
 
 def _put_all(s3: Any, bucket: str, keys: list[str], progress: Progress) -> None:
-    task = progress.add_task("PUT objects into moto", total=len(keys))
+    task = progress.add_task("PUT objects into S3", total=len(keys))
 
     def put(k: str) -> None:
         s3.put_object(Bucket=bucket, Key=k, Body=b"x")

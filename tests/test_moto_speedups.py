@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 
+# moto is a stand-in now (the embedded S3 server is MinIO): only in the 'standins' extra.
+pytest.importorskip("moto", reason="moto is in the 'standins' extra: pip install -e '.[standins]'")
+
 from hardelete.clients import s3_client
 from hardelete.settings import load_settings
 from hardelete.stack import Server, moto_server

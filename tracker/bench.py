@@ -2,7 +2,7 @@
 
     .venv/bin/python -m tracker.bench --events 200000
 
-Starts the embedded stack (Tansu + Redis), publishes N events of a realistic mix
+Starts the embedded stack (Apache Kafka + Redis), publishes N events of a realistic mix
 (``tracker.gen.workload``), then measures (1) a raw aiokafka loop that only iterates the
 records and (2) the tracker applying them end to end into Redis (decode, admission, Lua apply,
 offset commits, progress). The tracker's clock starts once its partitions are assigned (the
