@@ -149,3 +149,15 @@ def test_embedded_redis_runs_with_mimalloc_unless_told_libc(tmp_path: Path) -> N
 def test_an_unknown_redis_allocator_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StackError, match=r"jemalloc.*expected one of mimalloc, libc"):
         redis_server(tmp_path, malloc="jemalloc")
+
+
+def test_the_stand_ins_only_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hardelete.stack import STACK_ENV, standins
+
+    monkeypatch.delenv(STACK_ENV, raising=False)
+    assert not standins()
+    monkeypatch.setenv(STACK_ENV, "standins")
+    assert standins()
+    monkeypatch.setenv(STACK_ENV, "tansu")
+    with pytest.raises(StackError, match="HARDELETE_STACK='tansu': expected 'standins'"):
+        standins()
