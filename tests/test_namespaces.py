@@ -1,5 +1,5 @@
 """Namespace ownership and the repository lifecycle (SPEC safety 8): the pure rules, the
-registry script, and end to end on the real stack (Tansu, Redis, moto) with the reaper.
+registry script, and end to end on the real stack (Kafka, Redis, MinIO) with the reaper.
 
 A repository whose namespace equals, contains or lies inside a live repository's is refused
 (dead letter with the reason, and an incident); ``repository_deleted`` retires a repository:

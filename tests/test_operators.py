@@ -1,4 +1,4 @@
-"""The operator's commands through the CLI on the real stack (Tansu, Redis, moto): holds, dead
+"""The operator's commands through the CLI on the real stack (Kafka, Redis, MinIO): holds, dead
 letters, quarantine, pause/resume, status and health, the scheduler."""
 
 from __future__ import annotations

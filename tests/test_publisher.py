@@ -1,4 +1,5 @@
-"""The publisher against a real broker (Tansu): topics, keyed partitioning, per-repository order."""
+"""The publisher against a real broker (Apache Kafka): topics, keyed partitioning,
+per-repository order."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reaper end to end on the real stack (Tansu, Redis, moto), driven by the model service.
+"""The reaper end to end on the real stack (Kafka, Redis, MinIO), driven by the model service.
 
 SPEC.md's safety rules are the acceptance criteria: nothing live is ever deleted, a stopped
 tracker holds reaping back, a crash between claim and delete loses nothing and leaves nothing

@@ -187,8 +187,8 @@ async def _reconcile_with_tracker(spark: Any, settings: Any, opts: RunOptions) -
 @pytest.mark.slow
 def test_one_run_deletes_exactly_the_model_garbage_older_than_the_cutoff(
         spark, rsettings, s3, redis_client):
-    """On the real stack: the model service publishes through Tansu, the tracker daemon fills
-    Redis, the reconciler runs on local Spark against the moto server."""
+    """On the real stack: the model service publishes through Kafka, the tracker daemon fills
+    Redis, the reconciler runs on local Spark against MinIO."""
     clock = Clock(time.time() - 2 * 3600)
     # upload tokens expire in 50 ms: unlinked uploads are long expired at the cutoff
     model = Model(clock=clock, upload_ttl_seconds=0.05, new_id=seeded_ids(5),

@@ -1,4 +1,4 @@
-"""Safety II, end to end (moto + Redis + the tracker's apply script + local Spark): the sweep
+"""Safety II, end to end (MinIO + Redis + the tracker's apply script + local Spark): the sweep
 re-validates what changed since the mark, grace binds the mark, the service's own export is a
 second witness, addresses are compared in one canonical form, and a retired repository is
 refused. (The blast-radius guard and the cross-check gate: tests/test_reconcile.py.)"""

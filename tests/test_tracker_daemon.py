@@ -1,4 +1,4 @@
-"""The tracker daemon against the real broker (Tansu) and Redis: end to end, dead letters,
+"""The tracker daemon against the real broker (Apache Kafka) and Redis: end to end, dead letters,
 progress/horizon, metrics, rebalance between two trackers, kill -9 and restart, Redis Cluster."""
 
 from __future__ import annotations
