@@ -302,6 +302,13 @@ def moto_server(workdir: Path, port: int | None = None, *, speedups: bool = True
                   port or free_port(), _http_ok, workdir)
 
 
+def _installed(how: Callable[[], Path]) -> Path:
+    try:
+        return how()
+    except install.InstallError as exc:
+        raise StackError(str(exc)) from None
+
+
 def new_cluster_id() -> str:
     """A Kafka cluster id as ``kafka-storage random-uuid`` makes one (base64url, 22 chars),
     without starting a JVM for it."""
@@ -395,7 +402,7 @@ def kafka_server(workdir: Path, port: int | None = None, *, data_dir: Path | Non
                  properties: dict[str, str] | None = None) -> KafkaServer:
     """One Apache Kafka node (installed on first use). ``data_dir``: where its log lives
     (default: under ``workdir``)."""
-    install.install_kafka()  # (here, not in start(): a missing Java is said before anything)
+    _installed(install.install_kafka)  # (here, not in start(): said before anything starts)
     p = port or free_port()
     server = KafkaServer("kafka", lambda q: [], p, _tcp_ok, workdir,
                          data_dir=data_dir or workdir / f"kafka-data-{p}",
@@ -416,7 +423,7 @@ def minio_server(workdir: Path, port: int | None = None, *, data_dir: Path | Non
         raise StackError("the embedded MinIO needs an S3 access key of 3 or more characters "
                          "and a secret key of 8 or more (HARDELETE_S3_ACCESS_KEY, "
                          "HARDELETE_S3_SECRET_KEY)")
-    binary = str(install.install_minio())
+    binary = str(_installed(install.install_minio))
     p = port or free_port()
     data = data_dir or workdir / f"minio-data-{p}"
 

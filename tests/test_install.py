@@ -53,6 +53,11 @@ def test_missing_tools_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         install.install_kafka()
     with pytest.raises(install.InstallError, match=r"needs `go`.*HARDELETE_S3_ENDPOINT_URL"):
         install.install_minio()
+    # The launcher says it as its own error (the demo prints it and exits).
+    from hardelete.stack import StackError, kafka_server
+
+    with pytest.raises(StackError, match=r"Java 17 or newer"):
+        kafka_server(tmp_path)
 
 
 def test_the_cache_is_outside_the_tree_and_keyed_by_version(monkeypatch: pytest.MonkeyPatch
