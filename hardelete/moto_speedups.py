@@ -235,7 +235,8 @@ def _patch_response_costs() -> None:
         if isinstance(body, str) and "<RequestId>" not in body:
             headers, _ = enrich(headers, "")  # the same headers; the body has nothing to fill
             return headers, body
-        return enrich(headers, body)
+        out: tuple[dict[str, str], Any] = enrich(headers, body)  # (Any without moto installed)
+        return out
 
     setattr(BaseResponse, "_enrich_response", staticmethod(_enrich_response))  # noqa: B010
 
