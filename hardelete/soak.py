@@ -1206,11 +1206,17 @@ class Soak:
         return [f"state={ex.state}: {ex.verdict}", *ex.lines]
 
     def _held(self) -> set[str]:
-        """Addresses under a hold (exact ones: the soak places no prefix holds)."""
+        """Addresses under a hold: exact ones, and every object under a prefix hold (a
+        dead-lettered event that named no readable address holds its whole namespace)."""
         r = redis_sync(self.settings)
         try:
-            return {a for repo in self.model.repositories
+            held = {a for repo in self.model.repositories
                     for a in r.hkeys(RepoKeys(repo).holds)}
+            prefixes = tuple(p for repo in self.model.repositories
+                             for p in r.hkeys(RepoKeys(repo).hold_prefixes))
+            if prefixes:
+                held |= {a for a in self.model.objects if a.startswith(prefixes)}
+            return held
         finally:
             r.close()
 

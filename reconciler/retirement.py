@@ -88,6 +88,17 @@ def _record(r: Any, rec: Retired, **changes: Any) -> None:
     r.hset(RETIRED, rec.repository, orjson.dumps(d).decode())
 
 
+def _pages(s3: Any, bucket: str, prefix: str) -> Any:
+    """The listing's pages; a bucket that does not exist holds nothing of it."""
+    from botocore.exceptions import ClientError
+
+    try:
+        yield from s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") != "NoSuchBucket":
+            raise
+
+
 def purge_retired(settings: Settings, repo: str, *, release: bool = False,
                   progress: Any = None) -> dict[str, Any]:
     """Purge a retired repository's data once due (see the module docstring); the report."""
@@ -151,7 +162,7 @@ def purge_retired(settings: Settings, repo: str, *, release: bool = False,
             if progress is not None:
                 progress(summary["deleted"], listed)
 
-        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for page in _pages(s3, bucket, prefix):
             for obj in page.get("Contents", []):
                 rel = obj["Key"][len(prefix):]
                 if rel.startswith(RESERVED_PREFIXES):
@@ -171,7 +182,10 @@ def purge_retired(settings: Settings, repo: str, *, release: bool = False,
             free_namespace(r, repo, ns)
             _record(r, rec, purged_at_ms=redis_time_ms(r), purge_run=run_id)
             r.delete(RepoKeys(repo).holds, RepoKeys(repo).hold_prefixes)
-        put_json(s3, bucket, f"{prefix}_hardelete/reports/{run_id}/summary.json", summary)
+        try:
+            put_json(s3, bucket, f"{prefix}_hardelete/reports/{run_id}/summary.json", summary)
+        except Exception as exc:  # (no bucket): the summary is still returned and logged
+            summary["report_error"] = f"{type(exc).__name__}: {exc}"
         log.info("retired repository purged" if left else "retired purge incomplete",
                  repository=repo, deleted=summary["deleted"], kept=len(summary["kept"]),
                  failed=len(summary["failed"]), run_id=run_id)

@@ -193,7 +193,11 @@ def test_dlq_replay_judges_a_refused_repository_again(cli, capsys, redis_client,
     assert redis_client.hget(NAMESPACES, "s3://opsb/ns/sub/") is None
     gone = RepositoryDeleted(repository="ops", storage_namespace="s3://opsb/ns/")
     asyncio.run(publish_and_track(cli, (encode(gone), gone.key)))
-    assert redis_client.hget(NAMESPACES, "s3://opsb/ns/") is None  # retired: the namespace is free
+    # retired, its data kept: the namespace stays its own until an operator releases it
+    assert redis_client.hget(NAMESPACES, "s3://opsb/ns/") == "ops"
+    code, out, err = run(capsys, "retired", "purge", "ops", "--release")
+    assert code == 0 and "done" in out, err
+    assert redis_client.hget(NAMESPACES, "s3://opsb/ns/") is None
     (tmp_path / "created.json").write_bytes(encode(early))
     code, out, _ = run(capsys, "dlq", "replay", "--file", str(tmp_path / "created.json"))
     assert code == 0 and early.event_id in out
