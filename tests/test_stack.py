@@ -52,6 +52,14 @@ def test_starts_answers_and_stops(tmp_path: Path) -> None:
 
 
 async def _produce_and_end(bootstrap: str, topic: str) -> int:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:  # (no auto-creation on the embedded broker; "already exists" after a restart)
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        await admin.close()
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
     await producer.start()
     try:

@@ -330,7 +330,12 @@ async def test_topic_recreated_with_more_partitions_holds_the_horizon(settings: 
         await admin.start()
         try:
             await admin.delete_topics([s.events_topic])
-            await admin.create_topics([NewTopic(s.events_topic, 4, 1)])
+            deadline = time.monotonic() + 10
+            # (Kafka may still be deleting it: "already exists" until it is gone.)
+            while (await admin.create_topics([NewTopic(s.events_topic, 4, 1)])
+                   ).topic_errors[0][1] != 0:
+                assert time.monotonic() < deadline, "the topic could not be re-created"
+                await asyncio.sleep(0.1)
         finally:
             await admin.close()
         deadline = time.monotonic() + 30
