@@ -320,12 +320,11 @@ def new_cluster_id() -> str:
 
 # The embedded broker: defaults, except what one node needs (replication 1 for the internal
 # topics), what tests need (session timeouts down to 1 s: the default minimum, 6 s, refuses
-# the tests' 3 s; no initial rebalance delay), fewer internal partitions (50 by default: each
-# group's first use would create them all), and no topic auto-creation, as in compose/ and as
-# production brokers are run: a consumer's metadata request must not re-create a deleted topic
-# with the broker's default partition count (topics are created by ensure_topics).
+# the tests' 3 s; no initial rebalance delay) and fewer internal partitions (50 by default:
+# each group's first use would create them all). Topics are auto-created, Kafka's default
+# (compose/ turns it off: there the reaper's first addresses_reaped publish needs the topics
+# created by a tracker first).
 KAFKA_PROPERTIES: dict[str, str] = {
-    "auto.create.topics.enable": "false",
     "offsets.topic.replication.factor": "1",
     "offsets.topic.num.partitions": "4",
     "transaction.state.log.replication.factor": "1",

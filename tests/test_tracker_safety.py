@@ -329,13 +329,16 @@ async def test_topic_recreated_with_more_partitions_holds_the_horizon(settings: 
         admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
         await admin.start()
         try:
-            await admin.delete_topics([s.events_topic])
-            deadline = time.monotonic() + 10
-            # (Kafka may still be deleting it: "already exists" until it is gone.)
-            while (await admin.create_topics([NewTopic(s.events_topic, 4, 1)])
-                   ).topic_errors[0][1] != 0:
+            deadline = time.monotonic() + 30
+            while True:
+                await admin.delete_topics([s.events_topic])
+                created = await admin.create_topics([NewTopic(s.events_topic, 4, 1)])
+                if created.topic_errors[0][1] == 0:
+                    break
+                # Kafka was still deleting it, or the running tracker's metadata request
+                # auto-created it again meanwhile (1 partition, the broker's default): again.
                 assert time.monotonic() < deadline, "the topic could not be re-created"
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.2)
         finally:
             await admin.close()
         deadline = time.monotonic() + 30
