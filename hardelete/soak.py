@@ -1166,7 +1166,7 @@ class Soak:
                    else self.model.truth(now).online_garbage) & written
         # A dead-lettered event that named an address put a hold on it (SPEC safety 10): it is
         # kept until an operator resolves the dead letter, which the soak does not play.
-        held = self._held()
+        held = self._held(garbage)
         # Every repository counts, fail-closed ones included: failing closed is safe, but the
         # promise is that garbage still goes, so what they keep is garbage not reclaimed.
         reclaimable = {a for a in garbage if a not in held}
@@ -1206,14 +1206,19 @@ class Soak:
             return [f"explain failed: {type(exc).__name__}: {exc}"]
         return [f"state={ex.state}: {ex.verdict}", *ex.lines]
 
-    def _held(self) -> set[str]:
-        """Addresses under a hold (exact ones: the soak places no prefix holds)."""
+    def _held(self, addresses: set[str]) -> set[str]:
+        """Those of ``addresses`` under a hold: exact, or under a prefix (a dead letter that
+        names no readable address, e.g. a malformed fault, holds its whole namespace)."""
         r = redis_sync(self.settings)
         try:
-            return {a for repo in self.model.repositories
-                    for a in r.hkeys(RepoKeys(repo).holds)}
+            exact: set[str] = set()
+            prefixes: list[str] = []
+            for repo in self.model.repositories:
+                exact.update(r.hkeys(RepoKeys(repo).holds))
+                prefixes += r.hkeys(RepoKeys(repo).hold_prefixes)
         finally:
             r.close()
+        return {a for a in addresses if a in exact or a.startswith(tuple(prefixes))}
 
     def _incidents(self) -> list[IncidentRecord]:
         r = redis_sync(self.settings)

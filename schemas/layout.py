@@ -169,14 +169,15 @@ class RepoKeys:
 
     @property
     def holds(self) -> str:
-        """hash: address -> json {reason, source, at_ms}: every delete path keeps a held
-        address (dead-lettered events naming it, legal holds, restores)."""
+        """hash: address -> json {claims: {claim id -> {reason, source, at_ms, ...}}, reason,
+        source, at_ms}: every delete path keeps a held address (dead-lettered events naming it,
+        legal holds, restores); the hold goes with its last claim (schemas/holds.py)."""
         return f"{self.tag}:holds"
 
     @property
     def hold_prefixes(self) -> str:
-        """hash: key prefix (full s3:// form) -> json {reason, source, at_ms}: every address
-        under the prefix is held (few entries: delete paths read the whole hash)."""
+        """hash: key prefix (full s3:// form) -> json, as ``holds``: every address under the
+        prefix is held (few entries: delete paths read the whole hash)."""
         return f"{self.tag}:holdprefixes"
 
     @property

@@ -342,31 +342,37 @@ def hold_targets(value: bytes | None, key: bytes | None,
                  namespaces: dict[str, str]) -> list[tuple[str, str]]:
     """(repository, address) pairs a dead-lettered record still names (SPEC safety 10: a lost
     event never becomes a deletion): a known repository (its ``repository`` field or the record
-    key) and an address field inside that repository's namespace. Lenient on purpose: the
-    record failed validation, so only its JSON shape is assumed."""
-    if not value:
+    key) and an address field inside that repository's namespace; the namespace itself (a
+    prefix hold) when what the record names cannot be read: not a JSON object, an unknown
+    type, an address event without a readable address, or a ref event (a lost tag or commit
+    may be what retains committed data; which objects, only the reconciler can tell). Lenient
+    on purpose: the record failed validation, so only its JSON shape is assumed."""
+    if not value and not key:
         return []
     try:
-        body = orjson.loads(value)
+        body = orjson.loads(value or b"")
     except orjson.JSONDecodeError:
-        return []
+        body = None
     if type(body) is not dict:
-        return []
+        body = {}
     repos = []
     if type(body.get("repository")) is str:
         repos.append(body["repository"])
     if key:
         with contextlib.suppress(UnicodeDecodeError):
             repos.append(key.decode())
+    t = body.get("type")
+    unreadable = type(t) is not str or t not in EVENT_TYPES or t in _REF_TYPES
     out: list[tuple[str, str]] = []
     for repo in dict.fromkeys(repos):
         ns = namespaces.get(repo)
         if ns is None:
             continue
         named = [body.get(name) for name in _HOLD_FIELDS if body.get(name) is not None]
-        if body.get("type") in _ADDRESS_TYPES and not named:
-            out.append((repo, ns))  # an address event that lost its address: anything
-            continue
+        if unreadable or (t in _ADDRESS_TYPES and not named):
+            out.append((repo, ns))  # it could have named (or retained) anything there
+            if unreadable:
+                continue
         for addr in named:
             # Every object the spelling could mean (schemas/address.py); one that cannot be
             # read at all could mean anything in the namespace.
@@ -380,6 +386,9 @@ def hold_targets(value: bytes | None, key: bytes | None,
 # Events whose loss may lose a reference: one that names no readable address holds everything.
 _ADDRESS_TYPES = frozenset({"object_written", "object_copied", "object_deleted",
                             "address_issued"})
+# Events that move a branch or tag (or add a commit): their loss may lose what retains data.
+_REF_TYPES = frozenset({"branch_created", "commit_created", "branch_reset", "branch_deleted",
+                        "tag_created", "tag_deleted"})
 
 
 def candidate_repos(value: bytes | None, key: bytes | None) -> set[str]:

@@ -464,7 +464,8 @@ def fail_closed_repos(r: Any) -> dict[str, dict[str, str]]:
 
 
 def holds(r: Any, repo: str) -> dict[str, dict[str, Any]]:
-    """Held addresses of ``repo`` -> {reason, source, at_ms, ...} (delete paths keep them)."""
+    """Held addresses of ``repo`` -> {claims, reason, source, at_ms} (delete paths keep
+    them; schemas/holds.py)."""
     return {a: orjson.loads(v) for a, v in r.hgetall(RepoKeys(repo).holds).items()}
 
 
