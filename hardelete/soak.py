@@ -33,7 +33,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -858,7 +858,8 @@ class Soak:
         events: list[Event] = [
             RepositoryCreated(repository=intruder, storage_namespace=parent,
                               default_branch="main", default_retention_days=7.0),
-            BranchCreated(repository=intruder, branch="main", staging_token=token),
+            BranchCreated(repository=intruder, branch="main", staging_token=token,
+                          ref_version=1),
             ObjectWritten(repository=intruder, branch="main", staging_token=token, path="x",
                           address=entry.address, size=entry.size, ref_id=ref),
             ObjectDeleted(repository=intruder, branch="main", staging_token=token, path="x",
@@ -1206,7 +1207,7 @@ class Soak:
             return [f"explain failed: {type(exc).__name__}: {exc}"]
         return [f"state={ex.state}: {ex.verdict}", *ex.lines]
 
-    def _held(self, addresses: set[str]) -> set[str]:
+    def _held(self, addresses: Iterable[str]) -> set[str]:
         """Those of ``addresses`` under a hold: exact, or under a prefix (a dead letter that
         names no readable address, e.g. a malformed fault, holds its whole namespace)."""
         r = redis_sync(self.settings)

@@ -42,6 +42,14 @@ INCIDENTS = f"{PREFIX}:incidents"  # list: json {kind, repository, reason, event
 FAIL_CLOSED = f"{PREFIX}:failclosed"  # hash: reason, at_ms, detail (present = fail-closed)
 
 
+# Ref events (branch/tag created/deleted, commit created, branch reset) whose event id the
+# tracker remembers per repository, with the ref and version each carried (RepoKeys.ref_seen):
+# a redelivery or a retried publish within this many later ref events of the repository is
+# recognised as a duplicate by its id. Beyond it, ref_version alone keeps the outcome (a
+# duplicate's version is never above the ref's). apply.lua's WINDOW is the same number.
+REF_DEDUPE_WINDOW = 10_000
+
+
 class AddressState(StrEnum):
     STAGED = "staged"  # at least one live reference in an open/sealed (or unknown) token
     COMMITTED = "committed"  # a commit took it: terminal for the online path, never reaped online
@@ -118,6 +126,17 @@ class RepoKeys:
         """hash: 'b:<branch>' / 't:<tag>' -> highest ref_version applied (deletes included:
         a versioned tombstone, so a late lower-versioned event cannot resurrect the ref)."""
         return f"{self.tag}:refver"
+
+    @property
+    def ref_seen(self) -> str:
+        """hash: ref event id -> '<ref>|<version>' for the last REF_DEDUPE_WINDOW ref events
+        (the dedupe window: the same id, ref and version again is a duplicate)."""
+        return f"{self.tag}:refseen"
+
+    @property
+    def ref_seen_order(self) -> str:
+        """list: the ids of ``ref_seen``, oldest first (the oldest leaves a full window)."""
+        return f"{self.tag}:refseenq"
 
     @property
     def commits(self) -> str:

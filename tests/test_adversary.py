@@ -194,7 +194,7 @@ class Adversary(RuleBasedStateMachine):
                                            storage_namespace=NS, default_branch="main",
                                            default_retention_days=7.0))
         self._deliver(ev.BranchCreated(repository=REPO, event_id=self._id(), branch="main",
-                                       staging_token="t0", source_commit=None))
+                                       staging_token="t0", source_commit=None, ref_version=0))
 
     def _id(self) -> str:
         self.n += 1
@@ -304,7 +304,8 @@ class Adversary(RuleBasedStateMachine):
         self._publish(ev.CommitCreated(repository=REPO, event_id=self._id(), branch="main",
                                        commit_id=f"c{self.n}", parents=[],
                                        sealed_tokens=[sealed], staging_token=new,
-                                       committed_at=self.now / 1000, manifest=f"{NS}m"), late)
+                                       committed_at=self.now / 1000, manifest=f"{NS}m",
+                                       ref_version=self.n), late)
         self.entries = {r: v for r, v in self.entries.items() if v[1] != sealed}
 
     @rule(late=st.booleans())
@@ -312,7 +313,8 @@ class Adversary(RuleBasedStateMachine):
         dropped, new = self.open_token, f"t{self.n + 1}"
         self.open_token = new
         self._publish(ev.BranchReset(repository=REPO, event_id=self._id(), branch="main",
-                                     dropped_tokens=[dropped], staging_token=new), late)
+                                     dropped_tokens=[dropped], staging_token=new,
+                                     ref_version=self.n), late)
         self.entries = {r: v for r, v in self.entries.items() if v[1] != dropped}
 
     @rule(i=st.integers(0, len(ADDRS) - 1))

@@ -30,6 +30,7 @@ from schemas.events import (
     ADDRESS_FIELDS,
     EVENT_TYPES,
     NAMED_ADDRESS_FIELDS,
+    REF_EVENT_TYPES,
     SCHEMA_VERSION,
     EventError,
     named_addresses,
@@ -39,7 +40,6 @@ from tracker.references import admission_problem
 
 OP_REPO, OP_BRANCH, OP_ISSUE, OP_ADD, OP_DEL, OP_COMMIT = 1, 2, 3, 4, 5, 6
 OP_RESET, OP_BDEL, OP_TAG, OP_UNTAG, OP_RETIRE, OP_REAPED = 7, 8, 9, 10, 11, 12
-NO_VERSION = -1  # compact form of an absent ref_version (versions are >= 0)
 
 # Each field check is the Python expression that is true when the value ``x`` is BAD; the
 # per-type validators below are generated from them (one straight-line function per type: a loop
@@ -219,11 +219,6 @@ def parse(value: bytes | None) -> dict[str, Any]:
     return event_body(ev.decode(value))  # raises EventError with the reason
 
 
-def _version(body: dict[str, Any]) -> int:
-    v = body.get("ref_version")
-    return NO_VERSION if v is None else int(v)
-
-
 def compact(body: dict[str, Any], offset: int) -> list[Any]:
     """The Lua script's form of a validated body (see apply.lua)."""
     t = body["type"]
@@ -239,20 +234,21 @@ def compact(body: dict[str, Any], offset: int) -> list[Any]:
         record = orjson.dumps({"parents": body["parents"], "time": body["committed_at"],
                                "branch": body["branch"], "manifest": body["manifest"]}).decode()
         return [offset, OP_COMMIT, body["branch"], body["commit_id"], body["sealed_tokens"],
-                body["staging_token"], record, body["event_id"], _version(body)]
+                body["staging_token"], record, body["event_id"], body["ref_version"]]
     if t == "branch_created":
         return [offset, OP_BRANCH, body["branch"], body["staging_token"],
-                body.get("source_commit") or "", _version(body)]
+                body.get("source_commit") or "", body["ref_version"], body["event_id"]]
     if t == "branch_reset":
         return [offset, OP_RESET, body["branch"], body["dropped_tokens"], body["staging_token"],
-                body.get("head") or "", body["event_id"], _version(body)]
+                body.get("head") or "", body["event_id"], body["ref_version"]]
     if t == "branch_deleted":
         return [offset, OP_BDEL, body["branch"], body["dropped_tokens"], body["event_id"],
-                _version(body)]
+                body["ref_version"]]
     if t == "tag_created":
-        return [offset, OP_TAG, body["tag"], body["commit_id"], _version(body)]
+        return [offset, OP_TAG, body["tag"], body["commit_id"], body["ref_version"],
+                body["event_id"]]
     if t == "tag_deleted":
-        return [offset, OP_UNTAG, body["tag"], _version(body)]
+        return [offset, OP_UNTAG, body["tag"], body["ref_version"], body["event_id"]]
     if t == "repository_deleted":
         return [offset, OP_RETIRE, body["event_id"]]
     if t == "addresses_reaped":
@@ -362,7 +358,7 @@ def hold_targets(value: bytes | None, key: bytes | None,
         with contextlib.suppress(UnicodeDecodeError):
             repos.append(key.decode())
     t = body.get("type")
-    unreadable = type(t) is not str or t not in EVENT_TYPES or t in _REF_TYPES
+    unreadable = type(t) is not str or t not in EVENT_TYPES or t in REF_EVENT_TYPES
     out: list[tuple[str, str]] = []
     for repo in dict.fromkeys(repos):
         ns = namespaces.get(repo)
@@ -386,9 +382,6 @@ def hold_targets(value: bytes | None, key: bytes | None,
 # Events whose loss may lose a reference: one that names no readable address holds everything.
 _ADDRESS_TYPES = frozenset({"object_written", "object_copied", "object_deleted",
                             "address_issued"})
-# Events that move a branch or tag (or add a commit): their loss may lose what retains data.
-_REF_TYPES = frozenset({"branch_created", "commit_created", "branch_reset", "branch_deleted",
-                        "tag_created", "tag_deleted"})
 
 
 def candidate_repos(value: bytes | None, key: bytes | None) -> set[str]:
