@@ -263,13 +263,11 @@ another ref or version is applied by the version rule (never dropped). ]]
 local dups, reused = 0, 0
 local function duplicate(ev_id, field, v)
   local mark = field .. '|' .. fmt(v)
-  local seen = redis.call('HGET', K_REFSEEN, ev_id)
-  if seen then
-    if seen == mark then dups = dups + 1; return true end
+  if redis.call('HSETNX', K_REFSEEN, ev_id, mark) == 0 then  -- seen (the common case: not)
+    if redis.call('HGET', K_REFSEEN, ev_id) == mark then dups = dups + 1; return true end
     reused = reused + 1
     return false
   end
-  redis.call('HSET', K_REFSEEN, ev_id, mark)
   if redis.call('RPUSH', K_REFSEENQ, ev_id) > WINDOW then
     redis.call('HDEL', K_REFSEEN, redis.call('LPOP', K_REFSEENQ))
   end
