@@ -15,8 +15,11 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 
-def s3_client(settings: Settings, max_pool: int = 32) -> S3Client:
-    """A boto3 S3 client; also used inside Spark tasks (settings are picklable)."""
+def s3_client(settings: Settings, max_pool: int = 32, *, retries: bool = True) -> S3Client:
+    """A boto3 S3 client; also used inside Spark tasks (settings are picklable).
+
+    ``retries=False``: botocore never retries (one attempt per request): the delete gate's
+    client (``hardelete.deletes``), which re-judges before each of its own retries."""
     client: S3Client = boto3.client(
         "s3",
         endpoint_url=settings.s3_endpoint_url or None,
@@ -25,7 +28,8 @@ def s3_client(settings: Settings, max_pool: int = 32) -> S3Client:
         aws_secret_access_key=settings.s3_secret_key,
         config=Config(
             max_pool_connections=max_pool,
-            retries={"max_attempts": 5, "mode": "adaptive"},
+            retries=({"max_attempts": 5, "mode": "adaptive"} if retries
+                     else {"total_max_attempts": 1, "mode": "standard"}),
             s3={"addressing_style": "path"},
         ),
     )

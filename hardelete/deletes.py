@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Container, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from schemas.address import canonical_namespace
 from schemas.layout import FAIL_CLOSED, NAMESPACES, OutsideNamespace, RepoKeys, namespace_key
-from schemas.liveness import Guards
+from schemas.liveness import Guards, Path, judge
 from schemas.namespaces import ownership_problem
+from schemas.records import DecodedAddress, decode_address
 
 S3_MAX_KEYS = 1000
 TRANSIENT_CODES = frozenset({
@@ -167,6 +168,92 @@ async def aread_gate(r: Any, repo: str, addresses: Iterable[str] = ()) -> Gate:
     return _gate_from(res, addrs)
 
 
+# --- the one evidence reader ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything the judgment needs about some addresses of one repository, read at once right
+    before a request: the guards, the address records, the claims, the token states and the
+    Redis clock. Every delete path reads it here (:func:`read_evidence`, :func:`aread_evidence`)
+    and asks :func:`keep_reasons`; none reads Redis for a delete decision by itself."""
+
+    gate: Gate
+    records: Mapping[str, DecodedAddress | None]
+    claimed: Mapping[str, bool]
+    token_states: Mapping[str, str | None]
+    now_ms: int
+
+
+def _evidence_calls(pipe: Any, repo: str, addresses: list[str]) -> None:
+    k = RepoKeys(repo)
+    for address in addresses:
+        pipe.hgetall(k.address(address))
+    for address in addresses:
+        pipe.zscore(k.claims, address)
+    pipe.time()
+
+
+def _evidence_from(gate: Gate, raw: list[Any], addresses: list[str]
+                   ) -> tuple[dict[str, DecodedAddress | None], dict[str, bool], int, list[str]]:
+    n = len(addresses)
+    records = {a: (decode_address(h) if h else None)
+               for a, h in zip(addresses, raw[:n], strict=True)}
+    claimed = {a: c is not None for a, c in zip(addresses, raw[n:2 * n], strict=True)}
+    sec, usec = raw[2 * n]
+    tokens = sorted({t for rec in records.values() if rec is not None for t in rec.adds.values()})
+    return records, claimed, int(sec) * 1000 + int(usec) // 1000, tokens
+
+
+def read_evidence(r: Any, repo: str, addresses: Iterable[str]) -> Evidence:
+    """Read the evidence now (synchronous client; Redis Cluster too)."""
+    addrs = list(dict.fromkeys(addresses))
+    gate = read_gate(r, repo, addrs)
+    pipe = r.pipeline(transaction=False)
+    _evidence_calls(pipe, repo, addrs)
+    records, claimed, now, tokens = _evidence_from(gate, pipe.execute(), addrs)
+    states = dict(zip(tokens, r.hmget(RepoKeys(repo).tokens, tokens), strict=True)) \
+        if tokens else {}
+    return Evidence(gate, records, claimed, {t: _opt_text(v) for t, v in states.items()}, now)
+
+
+async def aread_evidence(r: Any, repo: str, addresses: Iterable[str]) -> Evidence:
+    """Read the evidence now (async client)."""
+    addrs = list(dict.fromkeys(addresses))
+    gate = await aread_gate(r, repo, addrs)
+    pipe = r.pipeline(transaction=False)
+    _evidence_calls(pipe, repo, addrs)
+    records, claimed, now, tokens = _evidence_from(gate, await pipe.execute(), addrs)
+    states = dict(zip(tokens, await r.hmget(RepoKeys(repo).tokens, tokens), strict=True)) \
+        if tokens else {}
+    return Evidence(gate, records, claimed, {t: _opt_text(v) for t, v in states.items()}, now)
+
+
+def _opt_text(v: Any) -> str | None:
+    return None if v is None else _text(v)
+
+
+def keep_reasons(evidence: Evidence, repo: str, namespace: str, *, path: Path,
+                 horizon_ms: int | None, grace_ms: int, cutoff_ms: int | None = None,
+                 claimer: str | None = None, vouched: Container[str] = (),
+                 now_ms: int | None = None) -> dict[str, str]:
+    """address -> reason to keep, for the addresses the one judgment (``schemas.liveness``)
+    does not let go now. ``vouched``: addresses a fresh service export vouched for, which the
+    fail-closed guard alone does not keep (SPEC safety 10)."""
+    keep: dict[str, str] = {}
+    now = evidence.now_ms if now_ms is None else now_ms
+    for address, rec in evidence.records.items():
+        guards = evidence.gate.guards(repo, namespace, address)
+        if address in vouched and guards.fail_closed is not None:
+            guards = replace(guards, fail_closed=None)
+        j = judge(rec, evidence.token_states, now_ms=now, horizon_ms=horizon_ms,
+                  grace_ms=grace_ms, path=path, cutoff_ms=cutoff_ms,
+                  claimed=evidence.claimed.get(address, False), claimer=claimer,
+                  guards=guards)
+        if not j.may_delete:
+            keep[address] = j.reason
+    return keep
+
+
 # --- the core ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -202,6 +289,7 @@ def delete_keys(s3: Any, bucket: str, keys: list[str], *, policy: RetryPolicy = 
     """
     if len(keys) > S3_MAX_KEYS:
         raise ValueError(f"{len(keys)} keys in one delete request (at most {S3_MAX_KEYS})")
+    _no_retries(s3)
     rng = rng or random.Random()
     out = KeysOutcome()
     pending = list(dict.fromkeys(keys))
@@ -276,3 +364,42 @@ def _request_error(exc: BaseException) -> tuple[str, str]:
         code = str(exc.response.get("Error", {}).get("Code", "ClientError"))
         return code, f"{code}: {exc}"
     return type(exc).__name__, f"request: {type(exc).__name__}: {exc}"
+
+
+# --- quarantine copies (the gate's other requests) ------------------------------------------------
+
+def copy_key(s3: Any, bucket: str, key: str, dst_key: str,
+                metadata: Mapping[str, str] | None = None) -> None:
+    """Copy ``key`` to ``dst_key`` in one bucket: a quarantine copy (``metadata`` replaces the
+    object's) or a restore (``metadata`` None: kept). The only ``copy_object`` of the product:
+    a quarantine is a copy then a delete, and both are the gate's."""
+    _no_retries(s3)
+    if metadata is None:
+        s3.copy_object(Bucket=bucket, Key=dst_key, CopySource={"Bucket": bucket, "Key": key},
+                       MetadataDirective="COPY")
+    else:
+        s3.copy_object(Bucket=bucket, Key=dst_key, CopySource={"Bucket": bucket, "Key": key},
+                       MetadataDirective="REPLACE", Metadata=dict(metadata))
+
+
+# --- no retries below us --------------------------------------------------------------------------
+
+def client_attempts(s3: Any) -> int:
+    """How many attempts botocore makes per request with this client (1: it never retries)."""
+    config = getattr(getattr(s3, "meta", None), "config", None)
+    if config is None:
+        return 1  # not a botocore client: no botocore retries
+    retries = getattr(config, "retries", None) or {}
+    if "total_max_attempts" in retries:
+        return int(retries["total_max_attempts"])
+    if "max_attempts" in retries:
+        return int(retries["max_attempts"]) + 1
+    return 3  # botocore's legacy default: retries
+
+
+def _no_retries(s3: Any) -> None:
+    # A client that retries by itself could send a throttled request again without the
+    # re-check this module runs before every request (retries included).
+    if client_attempts(s3) != 1:
+        raise ValueError("the delete gate needs an S3 client that does not retry by itself "
+                         "(hardelete.clients.s3_client(..., retries=False))")

@@ -98,6 +98,7 @@ class Settings:
     allow_unsafe_grace: bool = False
     lease_seconds: float = field(default=120.0, metadata=_opt(_positive))
     tombstone_days: float = field(default=7.0, metadata=_opt(_positive))
+    retired_retention_days: float = field(default=7.0, metadata=_opt(_non_negative))
     reaper_batch_keys: int = field(default=1_000, metadata=_opt(_positive))
     reaper_concurrency: int = field(default=8, metadata=_opt(_positive))
     reaper_poll_seconds: float = field(default=1.0, metadata=_opt(_positive))
@@ -202,6 +203,8 @@ DOCS: dict[str, str] = {
     "allow_unsafe_grace": "accept a grace window under min_safe_grace_seconds",
     "lease_seconds": "a reaper's claim on an address expires after this",
     "tombstone_days": "reaped addresses are remembered this long to catch late references",
+    "retired_retention_days": "a retired repository's data is kept this long (its namespace "
+                              "is not given to another repository meanwhile), then purged",
     "reaper_batch_keys": "keys per S3 delete_objects request (at most 1000)",
     "reaper_concurrency": "delete requests in flight per reaper",
     "reaper_poll_seconds": "reaper idle poll interval",

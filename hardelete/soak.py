@@ -33,7 +33,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict, deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1167,7 +1167,7 @@ class Soak:
                    else self.model.truth(now).online_garbage) & written
         # A dead-lettered event that named an address put a hold on it (SPEC safety 10): it is
         # kept until an operator resolves the dead letter, which the soak does not play.
-        held = self._held(garbage)
+        held = self._held()
         # Every repository counts, fail-closed ones included: failing closed is safe, but the
         # promise is that garbage still goes, so what they keep is garbage not reclaimed.
         reclaimable = {a for a in garbage if a not in held}
@@ -1207,19 +1207,20 @@ class Soak:
             return [f"explain failed: {type(exc).__name__}: {exc}"]
         return [f"state={ex.state}: {ex.verdict}", *ex.lines]
 
-    def _held(self, addresses: Iterable[str]) -> set[str]:
-        """Those of ``addresses`` under a hold: exact, or under a prefix (a dead letter that
-        names no readable address, e.g. a malformed fault, holds its whole namespace)."""
+    def _held(self) -> set[str]:
+        """Addresses under a hold: exact ones, and every object under a prefix hold (a
+        dead-lettered event that named no readable address holds its whole namespace)."""
         r = redis_sync(self.settings)
         try:
-            exact: set[str] = set()
-            prefixes: list[str] = []
-            for repo in self.model.repositories:
-                exact.update(r.hkeys(RepoKeys(repo).holds))
-                prefixes += r.hkeys(RepoKeys(repo).hold_prefixes)
+            held = {a for repo in self.model.repositories
+                    for a in r.hkeys(RepoKeys(repo).holds)}
+            prefixes = tuple(p for repo in self.model.repositories
+                             for p in r.hkeys(RepoKeys(repo).hold_prefixes))
+            if prefixes:
+                held |= {a for a in self.model.objects if a.startswith(prefixes)}
+            return held
         finally:
             r.close()
-        return {a for a in addresses if a in exact or a.startswith(tuple(prefixes))}
 
     def _incidents(self) -> list[IncidentRecord]:
         r = redis_sync(self.settings)

@@ -66,7 +66,7 @@ class Status:
     fail_closed_all: str | None = None  # every repository is fail-closed: why
 
 
-def collect_status(r: Any) -> Status:
+def collect_status(r: Any, retired_retention_days: float = 7.0) -> Status:
     now = redis_time_ms(r)
     progress = r.hgetall(PROGRESS)
     horizon = horizon_from(r.hgetall(PROGRESS_META), progress)
@@ -86,7 +86,12 @@ def collect_status(r: Any) -> Status:
                                 {f: int(float(v)) for f, v in (stats or {}).items()}, closed))
     lag = {p: max(0.0, (now - int(v)) / 1000) for p, v in sorted(progress.items())}
     incidents = [orjson.loads(j) for j in r.lrange(INCIDENTS, -100, -1)]
-    retired = {repo: orjson.loads(j) for repo, j in sorted(r.hgetall(RETIRED).items())}
+    retired = {}
+    for repo, j in sorted(r.hgetall(RETIRED).items()):
+        d = orjson.loads(j)
+        # retirement keeps data (reconciler/retirement.py): until when, and whether purged
+        d["kept_until_ms"] = int(d.get("at_ms") or 0) + int(retired_retention_days * 86_400_000)
+        retired[repo] = d
     return Status(now, horizon, lag, repos, incidents, r.llen(INCIDENTS), retired,
                   r.hget(FAIL_CLOSED, "reason"))
 
@@ -104,8 +109,12 @@ def _print_status(st: Status) -> None:
                   str(r.incidents), counters, r.fail_closed or "", style=style)
     con.print(t)
     if st.retired:
-        con.print("retired repositories (nothing of them is deleted online): "
-                  + ", ".join(f"{k} ({v.get('namespace', '?')})" for k, v in st.retired.items()))
+        con.print("retired repositories (nothing of them is deleted online; data kept until "
+                  "purged, `hardelete retired list`): " + ", ".join(
+                      f"{k} ({v.get('namespace', '?')}, "
+                      + (f"purged {_when(v['purged_at_ms'])}" if v.get("purged_at_ms")
+                         else f"kept until {_when(v.get('kept_until_ms'))}") + ")"
+                      for k, v in st.retired.items()))
     if st.global_incidents_total:
         con.print(f"[bold red]{st.global_incidents_total} incident(s) outside any live "
                   "repository[/bold red], the latest:")
@@ -131,7 +140,7 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
 
     r = redis_sync(settings)
     try:
-        st = collect_status(r)
+        st = collect_status(r, settings.retired_retention_days)
         ops = collect_operations(r, settings)
     finally:
         r.close()

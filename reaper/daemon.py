@@ -32,19 +32,17 @@ from prometheus_client import Counter as PCounter
 from prometheus_client import Gauge, Histogram, start_http_server
 
 from hardelete.clients import redis_async, redis_sync, s3_client
-from hardelete.deletes import aread_gate
+from hardelete.deletes import aread_evidence, aread_gate, client_attempts, keep_reasons
 from hardelete.logs import get_logger
 from hardelete.settings import Settings
 from reaper.claims import ClaimBatch, ClaimStore
 from reaper.deleter import AddressRecheck, DeleteOutcome, S3Deleter
-from reaper.quarantine import hold_check, purge_expired, quarantine, quarantine_size
+from reaper.quarantine import purge_expired, purge_recheck, quarantine, quarantine_size
 from schemas import reaper_auth
 from schemas.events import MAX_REAPED_PER_EVENT, AddressesReaped, new_id
 from schemas.layout import REPOS, RepoKeys
-from schemas.liveness import judge
 from schemas.publisher import Publisher
-from schemas.records import decode_address
-from tracker.state import aredis_time_ms, atracker_horizon_ms
+from tracker.state import atracker_horizon_ms
 
 log = get_logger(__name__)
 
@@ -111,10 +109,18 @@ class Reaper:
         self.id = reaper_id or f"reaper-{uuid.uuid4().hex[:8]}"
         self._own_redis = redis is None
         self.redis = redis if redis is not None else redis_async(settings)
-        self.s3 = s3 if s3 is not None else s3_client(settings,
-                                                      max_pool=settings.reaper_concurrency * 2)
+        pool = settings.reaper_concurrency * 2
+        self.s3 = s3 if s3 is not None else s3_client(settings, max_pool=pool)
+        # The gate's own client: one attempt per request (the gate retries, re-judging first).
+        if s3 is None:
+            self.gate_s3 = s3_client(settings, max_pool=pool, retries=False)
+        elif client_attempts(s3) == 1:
+            self.gate_s3 = s3
+        else:  # a caller's client (another endpoint, a proxy): its no-retry twin
+            self.gate_s3 = s3_client(settings.replace(s3_endpoint_url=s3.meta.endpoint_url),
+                                     max_pool=pool, retries=False)
         self.claims = ClaimStore(self.redis)
-        self.deleter = S3Deleter(self.s3, concurrency=settings.reaper_concurrency,
+        self.deleter = S3Deleter(self.gate_s3, concurrency=settings.reaper_concurrency,
                                  batch_keys=settings.reaper_batch_keys)
         self.log = log.bind(reaper=self.id, dry_run=dry_run)
         self._last_purge = 0.0
@@ -278,28 +284,12 @@ class Reaper:
 
     async def _judge_now(self, repo: str, namespace: str, addresses: list[str], horizon: int,
                          grace_ms: int) -> dict[str, str]:
-        """address -> reason to keep, judged now (records, tokens, guards, Redis clock)."""
+        """address -> reason to keep, judged now (the one evidence reader and judgment)."""
         if not addresses:
             return {}
-        keys = RepoKeys(repo)
-        gate = await aread_gate(self.redis, repo, addresses)
-        pipe = self.redis.pipeline(transaction=False)
-        for address in addresses:
-            pipe.hgetall(keys.address(address))
-        raw = await pipe.execute()
-        records = [decode_address(h) if h else None for h in raw]
-        tokens = sorted({t for rec in records if rec is not None for t in rec.adds.values()})
-        states = dict(zip(tokens, await self.redis.hmget(keys.tokens, tokens), strict=True)) \
-            if tokens else {}
-        now = await aredis_time_ms(self.redis)
-        keep: dict[str, str] = {}
-        for address, rec in zip(addresses, records, strict=True):
-            j = judge(rec, states, now_ms=now, horizon_ms=horizon, grace_ms=grace_ms,
-                      path="online", claimer=self.id,
-                      guards=gate.guards(repo, namespace, address))
-            if not j.may_delete:
-                keep[address] = j.reason
-        return keep
+        evidence = await aread_evidence(self.redis, repo, addresses)
+        return keep_reasons(evidence, repo, namespace, path="online", horizon_ms=horizon,
+                            grace_ms=grace_ms, claimer=self.id)
 
     def _recheck(self, repo: str, namespace: str, horizon: int,
                  grace_ms: int) -> AddressRecheck:
@@ -316,7 +306,7 @@ class Reaper:
     async def _remove(self, namespace: str, repo: str, addresses: list[str],
                       recheck: AddressRecheck | None = None) -> DeleteOutcome:
         if self.settings.quarantine_days > 0:
-            return await quarantine(self.s3, self.deleter, namespace, repo, addresses,
+            return await quarantine(self.gate_s3, self.deleter, namespace, repo, addresses,
                                     self.settings.quarantine_days, recheck)
         return await self.deleter.delete(namespace, addresses, recheck)
 
@@ -326,7 +316,9 @@ class Reaper:
         self._last_purge = time.time()
         r = redis_sync(self.settings)
         try:
-            await purge_expired(self.s3, namespace, is_held=hold_check(r, repo))
+            await purge_expired(self.gate_s3, namespace, listing=self.s3,
+                                recheck=purge_recheck(r, repo, namespace,
+                                                      int(self.settings.grace_seconds * 1000)))
         finally:
             r.close()
         n, _ = await quarantine_size(self.s3, namespace)

@@ -8,13 +8,14 @@ import argparse
 import asyncio
 import datetime as dt
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from hardelete import UserError
 from hardelete.clients import redis_async, s3_client, split_s3_uri
+from hardelete.deletes import S3_MAX_KEYS, copy_key, delete_keys, keep_reasons, read_evidence
 from hardelete.logs import get_logger
 from hardelete.settings import Settings
 from reaper.claims import ClaimStore
@@ -42,12 +43,9 @@ async def quarantine(client: Any, deleter: S3Deleter, namespace: str, repo: str,
     def copy_one(address: str) -> None:
         bucket, key = split_s3_uri(address)
         _, qkey = split_s3_uri(quarantine_address(namespace, address))
-        client.copy_object(
-            Bucket=bucket, Key=qkey, CopySource={"Bucket": bucket, "Key": key},
-            MetadataDirective="REPLACE",
-            Metadata={"hardelete-repo": repo, "hardelete-address": address,
-                      "hardelete-expires": str(int(expires))},
-        )
+        copy_key(client, bucket, key, qkey, {"hardelete-repo": repo,
+                                             "hardelete-address": address,
+                                             "hardelete-expires": str(int(expires))})
 
     async def one(address: str) -> None:
         try:
@@ -69,41 +67,67 @@ async def quarantine(client: Any, deleter: S3Deleter, namespace: str, repo: str,
     return outcome
 
 
-def hold_check(r: Any, repo: str) -> Callable[[str], bool]:
-    """Whether an address is held now (exact or prefix), read from Redis at each call: the
-    purge asks right before each delete, like every other delete path."""
-    keys = RepoKeys(repo)
+def purge_recheck(r: Any, repo: str, namespace: str, grace_ms: int
+                  ) -> Callable[[list[str]], dict[str, str]]:
+    """The gate's judgment for purging quarantine copies, read right before each request: a
+    copy is the last copy of its address, so it stays while anything would keep the address
+    itself (guards: holds, pause, fail-closed, ownership; a reference, a commit, an upload,
+    grace: ``schemas.liveness`` on the reconciler path, with a committed address kept too)."""
 
-    def held(address: str) -> bool:
-        if r.hexists(keys.holds, address):
-            return True
-        return any(address.startswith(p) for p in r.hkeys(keys.hold_prefixes))
+    def run(addresses: list[str]) -> dict[str, str]:
+        from tracker.state import tracker_horizon_ms
 
-    return held
+        horizon = tracker_horizon_ms(r)
+        if horizon is None:  # grace cannot be judged without the tracker's proven progress
+            return dict.fromkeys(addresses, "no_horizon")
+        evidence = read_evidence(r, repo, addresses)
+        keep = keep_reasons(evidence, repo, namespace, path="reconciler",
+                            horizon_ms=horizon, grace_ms=grace_ms)
+        for address, rec in evidence.records.items():
+            if address not in keep and rec is not None and (
+                    rec.committed or rec.state == "committed"):
+                keep[address] = "committed: a commit references it (restore it)"
+        return keep
+
+    return run
 
 
 async def purge_expired(client: Any, namespace: str, now: float | None = None,
-                        is_held: Callable[[str], bool] | None = None) -> int:
-    """Delete quarantine copies whose keep period is over. Only ever touches the quarantine
-    prefix of this namespace. ``is_held``: a copy whose address is held (a legal hold, a
-    restore) is its last copy and stays, whatever its expiry."""
+                        recheck: Callable[[list[str]], Mapping[str, str]] | None = None,
+                        listing: Any = None) -> int:
+    """Delete quarantine copies whose keep period is over, through the gate: ``recheck``
+    (addresses -> reasons to keep, :func:`purge_recheck`) runs right before each request.
+    Only ever touches the quarantine prefix of this namespace. ``listing``: a client to list
+    and read metadata with (default ``client``); ``client`` must be the gate's (no retries)."""
     now = time.time() if now is None else now
     bucket, prefix = split_s3_uri(namespace + QUARANTINE_PREFIX)
-    purged = 0
+    lister = listing if listing is not None else client
 
     def run() -> int:
-        n = 0
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        due: dict[str, str] = {}  # quarantine key -> the address it keeps
+        for page in lister.get_paginator("list_objects_v2").paginate(Bucket=bucket,
+                                                                     Prefix=prefix):
             for obj in page.get("Contents", []):
-                head = client.head_object(Bucket=bucket, Key=obj["Key"])
+                head = lister.head_object(Bucket=bucket, Key=obj["Key"])
                 meta = head.get("Metadata", {})
                 exp = float(meta.get("hardelete-expires", "inf"))
                 address = meta.get("hardelete-address")
-                if is_held is not None and (address is None or is_held(address)):
-                    continue  # doubt keeps: no recorded address, or a hold on it
+                if address is None:
+                    continue  # doubt keeps: no recorded address
                 if exp <= now and obj["Key"].startswith(prefix):
-                    client.delete_object(Bucket=bucket, Key=obj["Key"])
-                    n += 1
+                    due[obj["Key"]] = address
+        n = 0
+        items = sorted(due.items())
+        for i in range(0, len(items), S3_MAX_KEYS):
+            batch = dict(items[i:i + S3_MAX_KEYS])
+
+            def key_recheck(keys: list[str], batch: dict[str, str] = batch) -> dict[str, str]:
+                if recheck is None:
+                    return {}
+                keep = recheck([batch[k] for k in keys])
+                return {k: keep[batch[k]] for k in keys if batch[k] in keep}
+
+            n += len(delete_keys(client, bucket, list(batch), recheck=key_recheck).deleted)
         return n
 
     purged = await asyncio.to_thread(run)
@@ -129,7 +153,7 @@ async def quarantine_size(client: Any, namespace: str) -> tuple[int, int]:
 async def restore(settings: Settings, repo: str, address: str) -> str:
     """Copy a quarantined address back to its place and recompute its state in Redis."""
     redis = redis_async(settings)
-    client = s3_client(settings)
+    client = s3_client(settings, retries=False)  # the gate's client
     try:
         namespace = await redis.hget(RepoKeys(repo).meta, "namespace")
         if not namespace:
@@ -149,16 +173,15 @@ async def restore(settings: Settings, repo: str, address: str) -> str:
             "reason": "restored from quarantine", "source": RESTORE,
             "at_ms": int(sec) * 1000 + int(usec) // 1000})])
         try:
-            await asyncio.to_thread(
-                client.copy_object, Bucket=bucket, Key=key,
-                CopySource={"Bucket": bucket, "Key": qkey}, MetadataDirective="COPY")
+            await asyncio.to_thread(copy_key, client, bucket, qkey, key)
         except ClientError as exc:
             if added:
                 await aremove_claims(redis, holds, address, [RESTORE_CLAIM])
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 raise UserError(f"{address} is not in quarantine (purged or never there)") from None
             raise
-        await asyncio.to_thread(client.delete_object, Bucket=bucket, Key=qkey)
+        # the quarantine copy goes once the object is back (through the gate's one deleter)
+        await asyncio.to_thread(delete_keys, client, bucket, [qkey])
         state = await ClaimStore(redis).restore(repo, address)
         log.info("restored from quarantine", repository=repo, address=address, state=state)
         return state

@@ -16,7 +16,7 @@ import orjson
 from hardelete import UserError
 from hardelete.clients import redis_sync, s3_client, split_s3_uri
 from hardelete.settings import Settings
-from reaper.quarantine import hold_check, purge_expired
+from reaper.quarantine import purge_expired, purge_recheck
 from schemas.layout import QUARANTINE_PREFIX, REPOS, RepoKeys
 
 
@@ -129,11 +129,16 @@ class purge:
                     print(f"would purge {q.copy} (from {q.address}, expired {_iso(q.expires)})")
                 n = len(expired)
             else:
-                held_r = redis_sync(settings)
+                r = redis_sync(settings)
                 try:
-                    n = asyncio.run(purge_expired(s3, ns, is_held=hold_check(held_r, repo)))
+                    # through the gate: each copy is judged (holds, pause, fail-closed, the
+                    # address's record) right before its request
+                    n = asyncio.run(purge_expired(
+                        s3_client(settings, retries=False), ns, listing=s3,
+                        recheck=purge_recheck(r, repo, ns,
+                                              int(settings.grace_seconds * 1000))))
                 finally:
-                    held_r.close()
+                    r.close()
             total += n
             print(f"{repo}: {'would purge' if args.dry_run else 'purged'} {n} expired "
                   f"quarantine object(s) under {ns}{QUARANTINE_PREFIX}")

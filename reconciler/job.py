@@ -861,10 +861,41 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
     from reconciler.metrics import publish
 
     publish(settings, summaries)  # textfile, Pushgateway, summary["metrics"]
+    if args.all and not args.dry_run and not args.sweep_only:
+        failed += _purge_due_retired(settings, summaries, args.json)
     if args.json:
         body = summaries[0] if not args.all else summaries
         print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
     return 0 if failed == 0 else 1
+
+
+def _purge_due_retired(settings: Settings, summaries: list[dict[str, Any]], quiet: bool) -> int:
+    """The nightly run also purges retired repositories whose retention is over (each a
+    reported run through the gate, ``reconciler/retirement.py``); the failures."""
+    from hardelete.clients import redis_sync
+    from reconciler.retirement import purge_due, purge_retired, retired_repositories
+    from tracker.state import redis_time_ms
+
+    r = redis_sync(settings)
+    try:
+        now = redis_time_ms(r)
+        due = [rec.repository for rec in retired_repositories(r)
+               if purge_due(rec, now, settings.retired_retention_days) is None]
+    finally:
+        r.close()
+    failed = 0
+    for repo in due:
+        try:
+            summary = purge_retired(settings, repo)
+        except UserError as exc:  # raced with another run: reported, the others go on
+            summary = {"repository": repo, "kind": "retired_purge", "status": "refused",
+                       "error": str(exc)}
+        summaries.append({**summary, "success": summary.get("status") == "done"})
+        failed += summary.get("status") != "done"
+        if not quiet:
+            print(f"retired {repo}: {summary.get('status')}, deleted "
+                  f"{summary.get('deleted', 0)} (report {summary.get('run_id', '-')})")
+    return failed
 
 
 __all__ = ["Run", "RunOptions", "configure", "decide_cutoff", "parse_cutoff", "reconcile",

@@ -13,14 +13,16 @@ from hardelete.clients import s3_client, split_s3_uri
 from hardelete.settings import Settings
 from schemas.layout import REPORTS_PREFIX
 
-_CLIENTS: dict[Settings, Any] = {}
+_CLIENTS: dict[tuple[Settings, bool], Any] = {}
 
 
-def cached_s3(settings: Settings) -> Any:
-    """One boto3 client per settings per process (Spark reuses its Python workers)."""
-    client = _CLIENTS.get(settings)
+def cached_s3(settings: Settings, *, retries: bool = True) -> Any:
+    """One boto3 client per settings per process (Spark reuses its Python workers);
+    ``retries=False``: the delete gate's (``hardelete.deletes``: it retries by itself)."""
+    client = _CLIENTS.get((settings, retries))
     if client is None:
-        client = _CLIENTS[settings] = s3_client(settings, max_pool=16)
+        client = _CLIENTS[(settings, retries)] = s3_client(settings, max_pool=16,
+                                                            retries=retries)
     return client
 
 

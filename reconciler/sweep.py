@@ -22,17 +22,16 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from hardelete.clients import redis_sync
-from hardelete.deletes import RetryPolicy, delete_keys, read_gate
+from hardelete.deletes import RetryPolicy, delete_keys, keep_reasons, read_evidence
 from hardelete.settings import Settings
 from reconciler.s3io import Namespace, cached_s3, put_parquet, read_parquet_rows
 from reconciler.state import refs_fingerprint
 from schemas.layout import RECONCILER_LEASE, OutsideNamespace, RepoKeys, namespace_key
-from schemas.liveness import Keep, judge
-from schemas.records import decode_address
+from schemas.liveness import Keep
 
 MAX_KEYS_PER_REQUEST = 1000
 
@@ -120,6 +119,18 @@ def delete_batch(s3: Any, ns: Namespace, keys: list[str], *, attempts: int = 5,
 
 # ------------------------------------------------------------------------ online re-check
 
+@dataclass(frozen=True)
+class _AddressesOf:
+    """The addresses of a container of namespace-relative keys (without copying it)."""
+
+    rels: Container[str]
+    ns: Namespace
+
+    def __contains__(self, address: object) -> bool:
+        return (isinstance(address, str) and address.startswith(self.ns.uri)
+                and address[len(self.ns.uri):] in self.rels)
+
+
 def judge_rels(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutoff_ms: int,
                now_ms: int, horizon_ms: int | None = None, grace_ms: int = 0,
                vouched: Container[str] = ()) -> dict[str, str]:
@@ -130,32 +141,12 @@ def judge_rels(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutoff_ms: 
     ``vouched``: rels whose garbage verdict a fresh service export vouched for at the mark
     (leaked / unreferenced / expired uploads of a fail-closed repository, SPEC safety 10): the
     fail-closed guard does not keep them; every other guard and the record still do."""
-    keys = RepoKeys(repo)
-    addresses = [ns.address(rel) for rel in rels]
-    gate = read_gate(r, repo, addresses)
-    pipe = r.pipeline(transaction=False)
-    for address in addresses:
-        pipe.hgetall(keys.address(address))
-    records = pipe.execute()
-    decoded = [decode_address(rec) if rec else None for rec in records]
-    tokens = sorted({t for d in decoded if d is not None for t in d.adds.values()})
-    token_states = dict(zip(tokens, r.hmget(keys.tokens, tokens), strict=True)) \
-        if tokens else {}
-    claims_pipe = r.pipeline(transaction=False)
-    for address in addresses:
-        claims_pipe.zscore(keys.claims, address)
-    claimed = claims_pipe.execute()
-    keep: dict[str, str] = {}
-    for rel, address, rec, claim in zip(rels, addresses, decoded, claimed, strict=True):
-        guards = gate.guards(repo, ns.uri, address)
-        if rel in vouched and guards.fail_closed is not None:
-            guards = replace(guards, fail_closed=None)
-        j = judge(rec, token_states, now_ms=now_ms, horizon_ms=horizon_ms, grace_ms=grace_ms,
-                  path="reconciler", cutoff_ms=cutoff_ms, claimed=claim is not None,
-                  guards=guards)
-        if not j.may_delete:
-            keep[rel] = j.reason
-    return keep
+    by_address = {ns.address(rel): rel for rel in rels}
+    evidence = read_evidence(r, repo, by_address)
+    keep = keep_reasons(evidence, repo, ns.uri, path="reconciler", horizon_ms=horizon_ms,
+                        grace_ms=grace_ms, cutoff_ms=cutoff_ms, now_ms=now_ms,
+                        vouched=_AddressesOf(vouched, ns))
+    return {by_address[a]: why for a, why in keep.items()}
 
 
 def still_referenced(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutoff_ms: int,
@@ -247,6 +238,7 @@ def sweep_part(settings: Settings, repo: str, lease_id: str, ns: Namespace, mark
     ``delete=False`` only re-checks the mark against the online state (dry run).
     """
     s3 = cached_s3(settings)
+    gate_s3 = cached_s3(settings, retries=False)  # the gate's: it retries by itself
     r = redis_sync(settings) if recheck else None
     stats = SweepStats()
     out: dict[str, list[Any]] = {"key": [], "category": [], "size": [], "outcome": [],
@@ -266,12 +258,12 @@ def sweep_part(settings: Settings, repo: str, lease_id: str, ns: Namespace, mark
             batch.append((str(row[0]), str(row[1]), int(row[2] or 0),
                           None if row[3] is None else str(row[3])))
             if len(batch) >= MAX_KEYS_PER_REQUEST:
-                _sweep_batch(s3, r, repo, lease_id, ns, batch, cutoff_ms, stats, record, delete,
-                             refs, export_vouched)
+                _sweep_batch(s3, gate_s3, r, repo, lease_id, ns, batch, cutoff_ms, stats,
+                             record, delete, refs, export_vouched)
                 batch = []
         if batch:
-            _sweep_batch(s3, r, repo, lease_id, ns, batch, cutoff_ms, stats, record, delete,
-                         refs, export_vouched)
+            _sweep_batch(s3, gate_s3, r, repo, lease_id, ns, batch, cutoff_ms, stats,
+                         record, delete, refs, export_vouched)
     finally:
         if out["key"] and delete:
             put_parquet(s3, ns.bucket, out_key, out)
@@ -301,7 +293,7 @@ def changed_since_mark(r: Any, repo: str, ns: Namespace,
             if record_digest(rec or None, states) != digests[rel]}
 
 
-def _sweep_batch(s3: Any, r: Any, repo: str, lease_id: str, ns: Namespace,
+def _sweep_batch(s3: Any, gate_s3: Any, r: Any, repo: str, lease_id: str, ns: Namespace,
                  batch: list[tuple[str, str, int, str | None]], cutoff_ms: int,
                  stats: SweepStats, record: Callable[..., None], delete: bool,
                  refs: str | None = None, export_vouched: bool = False) -> None:
@@ -343,7 +335,7 @@ def _sweep_batch(s3: Any, r: Any, repo: str, lease_id: str, ns: Namespace,
         record(rel, info[rel][0], info[rel][1], REFUSED)
     if not ok or not delete:
         return
-    res = delete_batch(s3, ns, ok, recheck=None if r is None else recheck_for(
+    res = delete_batch(gate_s3, ns, ok, recheck=None if r is None else recheck_for(
         r, repo, ns, cutoff_ms=cutoff_ms, vouched=vouched))
     stats.requests += res.requests
     for key, why in res.kept.items():  # kept by the re-check right before the request

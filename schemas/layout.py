@@ -87,15 +87,31 @@ F_LEASE_UNTIL, F_CLAIMER, F_REAPED_AT = "lease_until", "claimer", "reaped_at"
 REF_ADD, REF_REMOVE = "+", "-"  # address hash fields "+<ref_id>" / "-<ref_id>" -> token
 
 
+_KEY_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+def key_part(name: str) -> str:
+    """A repository id as it appears in Redis keys: every byte of its UTF-8 outside
+    ``[A-Za-z0-9._-]`` written ``%XX``. Injective (``%`` itself is escaped), and it leaves no
+    ``{``, ``}`` or ``:`` that could close the hash tag early or reach another repository's
+    key prefix (``hd:{<victim>}:a:...``); ordinary ids are unchanged."""
+    raw = name.encode("utf-8", "surrogatepass")
+    if all(b in _KEY_SAFE for b in raw):
+        return name
+    return "".join(chr(b) if b in _KEY_SAFE else f"%{b:02X}" for b in raw)
+
+
 @dataclass(frozen=True, slots=True)
 class RepoKeys:
-    """Key names for one repository."""
+    """Key names for one repository. The id is encoded (:func:`key_part`); what follows the
+    tag (addresses, tokens) sits after a fixed ``:a:``/``:t:`` part, so it cannot reach
+    another key kind or another repository."""
 
     repo: str
 
     @property
     def tag(self) -> str:
-        return f"{PREFIX}:{{{self.repo}}}"
+        return f"{PREFIX}:{{{key_part(self.repo)}}}"
 
     def address(self, address: str) -> str:
         """hash: +ref -> token, -ref -> token, state, since, committed, iu, size, lease..."""

@@ -60,7 +60,8 @@ def conflict_reason(repo: str, namespace: str, other_ns: str, owner: str) -> str
     how = ("equals" if namespace == other_ns
            else "contains" if other_ns.startswith(namespace) else "lies inside")
     return (f"storage namespace {namespace!r} of repository {repo!r} {how} namespace "
-            f"{other_ns!r} of live repository {owner!r} (namespace overlap)")
+            f"{other_ns!r} of repository {owner!r}, live or retired with its data still kept "
+            "(namespace overlap)")
 
 
 def conflicting_owner(registry: Mapping[str, str], repo: str, namespace: str) -> str | None:

@@ -22,6 +22,7 @@ from hardelete.model import ManualClock, Model, ModelError, seeded_ids
 from hardelete.settings import Settings
 from hardelete.status import collect_status, explain_address
 from reaper.daemon import Reaper
+from reconciler.retirement import purge_retired
 from schemas import events as ev
 from schemas.layout import INCIDENTS, NAMESPACES, REPOS, RETIRED, RepoKeys
 from schemas.namespaces import overlaps, registration_problem
@@ -66,7 +67,7 @@ def test_an_overlapping_namespace_is_refused_with_an_incident(other, how):
     assert w.apply(created("Q", "s3://b/Rx/"), NOW).rejected is None
 
 
-def test_a_namespace_is_free_only_once_its_repository_is_retired():
+def test_a_namespace_is_free_only_once_its_retired_repositorys_data_is_purged():
     w = World()
     w.apply(created("R", "s3://b/R/"), NOW)
     w.apply(written("R", "t", "s3://b/R/data/a", "r1"), NOW)
@@ -78,14 +79,17 @@ def test_a_namespace_is_free_only_once_its_repository_is_retired():
     assert w.apply(retire, NOW + 1).rejected is None
     st = w.repos["R"]
     assert st.retired_at == NOW + 1 and st.unreferenced == {}
-    # before the retirement is applied (end of the batch) the namespace is still taken
+    # retired, its data is kept: the namespace stays taken (issue 19: retirement must not hand
+    # the retired repository's committed objects to the next owner as leaks)
     assert "namespace overlap" in (w.apply(created("S", "s3://b/R/"), NOW).rejected or "")
     w.settle()
+    assert "namespace overlap" in (w.apply(created("S", "s3://b/R/"), NOW).rejected or "")
     assert w.apply(retire, NOW + 2).rejected is None  # a duplicate changes nothing
     assert st.retired_at == NOW + 1
     assert w.apply(written("R", "t", "s3://b/R/data/b", "r2"), NOW).rejected \
         == "repository 'R' is retired"
     assert "never used again" in (w.apply(created("R", "s3://b/R/"), NOW).rejected or "")
+    w.release("R")  # its data purged (reconciler/retirement.py): the namespace is free
     assert w.apply(created("S", "s3://b/R/"), NOW).rejected is None
     assert w.namespaces == {"s3://b/R/": "S"}
     assert w.apply(ev.RepositoryDeleted(repository="X", storage_namespace="s3://b/X/"),
@@ -108,6 +112,7 @@ def test_the_model_service_retires_repositories_and_never_reuses_an_id():
     for e in events:
         assert w.apply(e, NOW).rejected is None
     w.settle()
+    w.release("R")  # once the retired repository's data is purged
     again = m.create_repository("S", "s3://b/R/")
     assert all(w.apply(e, NOW).rejected is None for e in again)
     assert w.namespaces == {"s3://b/R/": "S"}
@@ -290,11 +295,16 @@ async def test_a_retired_repositorys_queue_is_not_reaped_under_a_new_repository(
                 repository="R1", storage_namespace=ns, event_id="r1-retire")])
 
             async def retired() -> bool:  # the service waits for the retirement to land
-                return bool(await r.hexists(RETIRED, "R1")
-                            and not await r.hexists(NAMESPACES, ns))
+                return bool(await r.hexists(RETIRED, "R1"))
 
             await _wait(retired, "R1 retired")
             queue_dropped = not await r.exists(RepoKeys("R1").unreferenced)
+            # its data is kept, and with it its namespace, until an operator releases it
+            assert await r.hget(NAMESPACES, ns) == "R1"
+            purge = await asyncio.to_thread(purge_retired, settings, "R1", release=True)
+            assert purge["status"] == "done" and purge["deleted"] == 1
+            assert not await r.hexists(NAMESPACES, ns)
+            s3.put_object(Bucket=bucket, Key="repo/data/a", Body=b"referenced by R2")
             target = await publish(settings, phase2)
             await _past_grace(settings, target)
             report = await _reap(settings)
@@ -423,9 +433,9 @@ async def test_a_tracker_with_a_stale_cache_cannot_revive_a_retired_repository(
 @pytest.mark.integration
 async def test_a_retirement_interrupted_after_its_apply_completes_on_redelivery(
         settings: Settings) -> None:
-    """A tracker died after the script retired R (queue dropped) but before it freed the
-    namespace: the redelivered repository_deleted finishes the job, and only then is the
-    namespace free."""
+    """A tracker died after the script retired R (queue dropped) but before it recorded the
+    retirement: the redelivered repository_deleted finishes the job; the namespace stays R's
+    (its data is kept until purged), so S is refused."""
     ns = "s3://b/R/"
     retire = ev.RepositoryDeleted(repository="R", storage_namespace=ns, event_id="retire")
     rs = redis_sync(settings)
@@ -445,11 +455,9 @@ async def test_a_retirement_interrupted_after_its_apply_completes_on_redelivery(
             dead_lettered = tracker.dead_lettered
         assert "R" not in rs.smembers(REPOS)
         assert orjson.loads(rs.hget(RETIRED, "R"))["event_id"] == "retire"
-        # S arrived while R still owned the namespace (same batch or not): refused, or, if
-        # processed after the retirement completed, registered. Never both owners.
-        registry = rs.hgetall(NAMESPACES)
-        assert registry in ({}, {ns: "S"})
-        assert (registry == {}) == (dead_lettered == 1)
+        # S arrived while R's data is kept: refused, whatever the batching
+        assert rs.hgetall(NAMESPACES) == {ns: "R"}
+        assert dead_lettered == 1
     finally:
         rs.close()
 
@@ -463,4 +471,4 @@ def test_status_prints_refusals_and_retired_repositories(capsys):
                          retired={"R1": {"namespace": "s3://b/R1/", "at_ms": 1}}))
     out = capsys.readouterr().out
     assert "1 incident(s) outside any live repository" in out
-    assert "P: namespace overlap" in out and "R1 (s3://b/R1/)" in out
+    assert "P: namespace overlap" in out and "R1 (s3://b/R1/, kept until" in out

@@ -35,6 +35,7 @@ from schemas.layout import (
 from schemas.publisher import Publisher, ensure_topics
 from tracker.daemon import Tracker, running_tracker
 from tracker.state import parse_address
+from tracker.testing import redis_now, wait_horizon
 
 pytestmark = pytest.mark.integration
 
@@ -310,7 +311,11 @@ def test_dlq_replay_judges_a_refused_repository_again(cli, capsys, redis_client,
     assert redis_client.hget(NAMESPACES, "s3://opsb/ns/sub/") is None
     gone = RepositoryDeleted(repository="ops", storage_namespace="s3://opsb/ns/")
     asyncio.run(publish_and_track(cli, (encode(gone), gone.key)))
-    assert redis_client.hget(NAMESPACES, "s3://opsb/ns/") is None  # retired: the namespace is free
+    # retired, its data kept: the namespace stays its own until an operator releases it
+    assert redis_client.hget(NAMESPACES, "s3://opsb/ns/") == "ops"
+    code, out, err = run(capsys, "retired", "purge", "ops", "--release")
+    assert code == 0 and "done" in out, err
+    assert redis_client.hget(NAMESPACES, "s3://opsb/ns/") is None
     (tmp_path / "created.json").write_bytes(encode(early))
     code, out, _ = run(capsys, "dlq", "replay", "--file", str(tmp_path / "created.json"))
     assert code == 0 and early.event_id in out
@@ -483,7 +488,18 @@ def test_quarantine_list_explain_restore_purge(cli, capsys, s3, redis_client):
     code, out, _ = run(capsys, "quarantine", "purge", "--dry-run")
     assert code == 0 and out.count("would purge s3://") == 2
     # a held address keeps its last copy, expired or not (every delete path checks holds)
-    code, out, _ = run(capsys, "quarantine", "purge", "--repo", "repo")
+    def purge() -> tuple[int, str, str]:
+        async def past_grace() -> tuple[int, str, str]:
+            # the purge judges the address too (the gate): its grace since the reap must be
+            # over by the tracker's proven progress
+            async with running_tracker(cli):
+                await wait_horizon(cli, await redis_now(cli) + int(cli.grace_seconds * 1000)
+                                   + 200)
+                return await asyncio.to_thread(run, capsys, "quarantine", "purge", "--repo",
+                                               "repo")
+        return asyncio.run(past_grace())
+
+    code, out, _ = purge()
     assert code == 0 and "purged 1 expired" in out
     assert [q["address"] for q in orjson.loads(run(capsys, "quarantine", "list", "--json")[1])
             ] == [g1]
@@ -492,7 +508,7 @@ def test_quarantine_list_explain_restore_purge(cli, capsys, s3, redis_client):
         code, out, _ = run(capsys, "dlq", "resolve", d["id"])
         assert code == 0 and "lifted the dlq hold" in out
     assert redis_client.hlen(RepoKeys("repo").holds) == 0
-    code, out, _ = run(capsys, "quarantine", "purge", "--repo", "repo")
+    code, out, _ = purge()
     assert code == 0 and "purged 1 expired" in out
     assert orjson.loads(run(capsys, "quarantine", "list", "--json")[1]) == []
 

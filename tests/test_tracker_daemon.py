@@ -438,3 +438,75 @@ def test_fetch_wait_grows_only_while_starved_behind_the_end() -> None:
     # A partition whose high watermark is unknown is not behind.
     assert w.after_fetch({0: (10_000, None, False)}, now=30.0) == 50
     assert FetchWait(poll_ms=500, catchup_ms=100).grow() == 500  # never under the poll
+
+
+@pytest.mark.parametrize("topology", ["single", "cluster"])
+async def test_a_repository_going_back_under_a_running_tracker_is_never_applied_past(
+        settings: Settings, tmp_path: Path, topology: str) -> None:
+    """The log guard holds on one node and on a Redis Cluster (issue 19 item 9: with
+    ``redis_cluster`` the guard used to be off). A repository's keys go back to an older copy
+    while the tracker runs (single node: all of Redis, hd:log included; cluster: the node of the
+    repository's slot only, hd:log elsewhere does not move). The next chunk of it is refused
+    rather than applied on top of the hole: one node replays from the older hd:log (repaired);
+    the cluster, whose hd:log did not move, fails the repository closed."""
+    import redis as redis_lib
+
+    from schemas.layout import LOG, RepoKeys
+
+    nodes = []
+    s = settings
+    if topology == "cluster":
+        nodes = await asyncio.to_thread(start_redis_cluster, tmp_path, 3)
+        s = settings.replace(redis_url=f"redis://127.0.0.1:{nodes[0].port}/0",
+                             redis_cluster=True)
+    raw = (redis_lib.RedisCluster.from_url(s.redis_url) if topology == "cluster"
+           else redis_lib.Redis.from_url(s.redis_url))
+    ns = "s3://b/back/"
+    first = [ev.RepositoryCreated(repository="back", storage_namespace=ns,
+                                  default_branch="main", default_retention_days=1.0),
+             ev.BranchCreated(repository="back", branch="main", staging_token="t",
+                              ref_version=1),
+             ev.ObjectWritten(repository="back", branch="main", staging_token="t", path="a",
+                              address=ns + "data/a", size=1, ref_id="ra")]
+    lost = [ev.ObjectWritten(repository="back", branch="main", staging_token="t", path="b",
+                             address=ns + "data/b", size=1, ref_id="rb")]
+    later = [ev.ObjectDeleted(repository="back", branch="main", staging_token="t", path="a",
+                              address=ns + "data/a", ref_id="ra")]
+    k = RepoKeys("back")
+    try:
+        async with running_tracker(s, name=topology) as tracker:
+            await wait_horizon(s, await publish(s, first))
+            names = [n for n in raw.scan_iter(match=f"{k.tag}:*".encode())]
+            if topology == "single":
+                names.append(LOG.encode())
+            copy = {n: raw.dump(n) for n in names}
+            await wait_horizon(s, await publish(s, lost))
+            # the older copy comes back: what it did not hold is gone, the rest is as it was
+            for n in raw.scan_iter(match=f"{k.tag}:*".encode()):
+                if n not in copy:
+                    raw.delete(n)
+            for n, value in copy.items():
+                raw.restore(n, 0, value, replace=True)
+            await wait_horizon(s, await publish(s, later))
+
+            async def noticed() -> bool:
+                return tracker.regressions >= 1
+            deadline = time.monotonic() + 30
+            while not await noticed():
+                assert time.monotonic() < deadline, "the regression was never noticed"
+                await asyncio.sleep(0.05)
+            r = redis_sync(s)
+            try:
+                if topology == "cluster":
+                    reason = r.hget(k.fail_closed, "reason")
+                    assert reason and "went back in time" in reason
+                else:
+                    await wait_horizon(s, await publish(s, []))
+            finally:
+                r.close()
+        if topology == "single":  # replayed from the older hd:log: whole again
+            assert_matches_pure(s, first + lost + later)
+    finally:
+        raw.close()
+        for n in nodes:
+            n.stop()

@@ -18,6 +18,8 @@ KEYS[2]  hd:log (optional)      with ARGV[7] field and ARGV[8] expected value: t
 ARGV[7..8]                      refused ("hardelete: log record moved") unless the partition's
                                 log record is what the tracker last wrote or verified, so a
                                 Redis that went back in time applies nothing past its gap.
+                                Redis Cluster (no KEYS[2]): ARGV[7] = "applied", ARGV[8] the
+                                applied[partition] value the tracker last saw ("*": none yet).
 
 Returns {applied, skipped, incident_json...}.
 ]]
@@ -307,6 +309,19 @@ end
 local epoch = ARGV[6] or ''
 local last = -1
 local rec = redis.call('HGET', K_APPLIED, part)
+-- Redis Cluster (hd:log lives in another slot): the same guard on the repository's own
+-- applied[partition], which must be what the tracker last saw ('*': it has not seen it yet).
+-- (Further on, by another tracker after a rebalance, is no regression: only behind refuses.)
+if KEYS[2] == nil and ARGV[7] == 'applied' and ARGV[8] ~= '*' and (rec or '') ~= ARGV[8] then
+  local ce, co = string.match(rec or '', '^(.*):(%-?%d+)$')
+  local xe, xo = string.match(ARGV[8], '^(.*):(%-?%d+)$')
+  if ce == nil then ce, co = '', rec end
+  if xe == nil then xe, xo = '', ARGV[8] end
+  if ce ~= xe or tonumber(co or '-1') == nil or tonumber(co) < tonumber(xo) then
+    return redis.error_reply('hardelete: log record moved: applied[' .. part .. '] of ' ..
+                             repo .. ' is "' .. (rec or '') .. '", expected "' .. ARGV[8] .. '"')
+  end
+end
 if rec then
   local e, o = string.match(rec, '^(.*):(%-?%d+)$')
   if e == nil then e, o = '', rec end  -- written before log epochs: epoch ""

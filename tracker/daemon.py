@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import re
 import signal
 import sys
 import time
@@ -91,7 +92,6 @@ from tracker.state import (
     PROGRESS_LUA,
     ApplyScript,
     LogGuard,
-    afree_namespace,
     aredis_time_ms,
     aregister_namespace,
     atracker_horizon_ms,
@@ -220,6 +220,7 @@ def _buffered(consumer: AIOKafkaConsumer, tp: Any) -> bool:
 @dataclass
 class _Batch:
     calls: list[tuple[str, int, bytes]] = field(default_factory=list)
+    maxoff: dict[tuple[str, int], int] = field(default_factory=dict)  # (repo, p) -> offset
     dlq: list[tuple[Any, str]] = field(default_factory=list)
     new_repos: set[str] = field(default_factory=set)
     refused: list[dict[str, Any]] = field(default_factory=list)  # refused repository_created
@@ -323,6 +324,7 @@ class Tracker:
         self.applied = 0
         self.redelivered = 0
         self.dead_lettered = 0
+        self.regressions = 0  # chunks refused because Redis no longer held what we applied
         self._reap_key: bytes | None = None  # verifies addresses_reaped (reaper_auth)
         self.incidents = 0
         self.batches = 0
@@ -341,6 +343,9 @@ class Tracker:
         self._probe: AIOKafkaConsumer | None = None  # no group: offsets, one-record fetches
         self._epochs: dict[int, str] = {}  # partition -> epoch of its log
         self._logrec: dict[int, str] = {}  # partition -> hd:log value Redis must hold
+        # Redis Cluster: (repo, partition) -> the applied value Redis must hold (the log
+        # guard in the repository's own slot, tracker/apply.lua)
+        self._applied_seen: dict[tuple[str, int], str] = {}
         self._reverify = False  # Redis or the log moved under us: resume from Redis again
         self._rejoin = False  # the partition count changed: join the group afresh
         self._probe_lock = asyncio.Lock()
@@ -548,6 +553,7 @@ class Tracker:
     async def _verify_locked(self, tps: set[Any]) -> None:
         """Seek each partition to what Redis says it applied (+1), after checking that the log
         is still the one Redis folded; put repositories fail-closed where it cannot replay."""
+        self._applied_seen.clear()  # (partitions moved or Redis is in doubt: read them anew)
         consumer, probe = self._consumer, self._probe
         assert consumer is not None and probe is not None
         if not tps:
@@ -855,6 +861,7 @@ class Tracker:
                 continue
             chunks[(body["repository"], p)].append(compact(body, rec.offset))
         batch.calls = [(repo, p, orjson.dumps(evts)) for (repo, p), evts in chunks.items()]
+        batch.maxoff = {key: evts[-1][0] for key, evts in chunks.items()}
         for rec, reason in dlq:  # a lost event never becomes a deletion: hold what it names
             targets = codec.hold_targets(rec.value, rec.key, gate.namespaces)
             # One claim per dead letter (schemas/holds.py): resolving it leaves the others'.
@@ -963,7 +970,8 @@ class Tracker:
             await self._retrying(lambda repo=repo: self._redis.srem(REPOS, repo))
             await self._retrying(lambda repo=repo, record=record: self._redis.hsetnx(
                 RETIRED, repo, record))
-            await self._retrying(lambda repo=repo, ns=ns: afree_namespace(self._redis, repo, ns))
+            # The namespace stays registered to it while its data is kept (retired retention,
+            # reconciler/retirement.py): no new repository may take the retired one's objects.
             self.log.info("repository retired", repository=repo, namespace=ns, event_id=eid)
 
     async def _apply(self, consumer: AIOKafkaConsumer, batch: _Batch) -> None:
@@ -986,7 +994,9 @@ class Tracker:
                       for p in {p for _, p, _ in batch.calls}}
             try:
                 results = await self._retrying(
-                    lambda: ApplyScript.apply_many(self._redis, batch.calls, guards))
+                    lambda: ApplyScript.apply_many(self._redis, batch.calls, guards,
+                                                   self._applied_seen if self._cluster
+                                                   else None))
             except ResponseError as exc:
                 if "log record moved" not in str(exc):
                     raise
@@ -994,8 +1004,17 @@ class Tracker:
                 # nothing past its gap, commit nothing; resume from what it holds.
                 self.log.error("Redis lost applied records; resuming from what it holds",
                                error=str(exc)[:_MAX_REASON])
+                self.regressions += 1
+                self._applied_seen.clear()
+                if self._cluster:
+                    # One node went back (a failover to a stale replica): hd:log, in another
+                    # slot, did not, so replaying from it would skip what this repository lost.
+                    # Its mirror is unproven: fail it closed (SPEC safety 10).
+                    await self._fail_regressed(str(exc))
                 self._reverify = True
                 return
+            if self._cluster:
+                await self._note_applied(batch)
             for res in results:
                 applied, skipped = int(res[0]), int(res[1])
                 self.applied += applied
@@ -1025,6 +1044,47 @@ class Tracker:
             self.metrics.batch.observe(time.perf_counter() - batch.t0)
         await self._progress(consumer, batch.positions)
 
+    async def _fail_regressed(self, error: str) -> None:
+        found = re.search(r"applied\[(\d+)\] of (.*) is \"", error)
+        if found is None:  # not the in-slot guard: re-verification decides
+            return
+        partition, repo = int(found.group(1)), found.group(2)
+        now = await aredis_time_ms(self._redis)
+        reason = (f"Redis lost applied records of partition {partition} (a cluster node went "
+                  "back in time): the mirror is unproven")
+        k = RepoKeys(repo)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hsetnx(k.fail_closed, "reason", reason)
+        pipe.hsetnx(k.fail_closed, "at_ms", str(now))
+        pipe.rpush(k.incidents, orjson.dumps({
+            "repository": repo, "address": "", "event_id": "", "type": "fail_closed",
+            "ref_id": "", "at_ms": now, "reason": reason, "partition": partition}))
+        await self._retrying(pipe.execute)
+        self.fail_closed += 1
+        self.log.error("repository fail-closed", repository=repo, reason=reason,
+                       partition=partition)
+
+    async def _note_applied(self, batch: _Batch) -> None:
+        """Redis Cluster: remember each chunk's ``applied[partition]`` (the next chunk of the
+        repository requires it). After a chunk the stored value is the larger of what we saw
+        and the chunk's last offset; one we never saw is read once."""
+        unknown = []
+        for (repo, p), off in batch.maxoff.items():
+            seen = self._applied_seen.get((repo, p))
+            epoch = self._epochs.get(p, "")
+            if seen is None:
+                unknown.append((repo, p))
+                continue
+            prev = int(seen.rsplit(":", 1)[-1])
+            if off > prev:
+                self._applied_seen[(repo, p)] = f"{epoch}:{off}" if epoch else str(off)
+        if unknown:
+            values = await asyncio.gather(*(self._redis.hget(RepoKeys(repo).applied, str(p))
+                                            for repo, p in unknown))
+            for key, value in zip(unknown, values, strict=True):
+                if value is not None:
+                    self._applied_seen[key] = value
+
     async def _write_log(self, last: dict[int, tuple[int, str]]) -> bool:
         """Record, after the repository chunks succeeded, what was applied from each partition
         (hd:log). False if Redis no longer holds what we expected (then resume from Redis)."""
@@ -1043,6 +1103,7 @@ class Tracker:
         if moved:
             self.log.error("log record moved under the tracker; resuming from Redis",
                            fields=list(moved))
+            self.regressions += 1
             self._reverify = True
             return False
         return True
@@ -1154,6 +1215,7 @@ class Tracker:
             if refused:  # Redis no longer holds what we applied: it went back in time
                 self.log.error("progress refused: the log record moved; resuming from Redis",
                                partitions=refused)
+                self.regressions += 1
                 self._reverify = True
 
 

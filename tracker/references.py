@@ -472,12 +472,15 @@ class World:
         return apply(state, event, now_ms)
 
     def settle(self) -> None:
-        """The tracker finished applying a batch: retired repositories' namespaces are free.
-        (Until then a ``repository_created`` on such a namespace is refused: the safe side.)"""
-        for repo, ns in self.retiring:
-            if self.namespaces.get(ns) == repo:
-                del self.namespaces[ns]
+        """The tracker finished applying a batch. A retired repository keeps its namespace
+        registered while its data is kept (``reconciler/retirement.py``): nothing to free."""
         self.retiring.clear()
+
+    def release(self, repo: str) -> None:
+        """A retired repository's data was purged: its namespace may be registered again."""
+        for ns, owner in list(self.namespaces.items()):
+            if owner == repo and self.repos[repo].retired_at is not None:
+                del self.namespaces[ns]
 
 
 def live_refs(state: RepoState, address: str) -> dict[str, str]:

@@ -191,8 +191,10 @@ class LogGuard:
     check: bool = True
 
 
-def _unchecked(g: LogGuard | None) -> LogGuard | None:
-    return None if g is None else LogGuard(g.epoch, check=False)
+def _in_slot(g: LogGuard | None, applied: str | None) -> LogGuard | None:
+    """Redis Cluster: hd:log lives in another slot, so the chunk checks the repository's own
+    ``applied[partition]`` against what the tracker last saw (``*``: nothing yet)."""
+    return None if g is None else LogGuard(g.epoch, "applied", applied or "*", check=False)
 
 
 class ApplyScript:
@@ -209,21 +211,24 @@ class ApplyScript:
         if log is None:
             return (ApplyScript.sha, 1, keys.meta, keys.tag + ":", repo, str(partition),
                     events_json, now)
-        if not log.check:  # Redis Cluster: hd:log lives in another slot
+        if not log.check:  # Redis Cluster: hd:log lives in another slot (see _in_slot)
             return (ApplyScript.sha, 1, keys.meta, keys.tag + ":", repo, str(partition),
-                    events_json, now, log.epoch)
+                    events_json, now, log.epoch, "applied", log.expected or "*")
         return (ApplyScript.sha, 2, keys.meta, LOG, keys.tag + ":", repo, str(partition),
                 events_json, now, log.epoch, log.field, log.expected)
 
     @classmethod
     async def apply_many(cls, client: Any,
                          calls: Sequence[tuple[str, int, bytes | str]],
-                         logs: dict[int, LogGuard] | None = None) -> list[Any]:
+                         logs: dict[int, LogGuard] | None = None,
+                         applied: dict[tuple[str, int], str] | None = None) -> list[Any]:
         """Apply every chunk in one pipeline round trip; raises if any chunk failed.
 
         Re-running a chunk is harmless (offsets <= applied[partition] are skipped), so on
         NOSCRIPT (Redis restarted, cache flushed) the whole pipeline is simply re-sent.
         ``logs``: per partition, the log epoch and the log record the chunk requires.
+        ``applied`` (Redis Cluster): per (repository, partition), the ``applied`` value the
+        tracker last saw, which the chunk requires instead (the guard stays in the slot).
         """
         cluster = isinstance(client, aredis.RedisCluster)
         g = (logs or {}).get
@@ -232,7 +237,8 @@ class ApplyScript:
                 if cluster:  # cluster pipelines refuse EVALSHA: concurrent calls instead
                     return list(await asyncio.gather(*(
                         client.evalsha(*cls.args(repo, partition, events_json, None,
-                                                 _unchecked(g(partition))))
+                                                 _in_slot(g(partition), (applied or {}).get(
+                                                     (repo, partition)))))
                         for repo, partition, events_json in calls)))
                 pipe = client.pipeline(transaction=False)
                 for repo, partition, events_json in calls:

@@ -22,7 +22,6 @@ from tracker.state import (
     ApplyScript,
     aredis_time_ms,
     await_horizon,
-    free_namespace,
     register_namespace,
 )
 
@@ -163,7 +162,6 @@ class LuaTracker:
         for repo, ns in retired.items():
             self.r.srem(REPOS, repo)
             self.r.hsetnx(RETIRED, repo, orjson.dumps({"namespace": ns, "at_ms": now_ms}))
-            free_namespace(self.r, repo, ns)
         return rejected, results
 
 

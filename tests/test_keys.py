@@ -1,0 +1,71 @@
+"""Keys no id can escape (issue 19 item 5): repository ids are encoded in Redis keys.
+
+Finding: ids were put into keys unescaped, so an id like ``<victim>}:a:x`` wrote hashes, sets
+and sorted sets inside the victim's address prefix, and the victim's reconciler failed on every
+run from then on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas import events as ev
+from schemas.layout import RepoKeys, key_part
+from tracker.daemon import running_tracker
+from tracker.state import read_repo_state
+from tracker.testing import publish, wait_horizon
+
+ids = st.text(min_size=1, max_size=60)
+HOSTILE = ["victim}:a:x", "victim}", "{victim", "vic:tim", "victim%7D", "répo☃", "v" * 1024,
+           "victim}:repo", "victim}:tokens"]
+
+
+@given(ids, ids)
+def test_encoded_ids_are_injective_and_never_reach_another_repositorys_keys(a: str,
+                                                                            b: str) -> None:
+    ka, kb = RepoKeys(a), RepoKeys(b)
+    assert (key_part(a) == key_part(b)) == (a == b)
+    assert not set(key_part(a)) & set("{}:")
+    if a != b:
+        # no key of b (all start with b's tag and ':') starts with a's tag and ':'
+        assert not (kb.tag + ":").startswith(ka.tag + ":")
+        assert not kb.address("s3://x/y").startswith(ka.address_prefix)
+
+
+def test_ordinary_ids_keep_their_keys() -> None:
+    assert RepoKeys("repo-1.a_b").tag == "hd:{repo-1.a_b}"
+    assert RepoKeys("victim}:a:x").tag == "hd:{victim%7D%3Aa%3Ax}"
+
+
+@pytest.mark.integration
+async def test_hostile_ids_write_only_under_their_own_keys(settings: Any,
+                                                           redis_client: Any) -> None:
+    events: list[ev.Event] = []
+    for i, repo in enumerate(["victim", *HOSTILE]):
+        ns = f"s3://keys/r{i}/"
+        events += [
+            ev.RepositoryCreated(repository=repo, storage_namespace=ns, default_branch="main",
+                                 default_retention_days=7.0),
+            ev.BranchCreated(repository=repo, branch="main", staging_token=f"tok{i}",
+                             ref_version=1),
+            ev.ObjectWritten(repository=repo, branch="main", staging_token=f"tok{i}",
+                             path="p", address=f"{ns}data/x", size=1, ref_id=f"ref{i}"),
+        ]
+    async with running_tracker(settings):
+        await wait_horizon(settings, await publish(settings, events))
+    victim = RepoKeys("victim")
+    keys = {k for k in redis_client.scan_iter(match="hd:{*", count=1000)}
+    mine = {k for k in keys if k.startswith(victim.tag + ":")}
+    assert all(k.startswith(victim.tag + ":") for k in mine)
+    addresses = [k[len(victim.address_prefix):] for k in mine
+                 if k.startswith(victim.address_prefix)]
+    assert addresses == ["s3://keys/r0/data/x"]  # nothing of "victim}:a:x" in its prefix
+    assert set(read_repo_state(redis_client, "victim").addresses) == {"s3://keys/r0/data/x"}
+    # and every hostile repository's state reads back whole, under its own keys
+    for i, repo in enumerate(HOSTILE, start=1):
+        state = read_repo_state(redis_client, repo)
+        assert set(state.addresses) == {f"s3://keys/r{i}/data/x"}, repo
