@@ -9,9 +9,11 @@ was cut). A dead letter is named here by its place in the dead-letter topic, ``P
   never moves anyone's offsets).
 - replay publishes a fixed event (a file, or stdin) to the events topic, keyed by its repository,
   after the same validation the tracker applies; the original dead letter stays for the record.
-- resolve lifts the holds (source ``dlq``) the tracker put on the addresses the event named,
-  once the operator has replayed or judged it: a hold whose origin names another dead letter is
-  kept.
+- resolve removes this dead letter's claim (``dlq:<topic>:<partition>:<offset>`` of its origin,
+  ``schemas/holds.py``) from every hold the tracker placed for it, once the operator has
+  replayed or judged it: a hold that another dead letter (or an operator, or a restore) still
+  claims stays. A hold stored before holds had claims is only lifted by
+  ``hardelete hold remove --force``; resolve names those it finds on the event's addresses.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ import orjson
 
 from hardelete import UserError
 from hardelete.clients import topic_partitions
-from hardelete.holds import DLQ, list_holds
+from hardelete.holds import Hold, list_holds
 from hardelete.settings import Settings
+from schemas.holds import LEGACY_CLAIM, Removal, dlq_claim, remove_claims
 from schemas.layout import REFUSED, RepoKeys
 
 ADDRESS_KEYS = ("address", "replaces_address")
@@ -75,6 +78,14 @@ class DeadLetter:
         body = self.body or {}
         return sorted({v for k in ADDRESS_KEYS if isinstance(v := body.get(k), str)
                        and v.startswith("s3://")})
+
+    @property
+    def claim(self) -> str | None:
+        """The claim id its holds carry (None without the origin headers)."""
+        if self.origin_topic is None or self.origin_partition is None \
+                or self.origin_offset is None:
+            return None
+        return dlq_claim(self.origin_topic, self.origin_partition, self.origin_offset)
 
     def summary(self) -> dict[str, Any]:
         return {"id": self.id, "time": _iso(self.timestamp_ms), "reason": self.reason,
@@ -241,30 +252,33 @@ async def publish_fixed(settings: Settings, data: bytes) -> Any:
     return event
 
 
-def holds_of(r: Any, dl: DeadLetter) -> list[tuple[str, str]]:
-    """(repository, address) of the dlq holds this dead letter put: the holds whose origin is the
-    dead letter's origin, or, for holds that carry no origin, on an address the event names."""
+def holds_of(r: Any, dl: DeadLetter) -> list[Hold]:
+    """The holds (address and prefix, any repository) that this dead letter claims."""
+    claim = dl.claim
+    if claim is None:
+        return []
+    return [h for h in list_holds(r) if claim in h.claims]
+
+
+def legacy_holds(r: Any, dl: DeadLetter) -> list[Hold]:
+    """Holds stored before holds had claims on an address the event names: nobody can tell
+    which dead letter placed them, so only ``hold remove --force`` lifts them."""
     named = set(dl.addresses())
-    repo = dl.repository
+    return [h for h in list_holds(r) if LEGACY_CLAIM in h.claims and h.target in named]
+
+
+def resolve(r: Any, dl: DeadLetter) -> list[tuple[Hold, Removal]]:
+    """Remove this dead letter's claim from each hold it claims (atomically per hold: a claim
+    another dead letter adds meanwhile stays)."""
+    claim = dl.claim
     out = []
-    for h in list_holds(r, source=DLQ):
-        d = h.detail
-        origin = (d.get("topic"), _int(str(d["partition"])) if "partition" in d else None,
-                  _int(str(d["offset"])) if "offset" in d else None)
-        if origin != (None, None, None):
-            mine = origin == (dl.origin_topic, dl.origin_partition, dl.origin_offset)
-        else:
-            mine = h.kind == "address" and h.target in named and h.repository == repo
-        if mine and h.kind == "address":
-            out.append((h.repository, h.target))
+    for h in holds_of(r, dl):
+        k = RepoKeys(h.repository)
+        removal = remove_claims(r, k.hold_prefixes if h.kind == "prefix" else k.holds,
+                                h.target, [claim] if claim else [])
+        if removal.removed:
+            out.append((h, removal))
     return out
-
-
-def resolve(r: Any, dl: DeadLetter) -> list[tuple[str, str]]:
-    lifted = holds_of(r, dl)
-    for repo, address in lifted:
-        r.hdel(RepoKeys(repo).holds, address)
-    return lifted
 
 
 # --- CLI -----------------------------------------------------------------------------------------
@@ -363,13 +377,20 @@ class resolve_:
         dl = asyncio.run(read_one(settings, args.id))
         r = redis_sync(settings)
         try:
-            lifted = resolve(r, dl)
+            done = resolve(r, dl)
+            legacy = legacy_holds(r, dl)
         finally:
             r.close()
-        if not lifted:
-            print(f"dead letter {dl.id} holds nothing (no dlq hold names its origin or its "
-                  "addresses)")
-            return 0
-        for repo, address in lifted:
-            print(f"lifted the dlq hold on {address} in {repo}")
+        if not done:
+            print(f"dead letter {dl.id} holds nothing (no hold carries its claim {dl.claim})")
+        for h, removal in done:
+            what = "prefix " if h.kind == "prefix" else ""
+            if removal.status == "lifted":
+                print(f"lifted the dlq hold on {what}{h.target} in {h.repository}")
+            else:
+                print(f"released dead letter {dl.id}'s claim on {what}{h.target} in "
+                      f"{h.repository}; still held by: {', '.join(removal.remaining)}")
+        for h in legacy:
+            print(f"{h.target} in {h.repository} has a hold stored before holds had claims "
+                  f"({h.reason}): `hardelete hold remove --force {h.target}` lifts it")
         return 0

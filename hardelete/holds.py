@@ -1,11 +1,14 @@
 """Holds: addresses and prefixes that no delete path may take (``hardelete hold add|remove|list``).
 
 A hold lives in the repository's ``holds`` hash (address -> json) or ``hold_prefixes`` hash
-(s3:// prefix -> json); each value is ``{reason, source, at_ms, ...}`` on the Redis clock.
-Sources: ``operator`` (legal holds, this command), ``restore`` (``hardelete restore`` keeps the
-restored object), ``dlq`` (the tracker holds every address a dead-lettered event names; its value
-also carries the dead letter's origin ``topic``, ``partition``, ``offset`` so that
-``hardelete dlq resolve`` lifts exactly the holds of that event).
+(s3:// prefix -> json) and is a set of **claims** (``schemas/holds.py``): each party that keeps
+the target owns one claim, and the hold is lifted when its last claim goes. Parties: the
+``operator`` (legal holds, this command), ``restore`` (``hardelete restore`` keeps the restored
+object), and each dead letter (``dlq:<topic>:<partition>:<offset>``: the tracker claims every
+address a dead-lettered event names; ``hardelete dlq resolve`` removes that claim only).
+``hold remove`` removes the operator's and restore's claims; a hold that a dead letter still
+claims stays (``--force`` lifts every claim, and is the only way to lift a hold stored before
+holds had claims).
 
 The reaper's claim, the reaper's delete, and the reconciler's sweep read these keys (issue 9's
 judgment); this module is the operator's side and :func:`held_by` the pure lookup.
@@ -24,9 +27,23 @@ import orjson
 from hardelete import UserError
 from hardelete.settings import Settings
 from schemas.address import canonical_uri
+from schemas.holds import (
+    DLQ,
+    LEGACY_CLAIM,
+    OPERATOR,
+    OPERATOR_CLAIM,
+    OPERATOR_CLAIMS,
+    RESTORE,
+    RESTORE_CLAIM,
+    Removal,
+    add_claims,
+    claims_of,
+    remove_claims,
+)
 from schemas.layout import REPOS, OutsideNamespace, RepoKeys
 
-OPERATOR, RESTORE, DLQ = "operator", "restore", "dlq"
+__all__ = ["DLQ", "OPERATOR", "RESTORE", "Hold", "add_hold", "held_by", "list_holds",
+           "remove_hold"]
 
 
 @dataclass(frozen=True)
@@ -38,9 +55,14 @@ class Hold:
     source: str
     at_ms: int | None
     detail: dict[str, Any] = field(default_factory=dict)
+    claims: dict[str, dict[str, Any]] = field(default_factory=dict)  # claim id -> claim
 
     def as_row(self) -> dict[str, Any]:
         return asdict(self)
+
+    def sources(self) -> set[str]:
+        return {str(c.get("source", "?")) if isinstance(c, dict) else "?"
+                for c in self.claims.values()}
 
 
 def _decode(raw: str) -> dict[str, Any]:
@@ -54,9 +76,9 @@ def _decode(raw: str) -> dict[str, Any]:
 def _hold(repo: str, target: str, kind: str, raw: str) -> Hold:
     v = _decode(raw)
     at = v.get("at_ms")
-    detail = {k: x for k, x in v.items() if k not in ("reason", "source", "at_ms")}
+    detail = {k: x for k, x in v.items() if k not in ("reason", "source", "at_ms", "claims")}
     return Hold(repo, target, kind, str(v.get("reason", "")), str(v.get("source", "?")),
-                int(at) if isinstance(at, int | float) else None, detail)
+                int(at) if isinstance(at, int | float) else None, detail, claims_of(raw))
 
 
 def held_by(address: str, holds: Mapping[str, str],
@@ -109,20 +131,51 @@ def find_repository(r: Any, target: str, repo: str | None = None) -> tuple[str, 
 def add_hold(r: Any, target: str, reason: str, *, repo: str | None = None,
              prefix: bool = False, source: str = OPERATOR,
              detail: Mapping[str, Any] | None = None) -> Hold:
+    """The operator's (or restore's) claim on ``target``; adding it again updates its reason.
+    Dead letters' claims are the tracker's (tracker/daemon.py), never added here."""
     if not reason.strip():
         raise UserError("a hold needs a reason (--reason)")
+    claim_id = {OPERATOR: OPERATOR_CLAIM, RESTORE: RESTORE_CLAIM}.get(source)
+    if claim_id is None:
+        raise UserError(f"holds of source {source!r} are placed by the tracker, not by hand")
     target = canonical_target(target)
     repository, _ns = find_repository(r, target, repo)
     k = RepoKeys(repository)
     at = now_ms(r)
-    value = {**(detail or {}), "reason": reason, "source": source, "at_ms": at}
-    r.hset(k.hold_prefixes if prefix else k.holds, target, orjson.dumps(value).decode())
+    claim = {**(detail or {}), "reason": reason, "source": source, "at_ms": at}
+    add_claims(r, k.hold_prefixes if prefix else k.holds, [(target, claim_id, claim)],
+               replace=True)
     return Hold(repository, target, "prefix" if prefix else "address", reason, source, at,
-                dict(detail or {}))
+                dict(detail or {}), {claim_id: claim})
+
+
+@dataclass(frozen=True)
+class Lifted:
+    hold: Hold  # as it was before
+    removal: Removal
+
+    @property
+    def lifted(self) -> bool:
+        return self.removal.status == "lifted"
+
+
+def _others(hold: Hold, ids: tuple[str, ...]) -> str:
+    out = []
+    for i in ids:
+        if i == LEGACY_CLAIM:
+            out.append("a hold stored before holds had claims (only --force lifts it)")
+        elif i.startswith(DLQ + ":"):
+            out.append(f"dead letter of {i[len(DLQ) + 1:]} (fix or replay the event, then "
+                       "`hardelete dlq resolve`)")
+        else:
+            out.append(i)
+    return "; ".join(out)
 
 
 def remove_hold(r: Any, target: str, *, repo: str | None = None, prefix: bool = False,
-                force: bool = False) -> Hold:
+                force: bool = False) -> Lifted:
+    """Remove the operator's and restore's claims on ``target`` (``force``: every claim). The
+    hold stays while a dead letter still claims it; removing nothing is an error."""
     target = canonical_target(target)
     repository, _ns = find_repository(r, target, repo)
     k = RepoKeys(repository)
@@ -131,11 +184,13 @@ def remove_hold(r: Any, target: str, *, repo: str | None = None, prefix: bool = 
     if raw is None:
         raise UserError(f"no {'prefix ' if prefix else ''}hold on {target} in {repository!r}")
     hold = _hold(repository, target, "prefix" if prefix else "address", raw)
-    if hold.source == DLQ and not force:
-        raise UserError(f"{target} is held because of a dead-lettered event: fix or replay the "
-                        "event, then `hardelete dlq resolve`, or pass --force")
-    r.hdel(key, target)
-    return hold
+    removal = remove_claims(r, key, target, OPERATOR_CLAIMS, force=force)
+    if removal.status == "none":
+        raise UserError(f"no {'prefix ' if prefix else ''}hold on {target} in {repository!r}")
+    if not removal.removed:
+        raise UserError(f"{target} is held by {_others(hold, removal.remaining)}; "
+                        "`hold remove --force` lifts every claim")
+    return Lifted(hold, removal)
 
 
 def list_holds(r: Any, repo: str | None = None, source: str | None = None) -> list[Hold]:
@@ -146,7 +201,7 @@ def list_holds(r: Any, repo: str | None = None, source: str | None = None) -> li
         for kind, key in (("address", k.holds), ("prefix", k.hold_prefixes)):
             for target, raw in sorted(r.hgetall(key).items()):
                 h = _hold(repository, target, kind, raw)
-                if source is None or h.source == source:
+                if source is None or source in h.sources():
                     out.append(h)
     return out
 
@@ -204,18 +259,24 @@ class remove:
         parser.add_argument("--prefix", action="store_true")
         parser.add_argument("--repo", help="repository (default: found by namespace)")
         parser.add_argument("--force", action="store_true",
-                            help="also lift a hold put by a dead-lettered event")
+                            help="lift every claim, dead letters' and old-format holds' too")
 
     @staticmethod
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         r = _redis(settings)
         try:
-            h = remove_hold(r, args.target, repo=args.repo, prefix=_is_prefix(args),
-                            force=args.force)
+            done = remove_hold(r, args.target, repo=args.repo, prefix=_is_prefix(args),
+                               force=args.force)
         finally:
             r.close()
-        print(f"lifted the {h.source} hold on {h.target} in {h.repository} ({h.reason}); "
-              "the delete paths may take it again once it is garbage")
+        h = done.hold
+        removed = ", ".join(done.removal.removed)
+        if done.lifted:
+            print(f"lifted the hold on {h.target} in {h.repository} (claims: {removed}); "
+                  "the delete paths may take it again once it is garbage")
+        else:
+            print(f"removed the {removed} claim(s) on {h.target} in {h.repository}; still "
+                  f"held by {_others(h, done.removal.remaining)}")
         return 0
 
 
@@ -242,9 +303,10 @@ class list_:
         from rich.table import Table
 
         t = Table(title=f"holds ({len(holds)})")
-        for col in ("repository", "kind", "target", "source", "reason", "since"):
+        for col in ("repository", "kind", "target", "source", "reason", "since", "claims"):
             t.add_column(col)
         for h in holds:
-            t.add_row(h.repository, h.kind, h.target, h.source, h.reason, when(h.at_ms))
+            t.add_row(h.repository, h.kind, h.target, h.source, h.reason, when(h.at_ms),
+                      ", ".join(sorted(h.claims)))
         Console().print(t)
         return 0

@@ -857,7 +857,8 @@ class Soak:
         events: list[Event] = [
             RepositoryCreated(repository=intruder, storage_namespace=parent,
                               default_branch="main", default_retention_days=7.0),
-            BranchCreated(repository=intruder, branch="main", staging_token=token),
+            BranchCreated(repository=intruder, branch="main", staging_token=token,
+                          ref_version=1),
             ObjectWritten(repository=intruder, branch="main", staging_token=token, path="x",
                           address=entry.address, size=entry.size, ref_id=ref),
             ObjectDeleted(repository=intruder, branch="main", staging_token=token, path="x",

@@ -71,7 +71,7 @@ def _track_as_garbage(settings: Settings, repo: str, namespace: str,
     events: list[ev.Event] = [ev.RepositoryCreated(
         repository=repo, storage_namespace=namespace, default_branch="main",
         default_retention_days=7.0), ev.BranchCreated(repository=repo, branch="main",
-                                                      staging_token="t0")]
+                                                      staging_token="t0", ref_version=1)]
     for a in addresses:
         ref = uuid.uuid4().hex
         events.append(ev.ObjectWritten(repository=repo, branch="main", staging_token="t0",

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import orjson
 from botocore.exceptions import ClientError
 
 from hardelete import UserError
@@ -21,6 +20,7 @@ from hardelete.logs import get_logger
 from hardelete.settings import Settings
 from reaper.claims import ClaimStore
 from reaper.deleter import AddressRecheck, DeleteOutcome, S3Deleter
+from schemas.holds import RESTORE, RESTORE_CLAIM, aadd_claims, aremove_claims
 from schemas.layout import QUARANTINE_PREFIX, RepoKeys, namespace_key
 
 log = get_logger(__name__)
@@ -166,18 +166,17 @@ async def restore(settings: Settings, repo: str, address: str) -> str:
         _, qkey = split_s3_uri(qaddr)
         # Hold it before it is back, so no reaper takes the restored object again (it is still
         # unreferenced); `hardelete hold remove` lets it go.
+        # The hold is restore's own claim (schemas/holds.py): other claims on it are untouched.
         holds = RepoKeys(repo).holds
-        had_hold = await redis.hexists(holds, address)
-        if not had_hold:
-            sec, usec = await redis.time()
-            await redis.hset(holds, address, orjson.dumps({
-                "reason": "restored from quarantine", "source": "restore",
-                "at_ms": int(sec) * 1000 + int(usec) // 1000}).decode())
+        sec, usec = await redis.time()
+        added = await aadd_claims(redis, holds, [(address, RESTORE_CLAIM, {
+            "reason": "restored from quarantine", "source": RESTORE,
+            "at_ms": int(sec) * 1000 + int(usec) // 1000})])
         try:
             await asyncio.to_thread(copy_key, client, bucket, qkey, key)
         except ClientError as exc:
-            if not had_hold:
-                await redis.hdel(holds, address)
+            if added:
+                await aremove_claims(redis, holds, address, [RESTORE_CLAIM])
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 raise UserError(f"{address} is not in quarantine (purged or never there)") from None
             raise

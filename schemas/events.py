@@ -24,11 +24,13 @@ import orjson
 SCHEMA_VERSION = 1
 
 
-# Optional on every event that changes a branch or tag: the service KV's version of that ref
-# after the change (seed 004: every SetIf of a ref bumps it; deletes too; never reused for the
-# same ref name, even after a delete). The tracker keeps the highest version it applied per ref,
-# deletes included (a versioned tombstone), so duplicates and reordering converge to the
-# in-order state. Absent: the v1 arrival-order rule (schemas/README.md).
+# Required on every event that changes a branch or tag (REF_EVENT_TYPES): the service KV's
+# version of that ref after the change (seed 004: every SetIf of a ref bumps it; deletes too;
+# never reused for the same ref name, even after a delete). The tracker keeps the highest
+# version it applied per ref, deletes included (a versioned tombstone), so duplicates and
+# reordering converge to the in-order state. Without it arrival order would decide (a retried
+# tag_created after the tag's deletion would resurrect it): an unversioned ref event is
+# dead-lettered, and its hold keeps the repository's namespace (schemas/README.md).
 REF_VERSION_MAX = 2**53 - 1  # exact in every JSON implementation (and in Lua's doubles)
 
 
@@ -91,7 +93,7 @@ class BranchCreated(Event):
     branch: str
     staging_token: str
     source_commit: str | None = None
-    ref_version: int | None = None
+    ref_version: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,7 +168,7 @@ class CommitCreated(Event):
     staging_token: str
     committed_at: float
     manifest: str
-    ref_version: int | None = None
+    ref_version: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,7 +179,7 @@ class BranchReset(Event):
     dropped_tokens: list[str]
     staging_token: str
     head: str | None = None
-    ref_version: int | None = None
+    ref_version: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,7 +189,7 @@ class BranchDeleted(Event):
     branch: str
     dropped_tokens: list[str]
     last_head: str | None = None
-    ref_version: int | None = None
+    ref_version: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -196,7 +198,7 @@ class TagCreated(Event):
     DOC = "A tag naming a commit."
     tag: str
     commit_id: str
-    ref_version: int | None = None
+    ref_version: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -204,7 +206,7 @@ class TagDeleted(Event):
     TYPE = "tag_deleted"
     DOC = "A tag removed."
     tag: str
-    ref_version: int | None = None
+    ref_version: int
 
 
 MAX_REAPED_PER_EVENT = 1000
@@ -245,6 +247,10 @@ EVENT_TYPES: dict[str, type[Event]] = {
     )
 }
 
+# Events that change a branch or tag record (each carries a required ref_version).
+REF_EVENT_TYPES = frozenset(cls.TYPE for cls in (
+    BranchCreated, CommitCreated, BranchReset, BranchDeleted, TagCreated, TagDeleted))
+
 # Fields whose string value (a list field: each item) must be an s3:// URI (checked here;
 # namespace checked by the tracker).
 ADDRESS_FIELDS = ("address", "replaces_address", "storage_namespace", "addresses")
@@ -268,6 +274,8 @@ def named_addresses(value_of: Callable[[str], object]) -> list[str]:
 
 
 _ENVELOPE = ("type", "v")
+_MISSING_WHY = {"ref_version": "missing (required on ref events: without the ref's version a "
+                               "duplicate or late event would move the ref)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,7 +415,7 @@ def decode(data: bytes | str) -> Event:
     for f in fields(cls):
         if f.name not in body:
             if f.default is MISSING and f.default_factory is MISSING:
-                raise EventError("missing", f.name, etype)
+                raise EventError(_MISSING_WHY.get(f.name, "missing"), f.name, etype)
             continue
         kwargs[f.name] = _check(f.name, hints[f.name], body[f.name], etype)
     extra = set(body) - {f.name for f in fields(cls)} - set(_ENVELOPE)

@@ -42,6 +42,14 @@ INCIDENTS = f"{PREFIX}:incidents"  # list: json {kind, repository, reason, event
 FAIL_CLOSED = f"{PREFIX}:failclosed"  # hash: reason, at_ms, detail (present = fail-closed)
 
 
+# Ref events (branch/tag created/deleted, commit created, branch reset) whose event id the
+# tracker remembers per repository, with the ref and version each carried (RepoKeys.ref_seen):
+# a redelivery or a retried publish within this many later ref events of the repository is
+# recognised as a duplicate by its id. Beyond it, ref_version alone keeps the outcome (a
+# duplicate's version is never above the ref's). apply.lua's WINDOW is the same number.
+REF_DEDUPE_WINDOW = 10_000
+
+
 class AddressState(StrEnum):
     STAGED = "staged"  # at least one live reference in an open/sealed (or unknown) token
     COMMITTED = "committed"  # a commit took it: terminal for the online path, never reaped online
@@ -136,6 +144,17 @@ class RepoKeys:
         return f"{self.tag}:refver"
 
     @property
+    def ref_seen(self) -> str:
+        """hash: ref event id -> '<ref>|<version>' for the last REF_DEDUPE_WINDOW ref events
+        (the dedupe window: the same id, ref and version again is a duplicate)."""
+        return f"{self.tag}:refseen"
+
+    @property
+    def ref_seen_order(self) -> str:
+        """list: the ids of ``ref_seen``, oldest first (the oldest leaves a full window)."""
+        return f"{self.tag}:refseenq"
+
+    @property
     def commits(self) -> str:
         """hash: commit id -> json {parents, time, branch, manifest}."""
         return f"{self.tag}:commits"
@@ -185,14 +204,15 @@ class RepoKeys:
 
     @property
     def holds(self) -> str:
-        """hash: address -> json {reason, source, at_ms}: every delete path keeps a held
-        address (dead-lettered events naming it, legal holds, restores)."""
+        """hash: address -> json {claims: {claim id -> {reason, source, at_ms, ...}}, reason,
+        source, at_ms}: every delete path keeps a held address (dead-lettered events naming it,
+        legal holds, restores); the hold goes with its last claim (schemas/holds.py)."""
         return f"{self.tag}:holds"
 
     @property
     def hold_prefixes(self) -> str:
-        """hash: key prefix (full s3:// form) -> json {reason, source, at_ms}: every address
-        under the prefix is held (few entries: delete paths read the whole hash)."""
+        """hash: key prefix (full s3:// form) -> json, as ``holds``: every address under the
+        prefix is held (few entries: delete paths read the whole hash)."""
         return f"{self.tag}:holdprefixes"
 
     @property

@@ -5,7 +5,9 @@ A hypothesis rule-based state machine over the pure parts: the reference machine
 releases and prune, the reconciler's sweep decision, and Redis going back in time. Its rules
 include what an adversary can do: a publisher with rights to one repository sends any
 schema-valid event (forged ``addresses_reaped`` records, duplicates, late and reordered
-deliveries), an operator pauses, holds and retires, and the daemons' steps interleave (claim,
+deliveries), an operator pauses, holds, retires and resolves dead letters (after replaying
+their fix; a hold is the product's set of claims, ``schemas.holds``), and the daemons' steps
+interleave (claim,
 re-check right before the request, a refused request, lease expiry and release, prune, sweep).
 
 The invariant, checked at every delete: **nothing is deleted while anything protects it**, where
@@ -23,13 +25,14 @@ import dataclasses
 import urllib.parse
 from dataclasses import dataclass, field
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from schemas import events as ev
-from schemas import reaper_auth
+from schemas import holds, reaper_auth
 from schemas.layout import AddressState, TokenState
 from schemas.liveness import Guards, judge, tombstone_keeps
 from schemas.records import DecodedAddress
@@ -185,7 +188,9 @@ class Adversary(RuleBasedStateMachine):
         self.entries: dict[str, tuple[str, str]] = {}  # ref -> (address, token): staged refs
         self.paused = False
         self.holds: set[str] = set()  # the operator's
-        self.dlq_holds: set[str] = set()  # placed by the tracker for dead-lettered records
+        # placed by the tracker for dead-lettered records: target -> stored value (its claims)
+        self.dlq_holds: dict[str, bytes] = {}
+        self.dead: dict[str, ev.Event] = {}  # claim id -> dead-lettered event, unresolved
         self.fail_closed = False
         self.snapshot: tuple[refs.World, int] | None = None
         self.applied = 0  # how much of the log the mirror has applied
@@ -194,7 +199,7 @@ class Adversary(RuleBasedStateMachine):
                                            storage_namespace=NS, default_branch="main",
                                            default_retention_days=7.0))
         self._deliver(ev.BranchCreated(repository=REPO, event_id=self._id(), branch="main",
-                                       staging_token="t0", source_commit=None))
+                                       staging_token="t0", source_commit=None, ref_version=0))
 
     def _id(self) -> str:
         self.n += 1
@@ -207,10 +212,10 @@ class Adversary(RuleBasedStateMachine):
         self.log.append(event)
         if self.fail_closed:
             return  # the log guard applies nothing past the gap until the replay
-        self._apply(event)
+        self._apply(event, len(self.log) - 1)
         self.applied = len(self.log)
 
-    def _apply(self, event: ev.Event) -> None:
+    def _apply(self, event: ev.Event, offset: int) -> None:
         raw = ev.encode(event)
         try:
             ev.decode(raw)
@@ -223,9 +228,12 @@ class Adversary(RuleBasedStateMachine):
             else:
                 rejected = self.world.apply(event, self.now).rejected
                 self.world.settle()
-        if rejected is not None:
-            for _, address in codec.hold_targets(raw, REPO.encode(), {REPO: NS}):
-                self.dlq_holds.add(address)
+        if rejected is not None:  # one claim per dead letter (its place in the log)
+            cid = holds.dlq_claim("events", 0, offset)
+            self.dead[cid] = event
+            for _, target in codec.hold_targets(raw, REPO.encode(), {REPO: NS}):
+                self.dlq_holds[target] = orjson.dumps(holds.add(
+                    self.dlq_holds.get(target), cid, {"source": "dlq", "reason": rejected}))
 
     def _publish(self, event: ev.Event, late: bool) -> None:
         if late:
@@ -304,7 +312,8 @@ class Adversary(RuleBasedStateMachine):
         self._publish(ev.CommitCreated(repository=REPO, event_id=self._id(), branch="main",
                                        commit_id=f"c{self.n}", parents=[],
                                        sealed_tokens=[sealed], staging_token=new,
-                                       committed_at=self.now / 1000, manifest=f"{NS}m"), late)
+                                       committed_at=self.now / 1000, manifest=f"{NS}m",
+                                       ref_version=self.n), late)
         self.entries = {r: v for r, v in self.entries.items() if v[1] != sealed}
 
     @rule(late=st.booleans())
@@ -312,7 +321,8 @@ class Adversary(RuleBasedStateMachine):
         dropped, new = self.open_token, f"t{self.n + 1}"
         self.open_token = new
         self._publish(ev.BranchReset(repository=REPO, event_id=self._id(), branch="main",
-                                     dropped_tokens=[dropped], staging_token=new), late)
+                                     dropped_tokens=[dropped], staging_token=new,
+                                     ref_version=self.n), late)
         self.entries = {r: v for r, v in self.entries.items() if v[1] != dropped}
 
     @rule(i=st.integers(0, len(ADDRS) - 1))
@@ -374,6 +384,27 @@ class Adversary(RuleBasedStateMachine):
     def hold(self, i: int, on: bool) -> None:
         (self.holds.add if on else self.holds.discard)(ADDRS[i])
 
+    @precondition(lambda self: bool(self.dead) and not self.fail_closed)
+    @rule(k=st.integers(0, 50))
+    def resolve_dead_letter(self, k: int) -> None:
+        """``dlq replay`` of the fix (the address in its canonical spelling: each object the
+        spelling may mean), then ``dlq resolve``: that dead letter's claim goes, the others'
+        stay (schemas.holds)."""
+        cid = sorted(self.dead)[k % len(self.dead)]
+        event = self.dead.pop(cid)
+        if isinstance(event, ev.ObjectWritten | ev.ObjectCopied):
+            for address in meanings(event.address) if event.address not in ADDRS else []:
+                fixed = dataclasses.replace(event, address=address, event_id=self._id())
+                self._deliver(fixed)
+                if event.staging_token == self.open_token:
+                    self.entries[event.ref_id] = (address, event.staging_token)
+        for target, raw in list(self.dlq_holds.items()):
+            removal, value = holds.remove(raw, [cid])
+            if value is None:
+                del self.dlq_holds[target]
+            elif removal.removed:
+                self.dlq_holds[target] = orjson.dumps(value)
+
     # --- Redis going back in time ------------------------------------------------------------
 
     @rule()
@@ -394,8 +425,8 @@ class Adversary(RuleBasedStateMachine):
     def replay(self) -> None:
         """The tracker replays the log from where the old copy stood; then it is trusted."""
         assert self.snapshot is not None
-        for event in self.log[self.applied:]:
-            self._apply(event)
+        for offset in range(self.applied, len(self.log)):
+            self._apply(self.log[offset], offset)
         self.applied = len(self.log)
         self.fail_closed = False
 
@@ -542,3 +573,25 @@ def test_finding_one_object_spelled_another_way_is_kept(how: int) -> None:
               ("tick", {"ms": 11_000}),
               ("claim", {}), ("reap", {"refused": False}), ("sweep", {}))
     assert ADDRS[0] in m.store and m.dlq_holds
+
+
+def test_finding_resolving_one_dead_letter_keeps_the_others_hold() -> None:
+    """Two dead letters name one object; the operator replays the first's fix and resolves it,
+    then its entry is deleted: the second (never replayed) still keeps the object."""
+    m = Adversary()
+    m.start()
+    m.write_spelled(i=0, how=0, late=False)
+    m.write_spelled(i=0, how=1, late=False)
+    assert len(m.dead) == 2
+    m.resolve_dead_letter(k=0)
+    (ref, (address, token)), = m.entries.items()  # the replayed entry
+    m._deliver(ev.ObjectDeleted(repository=REPO, event_id=m._id(), branch="main",
+                                staging_token=token, path="s0", address=address, ref_id=ref))
+    m.tick(ms=11_000)
+    m.claim()
+    m.reap(refused=False)
+    m.sweep()
+    assert ADDRS[0] in m.store and list(m.dlq_holds) == [ADDRS[0]]
+    m.resolve_dead_letter(k=0)  # the second, replayed too: now its entry keeps the object
+    assert not m.dlq_holds and ADDRS[0] in m.store
+    m.teardown()

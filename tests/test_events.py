@@ -303,7 +303,7 @@ def test_named_addresses_of_an_event_and_of_its_body_agree() -> None:
         ev.ObjectDeleted(repository="r", branch="main", staging_token="t", path="p",
                          address=a, ref_id="p"),
         ev.AddressesReaped(repository="r", addresses=[a, b], reaper="reaper-1"),
-        ev.BranchCreated(repository="r", branch="main", staging_token="t"),
+        ev.BranchCreated(repository="r", branch="main", staging_token="t", ref_version=1),
     ]
     expected = [[a, b], [a], [a, b], []]
     for e, want in zip(events, expected, strict=True):

@@ -209,7 +209,8 @@ async def test_a_repository_over_a_live_namespace_is_refused_and_reaps_nothing_o
     ]
     p_events: list[ev.Event] = [
         created("P", p_ns, event_id="p-create"),
-        ev.BranchCreated(repository="P", branch="main", staging_token="tp", event_id="p-branch"),
+        ev.BranchCreated(repository="P", branch="main", staging_token="tp", event_id="p-branch",
+                         ref_version=1),
         ev.ObjectWritten(repository="P", branch="main", staging_token="tp", path="q",
                          address=x, size=1, ref_id="rp", event_id="p-write"),
         ev.ObjectDeleted(repository="P", branch="main", staging_token="tp", path="q",

@@ -1,11 +1,16 @@
 """The operator's commands through the CLI on the real stack (Kafka, Redis, MinIO): holds, dead
-letters, quarantine, pause/resume, status and health, the scheduler."""
+letters, quarantine, pause/resume, status and health, the scheduler.
+
+Every hold, record and quarantine copy an operator command acts on here is written by the real
+tracker and reaper (a dead-lettered event, a reaped address), never by hand: the commands are
+proven on the daemons' own state (issue 19 item 7)."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +22,7 @@ from hardelete.holds import add_hold, held_by
 from hardelete.model import Model, ModelService
 from hardelete.schedule import decide, last_slot
 from hardelete.settings import Settings
-from reaper.daemon import Reaper
+from reaper.daemon import PassReport, Reaper
 from schemas.events import ObjectWritten, RepositoryCreated, RepositoryDeleted, encode
 from schemas.layout import (
     FAIL_CLOSED,
@@ -79,6 +84,61 @@ def setup_repo(s: Settings, repo: str = "ops", ns: str = "s3://opsb/ns/") -> Non
     asyncio.run(publish_and_track(s, (encode(ev), ev.key)))
 
 
+def broken(repo: str, address: Any, size: int = -1) -> bytes:
+    """An object_written the tracker dead-letters (a negative size), naming ``address``."""
+    body = orjson.loads(encode(written(repo, "s3://x/y")))
+    body["address"], body["size"] = address, size
+    return orjson.dumps(body)
+
+
+async def make_garbage(s: Settings, s3: Any, model: Model, repo: str, paths: list[str],
+                       namespace: str | None = None) -> list[str]:
+    """Objects written through the model service and deleted again: the tracker makes them
+    unreferenced, the reaper takes them after grace."""
+    await ensure_topics(s)
+    async with Publisher(s) as pub:
+        svc = ModelService(s, s3, pub, model=model)
+        if namespace is not None:
+            await svc.call(Model.create_repository, repo, namespace)
+        out = []
+        for path in paths:
+            out.append((await svc.call(Model.write, repo, "main", path, 3)).address)
+            await svc.call(Model.delete, repo, "main", path)
+    return out
+
+
+async def reap_until(s: Settings, done: Callable[[PassReport], bool],
+                     timeout: float = 45.0) -> PassReport:
+    """The real tracker and reaper run until a reaper pass satisfies ``done``."""
+    async with running_tracker(s):
+        reaper = Reaper(s)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                report = await reaper.run_once()
+                if done(report):
+                    return report
+                assert time.monotonic() < deadline, report.as_dict()
+                await asyncio.sleep(0.1)
+        finally:
+            await reaper.close()
+
+
+def stored(s3: Any, address: str) -> bool:
+    bucket, _, key = address.removeprefix("s3://").partition("/")
+    return "Contents" in s3.list_objects_v2(Bucket=bucket, Prefix=key)
+
+
+def kept(report: PassReport, repo: str, reason: str) -> int:
+    return sum(r.kept[reason] for r in report.repos if r.repository == repo)
+
+
+def claims(redis_client: Any, repo: str, target: str, prefix: bool = False) -> set[str]:
+    k = RepoKeys(repo)
+    raw = redis_client.hget(k.hold_prefixes if prefix else k.holds, target)
+    return set(orjson.loads(raw)["claims"]) if raw is not None else set()
+
+
 # --- holds ---------------------------------------------------------------------------------------
 
 def test_hold_add_list_remove(cli, capsys, redis_client):
@@ -103,27 +163,46 @@ def test_hold_add_list_remove(cli, capsys, redis_client):
     assert code == 2 and "inside no tracked repository" in err and err.count("\n") == 1
     code, _, err = run(capsys, "hold", "remove", "s3://opsb/ns/data/zzz")
     assert code == 2 and "no hold on" in err
-    code, out, _ = run(capsys, "hold", "remove", "s3://opsb/ns/data/a")
-    assert code == 0 and "lifted the operator hold" in out
-    assert not redis_client.hexists(RepoKeys("ops").holds, "s3://opsb/ns/data/a")
     code, out, _ = run(capsys, "hold", "remove", "s3://opsb/ns/legal/")
-    assert code == 0 and redis_client.hlen(RepoKeys("ops").hold_prefixes) == 0
+    assert code == 0 and "lifted the hold" in out
+    assert redis_client.hlen(RepoKeys("ops").hold_prefixes) == 0
+
+    # The tracker dead-letters an event naming the held address: its claim joins the
+    # operator's, and lifting the operator's leaves the address held by the dead letter.
+    asyncio.run(publish_and_track(cli, (broken("ops", "s3://opsb/ns/data/a"), b"ops")))
+    mine = claims(redis_client, "ops", "s3://opsb/ns/data/a")
+    assert "operator" in mine and len(mine) == 2
+    (dead,) = mine - {"operator"}
+    assert dead.startswith(f"dlq:{cli.events_topic}:")
+    code, out, _ = run(capsys, "hold", "remove", "s3://opsb/ns/data/a")
+    assert code == 0 and "removed the operator claim" in out and "dlq resolve" in out
+    assert claims(redis_client, "ops", "s3://opsb/ns/data/a") == {dead}
+    code, _, err = run(capsys, "hold", "remove", "s3://opsb/ns/data/a")
+    assert code == 2 and "dlq resolve" in err and err.count("\n") == 1
+    code, out, _ = run(capsys, "hold", "remove", "--force", "s3://opsb/ns/data/a")
+    assert code == 0 and "lifted the hold" in out and dead in out
+    assert not redis_client.hexists(RepoKeys("ops").holds, "s3://opsb/ns/data/a")
 
 
 # --- dead letters --------------------------------------------------------------------------------
 
 def test_dlq_list_show_replay_resolve(cli, capsys, redis_client, tmp_path: Path):
     setup_repo(cli)
-    bad = orjson.loads(encode(written("ops", "s3://opsb/ns/data/bad")))
-    bad["size"] = -5  # the tracker dead-letters it
+    bad = orjson.loads(broken("ops", "s3://opsb/ns/data/bad", size=-5))
     other = orjson.loads(encode(written("ops", "s3://opsb/ns/data/other")))
     other["v"] = 99
+    again = {**bad, "size": -6}  # a retried publish (same event id), dead-lettered again
+    lost = orjson.loads(broken("ops", 12345))  # names no address anyone can read
     asyncio.run(publish_and_track(cli, (orjson.dumps(bad), b"ops"),
-                                  (orjson.dumps(other), b"ops")))
+                                  (orjson.dumps(other), b"ops"), (orjson.dumps(again), b"ops"),
+                                  (orjson.dumps(lost), b"ops")))
     code, out, _ = run(capsys, "dlq", "list", "--json")
     letters = orjson.loads(out)
-    assert code == 0 and len(letters) == 2
-    first = next(d for d in letters if d["addresses"] == ["s3://opsb/ns/data/bad"])
+    assert code == 0 and len(letters) == 4
+    by_size = {orjson.loads(run(capsys, "dlq", "show", d["id"], "--raw")[1]).get("size"): d
+               for d in letters}
+    first, second, third = by_size[-5], by_size[-6], by_size[-1]
+    assert first["addresses"] == ["s3://opsb/ns/data/bad"]
     assert first["repository"] == "ops" and first["type"] == "object_written"
     assert "size" in first["reason"] and first["origin"]["topic"] == cli.events_topic
     code, out, _ = run(capsys, "dlq", "list")
@@ -134,14 +213,19 @@ def test_dlq_list_show_replay_resolve(cli, capsys, redis_client, tmp_path: Path)
     code, out, _ = run(capsys, "dlq", "show", first["id"], "--raw")
     assert orjson.loads(out) == bad
 
-    # The tracker holds the addresses a dead-lettered event names (issue 8); here placed as it
-    # does, with the dead letter's origin, plus a hold of the other dead letter.
-    origin = first["origin"]
-    add_hold(redis_client, "s3://opsb/ns/data/bad", "dead-lettered", source="dlq",
-             detail=origin)
-    second = next(d for d in letters if d["id"] != first["id"])
-    add_hold(redis_client, "s3://opsb/ns/data/other", "dead-lettered", source="dlq",
-             detail=second["origin"])
+    # The tracker held what each dead letter names, one claim per dead letter: two on data/bad,
+    # and the whole namespace (a prefix hold) for the address nobody can read.
+    def claim(d: dict[str, Any]) -> str:
+        o = d["origin"]
+        return f"dlq:{o['topic']}:{o['partition']}:{o['offset']}"
+
+    assert claims(redis_client, "ops", "s3://opsb/ns/data/bad") == {claim(first), claim(second)}
+    assert len(claims(redis_client, "ops", "s3://opsb/ns/data/other")) == 1
+    assert claims(redis_client, "ops", "s3://opsb/ns/", prefix=True) == {claim(third)}
+    code, out, _ = run(capsys, "hold", "list", "--source", "dlq", "--json")
+    assert {(h["target"], h["kind"]) for h in orjson.loads(out)} == {
+        ("s3://opsb/ns/data/bad", "address"), ("s3://opsb/ns/data/other", "address"),
+        ("s3://opsb/ns/", "prefix")}
     code, _, err = run(capsys, "hold", "remove", "s3://opsb/ns/data/bad")
     assert code == 2 and "dlq resolve" in err
 
@@ -157,16 +241,50 @@ def test_dlq_list_show_replay_resolve(cli, capsys, redis_client, tmp_path: Path)
     rec = parse_address(redis_client.hgetall(RepoKeys("ops").address("s3://opsb/ns/data/bad")))
     assert rec.state == AddressState.STAGED
 
+    # Resolving one dead letter leaves the other's claim: the address stays held.
     code, out, _ = run(capsys, "dlq", "resolve", first["id"])
+    assert code == 0 and "still held by: " + claim(second) in out
+    assert claims(redis_client, "ops", "s3://opsb/ns/data/bad") == {claim(second)}
+    code, out, _ = run(capsys, "dlq", "resolve", second["id"])
     assert code == 0 and "lifted the dlq hold on s3://opsb/ns/data/bad" in out
     holds = redis_client.hgetall(RepoKeys("ops").holds)
     assert "s3://opsb/ns/data/bad" not in holds and "s3://opsb/ns/data/other" in holds
     code, out, _ = run(capsys, "dlq", "resolve", first["id"])
     assert code == 0 and "holds nothing" in out
+    code, out, _ = run(capsys, "dlq", "resolve", third["id"])
+    assert code == 0 and "lifted the dlq hold on prefix s3://opsb/ns/" in out
+    assert redis_client.hlen(RepoKeys("ops").hold_prefixes) == 0
     code, _, err = run(capsys, "dlq", "show", "0:999")
     assert code == 2 and "no dead letter" in err
     code, _, err = run(capsys, "dlq", "show", "nonsense")
     assert code == 2 and "PARTITION:OFFSET" in err
+
+
+def test_the_reaper_keeps_an_address_until_every_dead_letter_naming_it_is_resolved(
+        cli, capsys, s3, redis_client):
+    """The finding "holds the operator cannot lift", end to end: the real tracker holds an
+    address for each of two dead letters naming it, the real reaper keeps it; resolving one
+    keeps it still, resolving both lets the reaper take it."""
+    s = cli.replace(lease_seconds=1.0, upload_ttl_seconds=1.0)
+    model = Model.from_settings(s)
+    held, free = asyncio.run(make_garbage(s, s3, model, "repo", ["held", "free"],
+                                          namespace="s3://dlqb/repo/"))
+    asyncio.run(publish_and_track(s, (broken("repo", held, -1), b"repo"),
+                                  (broken("repo", held, -2), b"repo")))
+    assert len(claims(redis_client, "repo", held)) == 2
+    asyncio.run(reap_until(s, lambda rep: not stored(s3, free) and kept(rep, "repo", "held")))
+    assert stored(s3, held)
+
+    code, out, _ = run(capsys, "dlq", "list", "--json")
+    first, second = orjson.loads(out)
+    code, out, _ = run(capsys, "dlq", "resolve", first["id"])
+    assert code == 0 and "still held by" in out
+    asyncio.run(reap_until(s, lambda rep: kept(rep, "repo", "held") > 0))
+    assert stored(s3, held)
+
+    code, out, _ = run(capsys, "dlq", "resolve", second["id"])
+    assert code == 0 and f"lifted the dlq hold on {held}" in out
+    asyncio.run(reap_until(s, lambda rep: not stored(s3, held)))
 
 
 def test_dlq_replay_from_stdin(cli, capsys, redis_client, monkeypatch):
@@ -325,80 +443,96 @@ def test_schedule_records_failures_and_health_shows_them(cli, capsys, redis_clie
 # --- quarantine, explain, restore ----------------------------------------------------------------
 
 def test_quarantine_list_explain_restore_purge(cli, capsys, s3, redis_client):
-    s = cli.replace(quarantine_days=1.0, upload_ttl_seconds=1.0, lease_seconds=2.0)
-
-    async def scenario() -> list[str]:
-        await ensure_topics(s)
-        async with Publisher(s) as pub:
-            svc = ModelService(s, s3, pub, model=Model.from_settings(s))
-            await svc.call(Model.create_repository, "repo", "s3://quar/repo/")
-            garbage = []
-            for i in range(2):
-                garbage.append((await svc.call(Model.write, "repo", "main", f"g{i}", 3)).address)
-                await svc.call(Model.delete, "repo", "main", f"g{i}")
-        async with running_tracker(s):
-            reaper = Reaper(s)
-            try:
-                deadline = time.monotonic() + 30
-                while True:
-                    await reaper.run_once()
-                    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="quar").get(
-                        "Contents", [])}
-                    if not any(a.removeprefix("s3://quar/") in keys for a in garbage):
-                        break
-                    assert time.monotonic() < deadline, "garbage never quarantined"
-                    await asyncio.sleep(0.1)
-            finally:
-                await reaper.close()
-        return [a for a in garbage if a]
-
-    garbage = asyncio.run(scenario())
+    """Copies the real reaper quarantined, holds the real tracker placed (dead letters) and the
+    restore's own claim: purge keeps a held copy, restore's claim and a dead letter's are
+    lifted each by its own command."""
+    keep = cli.replace(quarantine_days=1.0, upload_ttl_seconds=1.0, lease_seconds=2.0)
+    model = Model.from_settings(keep)
+    (g0,) = asyncio.run(make_garbage(keep, s3, model, "repo", ["g0"],
+                                     namespace="s3://quar/repo/"))
+    asyncio.run(reap_until(keep, lambda rep: not stored(s3, g0)))
     code, out, _ = run(capsys, "quarantine", "list", "--json")
     items = orjson.loads(out)
-    assert code == 0 and sorted(q["address"] for q in items) == sorted(garbage)
-    assert not any(q["expired"] for q in items)
+    assert code == 0 and [q["address"] for q in items] == [g0] and not items[0]["expired"]
     code, out, _ = run(capsys, "quarantine", "list")
-    assert f"hardelete restore repo {garbage[0]}" in out
+    assert f"hardelete restore repo {g0}" in out
+    code, out, _ = run(capsys, "explain", g0)
+    assert code == 0 and f"restore with `hardelete restore repo {g0}`" in out
 
-    code, out, _ = run(capsys, "explain", garbage[0])
-    assert code == 0 and f"restore with `hardelete restore repo {garbage[0]}`" in out
-
-    code, out, _ = run(capsys, "restore", "repo", garbage[0])
+    code, out, _ = run(capsys, "restore", "repo", g0)
     assert code == 0 and "held (source restore)" in out
-    hold = orjson.loads(redis_client.hget(RepoKeys("repo").holds, garbage[0]))
-    assert hold["source"] == "restore"
-    assert s3.head_object(Bucket="quar", Key=garbage[0].removeprefix("s3://quar/"))
+    assert claims(redis_client, "repo", g0) == {"restore"}
+    assert s3.head_object(Bucket="quar", Key=g0.removeprefix("s3://quar/"))
     code, out, _ = run(capsys, "hold", "list", "--source", "restore", "--json")
-    assert [h["target"] for h in orjson.loads(out)] == [garbage[0]]
+    assert [h["target"] for h in orjson.loads(out)] == [g0]
 
-    # purge takes only expired copies
-    code, out, _ = run(capsys, "quarantine", "purge")
-    assert code == 0 and "purged 0 expired" in out
-    qkey = garbage[1].replace("s3://quar/repo/", "repo/_hardelete/quarantine/")
-    s3.copy_object(Bucket="quar", Key=qkey, CopySource={"Bucket": "quar", "Key": qkey},
-                   MetadataDirective="REPLACE",
-                   Metadata={"hardelete-expires": str(int(time.time()) - 10),
-                             "hardelete-address": garbage[1]})
+    # Two more, quarantined for 4 s: their keep period is over before the purge below.
+    brief = keep.replace(quarantine_days=4 / 86400)
+    g1, g2 = asyncio.run(make_garbage(brief, s3, model, "repo", ["g1", "g2"]))
+    asyncio.run(reap_until(brief, lambda rep: not stored(s3, g1) and not stored(s3, g2)))
+    # Dead letters naming g0 (restored) and g1 (in quarantine): the tracker claims both.
+    asyncio.run(publish_and_track(cli, (broken("repo", g0), b"repo"),
+                                  (broken("repo", g1), b"repo")))
+    assert len(claims(redis_client, "repo", g0)) == 2 and len(claims(redis_client, "repo", g1)) == 1
+
+    # hold remove lifts restore's claim only: the dead letter still holds g0
+    code, out, _ = run(capsys, "hold", "remove", g0)
+    assert code == 0 and "removed the restore claim" in out and "still held by dead letter" in out
+    assert "restore" not in claims(redis_client, "repo", g0)
+
+    deadline = time.monotonic() + 30
+    while not all(q["expired"] for q in orjson.loads(run(capsys, "quarantine", "list",
+                                                         "--json")[1]) if q["address"] != g0):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
     code, out, _ = run(capsys, "quarantine", "purge", "--dry-run")
-    assert code == 0 and f"would purge s3://quar/{qkey}" in out
+    assert code == 0 and out.count("would purge s3://") == 2
     # a held address keeps its last copy, expired or not (every delete path checks holds)
-    redis_client.hset(RepoKeys("repo").holds, garbage[1],
-                      orjson.dumps({"reason": "legal", "source": "operator", "at_ms": 0}))
-    code, out, _ = run(capsys, "quarantine", "purge", "--repo", "repo")
-    assert code == 0 and "purged 0 expired" in out
-    assert "Contents" in s3.list_objects_v2(Bucket="quar", Prefix=qkey)
-    redis_client.hdel(RepoKeys("repo").holds, garbage[1])
+    def purge() -> tuple[int, str, str]:
+        async def past_grace() -> tuple[int, str, str]:
+            # the purge judges the address too (the gate): its grace since the reap must be
+            # over by the tracker's proven progress
+            async with running_tracker(cli):
+                await wait_horizon(cli, await redis_now(cli) + int(cli.grace_seconds * 1000)
+                                   + 200)
+                return await asyncio.to_thread(run, capsys, "quarantine", "purge", "--repo",
+                                               "repo")
+        return asyncio.run(past_grace())
 
-    async def purge_past_grace() -> tuple[int, str, str]:
-        # the purge judges the address too (the gate): its grace since the reap must be over
-        # by the tracker's proven progress
-        async with running_tracker(s):
-            await wait_horizon(s, await redis_now(s) + int(s.grace_seconds * 1000) + 200)
-            return await asyncio.to_thread(run, capsys, "quarantine", "purge", "--repo", "repo")
-
-    code, out, _ = asyncio.run(purge_past_grace())
+    code, out, _ = purge()
     assert code == 0 and "purged 1 expired" in out
-    assert "Contents" not in s3.list_objects_v2(Bucket="quar", Prefix=qkey)
+    assert [q["address"] for q in orjson.loads(run(capsys, "quarantine", "list", "--json")[1])
+            ] == [g1]
+    letters = orjson.loads(run(capsys, "dlq", "list", "--json")[1])
+    for d in letters:
+        code, out, _ = run(capsys, "dlq", "resolve", d["id"])
+        assert code == 0 and "lifted the dlq hold" in out
+    assert redis_client.hlen(RepoKeys("repo").holds) == 0
+    code, out, _ = purge()
+    assert code == 0 and "purged 1 expired" in out
+    assert orjson.loads(run(capsys, "quarantine", "list", "--json")[1]) == []
+
+
+def test_pause_keeps_what_the_tracker_marked_until_resume(cli, capsys, s3, redis_client):
+    """pause and resume on the real tracker's record and the real reaper: a paused repository's
+    garbage stays past its grace, and goes once resumed."""
+    cli = cli.replace(upload_ttl_seconds=1.0)
+    model = Model.from_settings(cli)
+    (garbage,) = asyncio.run(make_garbage(cli, s3, model, "repo", ["g"],
+                                          namespace="s3://pauseb/repo/"))
+    asyncio.run(publish_and_track(cli))  # (no reaper runs yet)
+    code, out, _ = run(capsys, "pause", "repo", "--reason", "incident 43")
+    assert code == 0 and "paused repo" in out
+    since = parse_address(redis_client.hgetall(RepoKeys("repo").address(garbage))).since
+    assert since is not None
+    grace_ms = int(cli.grace_seconds * 1000)
+    asyncio.run(reap_until(cli, lambda rep: rep.horizon_ms is not None
+                           and rep.horizon_ms - grace_ms > since + 500
+                           and kept(rep, "repo", "paused") > 0))
+    assert stored(s3, garbage)
+    code, out, _ = run(capsys, "resume", "repo")
+    assert code == 0 and "incident 43" in out
+    asyncio.run(reap_until(cli, lambda rep: not stored(s3, garbage)))
 
 
 def test_health_reaper_and_a_store_error_mid_command(cli, capsys, monkeypatch, s3):

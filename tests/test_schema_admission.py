@@ -169,7 +169,8 @@ def test_out_of_range_numbers_are_refused_with_the_range(field: str, value: floa
         "repository_created": {"storage_namespace": "s3://b/r/", "default_branch": "m",
                                "default_retention_days": 1.0},
         "commit_created": {"branch": "m", "commit_id": "c", "parents": [], "sealed_tokens": [],
-                           "staging_token": "t", "committed_at": 1.0, "manifest": "m"},
+                           "staging_token": "t", "committed_at": 1.0, "manifest": "m",
+                           "ref_version": 1},
     }[etype]
     body = {"type": etype, "v": 1, "repository": "r", **draw_free, field: value}
     with pytest.raises(ev.EventError, match=f"field '{field}': must be"):

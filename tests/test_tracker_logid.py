@@ -115,14 +115,32 @@ def test_dlq_message_truncates_with_reason_and_size() -> None:
 
 def test_hold_targets_only_known_repositories_and_their_namespace() -> None:
     ns = {"r1": "s3://b/r1/", "r2": "s3://b/r2/"}
-    body = {"repository": "r1", "address": "s3://b/r1/data/a",
+    body = {"type": "object_written", "repository": "r1", "address": "s3://b/r1/data/a",
             "replaces_address": "s3://b/r2/data/z", "junk": 1}
     got = codec.hold_targets(orjson.dumps(body), b"r2", ns)
     assert got == [("r1", "s3://b/r1/data/a"), ("r2", "s3://b/r2/data/z")]
-    assert codec.hold_targets(b"{not json", b"r1", ns) == []
+    # what cannot be read could name anything in the namespace of the repository it names
+    assert codec.hold_targets(b"{not json", b"r1", ns) == [("r1", "s3://b/r1/")]
+    assert codec.hold_targets(None, b"r1", ns) == [("r1", "s3://b/r1/")]
+    assert codec.hold_targets(b"{not json", None, ns) == []
+    untyped = {"repository": "r1", "address": "s3://b/r1/data/a"}
+    assert codec.hold_targets(orjson.dumps(untyped), None, ns) == [("r1", "s3://b/r1/")]
+    teleported = {**untyped, "type": "object_teleported"}
+    assert codec.hold_targets(orjson.dumps(teleported), None, ns) == [("r1", "s3://b/r1/")]
+    # a lost ref event may be what retains committed data: the namespace
+    for t in ("tag_created", "tag_deleted", "branch_created", "branch_reset", "branch_deleted",
+              "commit_created"):
+        assert codec.hold_targets(orjson.dumps({"type": t, "repository": "r1", "v": 99}),
+                                  b"r1", ns) == [("r1", "s3://b/r1/")]
+    # a forged addresses_reaped or a refused repository event holds nothing
+    for t in ("addresses_reaped", "repository_created", "repository_deleted"):
+        assert codec.hold_targets(orjson.dumps({"type": t, "repository": "r1",
+                                                "addresses": ["s3://b/r1/data/a"]}),
+                                  b"r1", ns) == []
     assert codec.hold_targets(orjson.dumps({"repository": "nope", "address": "s3://b/r1/x"}),
                               None, ns) == []
-    reserved = {"repository": "r1", "address": "s3://b/r1/_hardelete/reports/x"}
+    reserved = {"type": "object_written", "repository": "r1",
+                "address": "s3://b/r1/_hardelete/reports/x"}
     assert codec.hold_targets(orjson.dumps(reserved), b"r1", ns) == []
 
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from schemas import events as ev
 from schemas.layout import NAMESPACES as REGISTRY
+from schemas.layout import REF_DEDUPE_WINDOW, RepoKeys
 from schemas.layout import REPOS as REPO_SET
-from schemas.layout import RepoKeys
 from tests.test_references import (
     NOW,
     apply_all,
@@ -65,7 +65,7 @@ def chaos_events(rng: random.Random, n: int) -> list[ev.Event | tuple[str, str]]
         tok = c(TOKS)
         common = {"repository": "r0" if rng.random() < 0.8 else c(REPOS[1:]),
                   "event_id": f"e{rng.randrange(10**6)}"}
-        version = {"ref_version": c([None, None, 0, 1, 2, 3, 4, 5])}
+        version = {"ref_version": c([0, 1, 2, 3, 4, 5])}
         if kind <= 2:
             ref = c(REFS)
             rep = (c(REFS), addr()) if rng.random() < 0.3 else None
@@ -295,3 +295,28 @@ def test_lua_refs_converge_to_the_in_order_state(redis_client, seed, order_seed,
     assert got.tags == expected.tags
     assert got.ref_versions == expected.ref_versions
     sticky_only_difference(expected, got)
+
+
+def test_the_scripts_dedupe_window_agrees_past_its_size(redis_client):
+    """The window holds the last REF_DEDUPE_WINDOW ref event ids, oldest out first, as the
+    pure machine does; duplicates inside it are counted, an evicted id is judged by version."""
+    n = REF_DEDUPE_WINDOW + 20
+    tags = [ev.TagCreated(repository="r0", tag=f"t{i % 7}", commit_id=c(i), ref_version=i + 1,
+                          event_id=f"e{i}") for i in range(n)]
+    items = [*tags, tags[0], tags[25], tags[-1], tags[-2]]  # evicted, kept, kept, kept
+    world = run_both(redis_client, items, [2_000] * (n // 2_000 + 2))
+    got = read_repo_state(redis_client, "r0")
+    assert list(got.ref_seen) == list(world.repos["r0"].ref_seen)
+    assert len(got.ref_seen) == REF_DEDUPE_WINDOW and "e19" not in got.ref_seen
+    assert (got.ref_duplicates, got.ref_ids_reused) == (3, 0)
+    assert redis_client.llen(RepoKeys("r0").ref_seen_order) == REF_DEDUPE_WINDOW
+
+
+def c(i: int) -> str:
+    return f"c{i % 3}"
+
+
+def test_the_window_size_is_the_scripts():
+    from tracker.state import APPLY_LUA
+
+    assert f"local WINDOW = {REF_DEDUPE_WINDOW}" in APPLY_LUA

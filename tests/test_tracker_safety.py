@@ -50,7 +50,7 @@ pytestmark = pytest.mark.integration
 def repo_events(ns: str, repo: str = "repo0") -> list[ev.Event]:
     return [ev.RepositoryCreated(repository=repo, storage_namespace=ns, default_branch="main",
                                  default_retention_days=1.0),
-            ev.BranchCreated(repository=repo, branch="main", staging_token="t1")]
+            ev.BranchCreated(repository=repo, branch="main", staging_token="t1", ref_version=1)]
 
 
 def write(repo: str, address: str, ref: str, token: str = "t1") -> ev.ObjectWritten:
@@ -446,9 +446,14 @@ async def test_poison_records_are_dead_lettered_held_and_the_tracker_goes_on(
         assert set(held) == {a for *_, a in bad if a}
         for _, _, fragment, address in bad:
             if address:
-                assert held[address]["source"] == "dlq"
-                assert fragment in held[address]["reason"]
-                assert held[address]["offset"] >= 0
+                (claim,) = held[address]["claims"].values()  # one dead letter's claim
+                assert claim["source"] == held[address]["source"] == "dlq"
+                assert fragment in claim["reason"] and fragment in held[address]["reason"]
+                assert claim["offset"] >= 0 and claim["topic"] == settings.events_topic
+        # a record nobody can read could have named anything: its namespace is held
+        (prefix_claim,) = orjson.loads(r.hget(RepoKeys("repo0").hold_prefixes, ns))[
+            "claims"].values()
+        assert "not valid JSON" in prefix_claim["reason"]
     finally:
         r.close()
     got = await _read_dlq(settings, len(bad))

@@ -40,6 +40,8 @@ local K_META, K_TOKENS, K_BRANCHES = P .. 'repo', P .. 'tokens', P .. 'branches'
 local K_COMMITS, K_TAGS, K_UNREF = P .. 'commits', P .. 'tags', P .. 'unref'
 local K_INC, K_APPLIED, K_STATS = P .. 'incidents', P .. 'applied', P .. 'stats'
 local K_REFVER, K_CLAIMS, K_REAPED = P .. 'refver', P .. 'claims', P .. 'reaped'
+local K_REFSEEN, K_REFSEENQ = P .. 'refseen', P .. 'refseenq'
+local WINDOW = 10000  -- schemas.layout.REF_DEDUPE_WINDOW
 local AP, TP = P .. 'a:', P .. 't:'
 
 local RANK = { open = 0, sealed = 1, dropped = 2, committed = 3 }
@@ -247,21 +249,36 @@ local function flush()
   end
 end
 
--- a branch update naming a token that already ended is a stale duplicate (see references.py)
-local function ended(t)
-  local s = tok_state(t)
-  return s == 'committed' or s == 'dropped'
-end
-
---[[ Versioned refs (ref_version, see references.py): true if the event's version is above the
-ref's recorded one (and records it), false if not (stale or duplicate: the ref does not change),
-nil for an unversioned event (v1 rule). Deletes record their version too: a tombstone. ]]
+--[[ Versioned refs (ref_version, required; see references.py): true if the event's version is
+above the ref's recorded one (and records it), false if not (stale or duplicate: the ref does
+not change). Deletes record their version too: a tombstone. ]]
 local function newer(field, v)
-  if v == nil or v < 0 then return nil end
   local cur = tonumber(redis.call('HGET', K_REFVER, field) or '-1')
   if v <= cur then return false end
   redis.call('HSET', K_REFVER, field, fmt(v))
   return true
+end
+
+--[[ The dedupe window (references._duplicate): the last WINDOW ref event ids with the ref and
+version each carried. The same id, ref and version again is a duplicate; the same id with
+another ref or version is applied by the version rule (never dropped). ]]
+local dups, reused = 0, 0
+local function duplicate(ev_id, field, v)
+  local mark = field .. '|' .. fmt(v)
+  if redis.call('HSETNX', K_REFSEEN, ev_id, mark) == 0 then  -- seen (the common case: not)
+    if redis.call('HGET', K_REFSEEN, ev_id) == mark then dups = dups + 1; return true end
+    reused = reused + 1
+    return false
+  end
+  if redis.call('RPUSH', K_REFSEENQ, ev_id) > WINDOW then
+    redis.call('HDEL', K_REFSEEN, redis.call('LPOP', K_REFSEENQ))
+  end
+  return false
+end
+
+local function fresh(ev_id, field, v)
+  if duplicate(ev_id, field, v) then return false end
+  return newer(field, v)
 end
 
 local function branch_json(head, token)
@@ -331,52 +348,28 @@ for i = 1, #events do
       if r.iu == nil then r.iu = now + e[4]; r.diu = true end
       derive(e[3], r)
     elseif op == 6 then -- commit: branch, commit, sealed, staging, record, event_id, version
-      local fresh = newer('b:' .. e[3], e[9])
-      if fresh == nil then fresh = not ended(e[6]) end
+      local changes = fresh(e[8], 'b:' .. e[3], e[9])
       for _, t in ipairs(e[5]) do set_token(t, 'committed', e[8], 'commit_created') end
       set_token(e[6], 'open', e[8], 'commit_created')
       redis.call('HSETNX', K_COMMITS, e[4], e[7])
-      if fresh then redis.call('HSET', K_BRANCHES, e[3], branch_json(e[4], e[6])) end
-    elseif op == 2 then -- branch created: branch, token, source_commit, version
-      local fresh = newer('b:' .. e[3], e[6])
-      if fresh == nil then fresh = not ended(e[4]) end
+      if changes then redis.call('HSET', K_BRANCHES, e[3], branch_json(e[4], e[6])) end
+    elseif op == 2 then -- branch created: branch, token, source_commit, version, event_id
+      local changes = fresh(e[7], 'b:' .. e[3], e[6])
       set_token(e[4], 'open', '', 'branch_created')
-      if fresh then redis.call('HSET', K_BRANCHES, e[3], branch_json(e[5], e[4])) end
+      if changes then redis.call('HSET', K_BRANCHES, e[3], branch_json(e[5], e[4])) end
     elseif op == 7 then -- reset: branch, dropped, staging, head, event_id, version
-      local versioned = newer('b:' .. e[3], e[8])
-      local fresh = versioned
-      if fresh == nil then fresh = not ended(e[5]) end
+      local changes = fresh(e[7], 'b:' .. e[3], e[8])
       for _, t in ipairs(e[4]) do set_token(t, 'dropped', e[7], 'branch_reset') end
       set_token(e[5], 'open', e[7], 'branch_reset')
-      if fresh then
-        local head = e[6]
-        if head == '' and versioned == nil then -- v1: no head means "unchanged"
-          local prev = redis.call('HGET', K_BRANCHES, e[3])
-          if prev then
-            local h = cjson.decode(prev).head
-            if type(h) == 'string' then head = h end
-          end
-        end
-        redis.call('HSET', K_BRANCHES, e[3], branch_json(head, e[5]))
-      end
+      if changes then redis.call('HSET', K_BRANCHES, e[3], branch_json(e[6], e[5])) end
     elseif op == 8 then -- branch deleted: branch, dropped, event_id, version
-      local versioned = newer('b:' .. e[3], e[6])
+      local changes = fresh(e[5], 'b:' .. e[3], e[6])
       for _, t in ipairs(e[4]) do set_token(t, 'dropped', e[5], 'branch_deleted') end
-      if versioned then
-        redis.call('HDEL', K_BRANCHES, e[3])
-      elseif versioned == nil then
-        local prev = redis.call('HGET', K_BRANCHES, e[3])
-        if prev then
-          local cur = cjson.decode(prev).staging_token
-          for _, t in ipairs(e[4]) do
-            if t == cur then redis.call('HDEL', K_BRANCHES, e[3]); break end
-          end
-        end
-      end
-    elseif op == 9 then -- tag: tag, commit, version
-      if newer('t:' .. e[3], e[5]) ~= false then redis.call('HSET', K_TAGS, e[3], e[4]) end
-    elseif op == 10 then -- untag: tag, version
-      if newer('t:' .. e[3], e[4]) ~= false then redis.call('HDEL', K_TAGS, e[3]) end
+      if changes then redis.call('HDEL', K_BRANCHES, e[3]) end
+    elseif op == 9 then -- tag: tag, commit, version, event_id
+      if fresh(e[6], 't:' .. e[3], e[5]) then redis.call('HSET', K_TAGS, e[3], e[4]) end
+    elseif op == 10 then -- untag: tag, version, event_id
+      if fresh(e[5], 't:' .. e[3], e[4]) then redis.call('HDEL', K_TAGS, e[3]) end
     elseif op == 12 then -- addresses reaped: addresses, event_id
       for _, a in ipairs(e[3]) do reaped(a, e[4]) end
     elseif op == 11 then -- repository deleted (retired): event_id
@@ -402,6 +395,8 @@ if maxoff > last then
 end
 if applied > 0 then redis.call('HINCRBY', K_STATS, 'events', applied) end
 if #incidents > 0 then redis.call('HINCRBY', K_STATS, 'incidents', #incidents) end
+if dups > 0 then redis.call('HINCRBY', K_STATS, 'ref_duplicates', dups) end
+if reused > 0 then redis.call('HINCRBY', K_STATS, 'ref_ids_reused', reused) end
 local result = { applied, skipped }
 for i = 1, #incidents do result[#result + 1] = incidents[i] end
 return result

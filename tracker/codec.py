@@ -30,6 +30,7 @@ from schemas.events import (
     ADDRESS_FIELDS,
     EVENT_TYPES,
     NAMED_ADDRESS_FIELDS,
+    REF_EVENT_TYPES,
     SCHEMA_VERSION,
     EventError,
     named_addresses,
@@ -39,7 +40,6 @@ from tracker.references import admission_problem
 
 OP_REPO, OP_BRANCH, OP_ISSUE, OP_ADD, OP_DEL, OP_COMMIT = 1, 2, 3, 4, 5, 6
 OP_RESET, OP_BDEL, OP_TAG, OP_UNTAG, OP_RETIRE, OP_REAPED = 7, 8, 9, 10, 11, 12
-NO_VERSION = -1  # compact form of an absent ref_version (versions are >= 0)
 
 # Each field check is the Python expression that is true when the value ``x`` is BAD; the
 # per-type validators below are generated from them (one straight-line function per type: a loop
@@ -219,11 +219,6 @@ def parse(value: bytes | None) -> dict[str, Any]:
     return event_body(ev.decode(value))  # raises EventError with the reason
 
 
-def _version(body: dict[str, Any]) -> int:
-    v = body.get("ref_version")
-    return NO_VERSION if v is None else int(v)
-
-
 def compact(body: dict[str, Any], offset: int) -> list[Any]:
     """The Lua script's form of a validated body (see apply.lua)."""
     t = body["type"]
@@ -239,20 +234,21 @@ def compact(body: dict[str, Any], offset: int) -> list[Any]:
         record = orjson.dumps({"parents": body["parents"], "time": body["committed_at"],
                                "branch": body["branch"], "manifest": body["manifest"]}).decode()
         return [offset, OP_COMMIT, body["branch"], body["commit_id"], body["sealed_tokens"],
-                body["staging_token"], record, body["event_id"], _version(body)]
+                body["staging_token"], record, body["event_id"], body["ref_version"]]
     if t == "branch_created":
         return [offset, OP_BRANCH, body["branch"], body["staging_token"],
-                body.get("source_commit") or "", _version(body)]
+                body.get("source_commit") or "", body["ref_version"], body["event_id"]]
     if t == "branch_reset":
         return [offset, OP_RESET, body["branch"], body["dropped_tokens"], body["staging_token"],
-                body.get("head") or "", body["event_id"], _version(body)]
+                body.get("head") or "", body["event_id"], body["ref_version"]]
     if t == "branch_deleted":
         return [offset, OP_BDEL, body["branch"], body["dropped_tokens"], body["event_id"],
-                _version(body)]
+                body["ref_version"]]
     if t == "tag_created":
-        return [offset, OP_TAG, body["tag"], body["commit_id"], _version(body)]
+        return [offset, OP_TAG, body["tag"], body["commit_id"], body["ref_version"],
+                body["event_id"]]
     if t == "tag_deleted":
-        return [offset, OP_UNTAG, body["tag"], _version(body)]
+        return [offset, OP_UNTAG, body["tag"], body["ref_version"], body["event_id"]]
     if t == "repository_deleted":
         return [offset, OP_RETIRE, body["event_id"]]
     if t == "addresses_reaped":
@@ -342,31 +338,37 @@ def hold_targets(value: bytes | None, key: bytes | None,
                  namespaces: dict[str, str]) -> list[tuple[str, str]]:
     """(repository, address) pairs a dead-lettered record still names (SPEC safety 10: a lost
     event never becomes a deletion): a known repository (its ``repository`` field or the record
-    key) and an address field inside that repository's namespace. Lenient on purpose: the
-    record failed validation, so only its JSON shape is assumed."""
-    if not value:
+    key) and an address field inside that repository's namespace; the namespace itself (a
+    prefix hold) when what the record names cannot be read: not a JSON object, an unknown
+    type, an address event without a readable address, or a ref event (a lost tag or commit
+    may be what retains committed data; which objects, only the reconciler can tell). Lenient
+    on purpose: the record failed validation, so only its JSON shape is assumed."""
+    if not value and not key:
         return []
     try:
-        body = orjson.loads(value)
+        body = orjson.loads(value or b"")
     except orjson.JSONDecodeError:
-        return []
+        body = None
     if type(body) is not dict:
-        return []
+        body = {}
     repos = []
     if type(body.get("repository")) is str:
         repos.append(body["repository"])
     if key:
         with contextlib.suppress(UnicodeDecodeError):
             repos.append(key.decode())
+    t = body.get("type")
+    unreadable = type(t) is not str or t not in EVENT_TYPES or t in REF_EVENT_TYPES
     out: list[tuple[str, str]] = []
     for repo in dict.fromkeys(repos):
         ns = namespaces.get(repo)
         if ns is None:
             continue
         named = [body.get(name) for name in _HOLD_FIELDS if body.get(name) is not None]
-        if body.get("type") in _ADDRESS_TYPES and not named:
-            out.append((repo, ns))  # an address event that lost its address: anything
-            continue
+        if unreadable or (t in _ADDRESS_TYPES and not named):
+            out.append((repo, ns))  # it could have named (or retained) anything there
+            if unreadable:
+                continue
         for addr in named:
             # Every object the spelling could mean (schemas/address.py); one that cannot be
             # read at all could mean anything in the namespace.

@@ -69,6 +69,7 @@ from hardelete.clients import redis_async
 from hardelete.settings import Settings
 from schemas import reaper_auth
 from schemas.events import EventError
+from schemas.holds import DLQ, aadd_claims, dlq_claim
 from schemas.layout import (
     FAIL_CLOSED,
     INCIDENTS,
@@ -228,8 +229,8 @@ class _Batch:
     offsets: dict[Any, OffsetAndMetadata] = field(default_factory=dict)
     positions: dict[int, int] = field(default_factory=dict)
     last: dict[int, tuple[int, str]] = field(default_factory=dict)  # p -> (offset, fingerprint)
-    # repo, address (or the namespace, then a prefix hold), prefix?, json
-    holds: list[tuple[str, str, bool, bytes]] = field(default_factory=list)
+    # repo, address (or the namespace, then a prefix hold), prefix?, claim id, claim
+    holds: list[tuple[str, str, bool, str, dict[str, Any]]] = field(default_factory=list)
     records: int = 0
     t0: float = 0.0
 
@@ -858,12 +859,14 @@ class Tracker:
         batch.maxoff = {key: evts[-1][0] for key, evts in chunks.items()}
         for rec, reason in dlq:  # a lost event never becomes a deletion: hold what it names
             targets = codec.hold_targets(rec.value, rec.key, gate.namespaces)
+            # One claim per dead letter (schemas/holds.py): resolving it leaves the others'.
+            claim_id = dlq_claim(rec.topic, rec.partition, rec.offset)
+            claim = {"reason": reason[:_MAX_REASON], "source": DLQ, "at_ms": self._redis_now,
+                     "event_id": _event_id(rec.value), "topic": rec.topic,
+                     "partition": rec.partition, "offset": rec.offset}
             for repo, address in targets:
                 prefix = address == gate.namespaces.get(repo)  # it could name anything there
-                batch.holds.append((repo, address, prefix, orjson.dumps({
-                    "reason": reason[:_MAX_REASON], "source": "dlq", "at_ms": self._redis_now,
-                    "event_id": _event_id(rec.value), "partition": rec.partition,
-                    "offset": rec.offset})))
+                batch.holds.append((repo, address, prefix, claim_id, claim))
             if targets and "address" in reason:
                 # A spelling the tracker will not apply (schemas/address.py): kept, and said.
                 batch.refused.append({"kind": "address_spelling", "repository": targets[0][0],
@@ -1100,16 +1103,19 @@ class Tracker:
             return False
         return True
 
-    async def _write_holds(self, holds: list[tuple[str, str, bool, bytes]]) -> None:
-        async def write() -> None:
-            pipe = self._redis.pipeline(transaction=False)
-            for repo, address, prefix, value in holds:
-                k = RepoKeys(repo)
-                pipe.hsetnx(k.hold_prefixes if prefix else k.holds, address, value)
-            await pipe.execute()
+    async def _write_holds(self, holds: list[tuple[str, str, bool, str, dict[str, Any]]]
+                           ) -> None:
+        by_key: dict[str, list[tuple[str, str, dict[str, Any]]]] = defaultdict(list)
+        for repo, address, prefix, claim_id, claim in holds:
+            k = RepoKeys(repo)
+            by_key[k.hold_prefixes if prefix else k.holds].append((address, claim_id, claim))
+
+        async def write() -> None:  # idempotent: a redelivered dead letter has the same claim
+            await asyncio.gather(*(aadd_claims(self._redis, key, items)
+                                   for key, items in by_key.items()))
         await self._retrying(write)
         self.holds += len(holds)
-        for repo, address, _, _ in holds:
+        for repo, address, _, _, _ in holds:
             self.log.warning("hold placed on an address named by a dead-lettered event",
                              repository=repo, address=address[:500])
 

@@ -23,16 +23,18 @@ reaper's work), with an incident for each reference that would keep it.
 Token states only move up ``TOKEN_RANK`` (committed outranks dropped); when a token's state
 changes, every address referenced from it is re-evaluated.
 
-Refs (branch and tag records) converge by version when the event carries ``ref_version`` (the
-service KV's version of the ref after the change): per ref the machine keeps the highest version
-it applied, deletes included (a versioned tombstone), and an event whose version is not higher
-changes nothing of the ref (its token effects still apply: they commute). So any order and any
-duplication ends in the state of in-order delivery. A versioned ``branch_reset`` carries the
-whole record (``head`` null means no commit). Events without a version keep the v1 rule: branch
-records are last-writer-wins by arrival, except that an event whose new staging token has
-already ended (committed or dropped) is a stale duplicate and leaves the record alone, and a
-``branch_deleted`` only removes the record if it drops the branch's current staging token; tags
-are last-writer-wins. Commits are immutable (first record wins).
+Refs (branch and tag records) converge by version: every ref event carries ``ref_version`` (the
+service KV's version of the ref after the change; required, ``schemas/events.py``). Per ref the
+machine keeps the highest version it applied, deletes included (a versioned tombstone), and an
+event whose version is not higher changes nothing of the ref (its token effects still apply:
+they commute). So any order and any duplication ends in the state of in-order delivery. A
+``branch_reset`` carries the whole record (``head`` null means no commit). Duplicates are also
+recognised by ``event_id``: the last ``REF_DEDUPE_WINDOW`` ref event ids of the repository are
+kept with the ref and version they carried, and an id seen again with the same ref and version
+is a duplicate whose ref change is skipped. The same id with another ref or version is not a
+duplicate of it (a publisher reusing ids): it is applied by the version rule, never dropped, since
+dropping a real tag could let the reconciler take what the tag retains. Commits are immutable
+(first record wins).
 
 Repositories: the :class:`World` keeps the namespace registry (``hd:namespaces``). A
 ``repository_created`` whose namespace equals, contains or lies inside a live repository's, or
@@ -53,6 +55,7 @@ from schemas import events as ev
 from schemas.address import spelling
 from schemas.layout import (
     LIVE_TOKEN_STATES,
+    REF_DEDUPE_WINDOW,
     TOKEN_RANK,
     AddressState,
     TokenState,
@@ -125,6 +128,10 @@ class RepoState:
     incidents: list[Incident] = field(default_factory=list)
     unreferenced: dict[str, int] = field(default_factory=dict)  # address -> since (or iu)
     ref_versions: dict[str, int] = field(default_factory=dict)  # 'b:<branch>'/'t:<tag>' -> v
+    # The dedupe window: ref event id -> '<ref>|<version>', oldest first (REF_DEDUPE_WINDOW).
+    ref_seen: dict[str, str] = field(default_factory=dict)
+    ref_duplicates: int = 0  # ref events skipped as duplicates (stats: ref_duplicates)
+    ref_ids_reused: int = 0  # an id seen with another ref or version (stats: ref_ids_reused)
     retired_at: int | None = None  # ms the repository_deleted was applied
 
     def token_state(self, token: str) -> TokenState | None:
@@ -298,11 +305,9 @@ def _reaped(state: RepoState, address: str, event: ev.Event, now: int, out: Outc
     state.unreferenced.pop(address, None)
 
 
-def _newer(state: RepoState, ref: str, version: int | None) -> bool | None:
-    """Versioned refs: True if ``version`` is above the ref's recorded one (and record it),
-    False if not (a stale or duplicate event: the ref does not change), None if unversioned."""
-    if version is None:
-        return None
+def _newer(state: RepoState, ref: str, version: int) -> bool:
+    """True if ``version`` is above the ref's recorded one (and record it), False if not (a
+    stale or duplicate event: the ref does not change)."""
     cur = state.ref_versions.get(ref)
     if cur is not None and version <= cur:
         return False
@@ -310,11 +315,28 @@ def _newer(state: RepoState, ref: str, version: int | None) -> bool | None:
     return True
 
 
-def _ended(state: RepoState, token: str) -> bool:
-    """A branch update naming a token that already ended is a stale (duplicate, late) event:
-    it must not move the branch record back."""
-    ts = state.token_state(token)
-    return ts is TokenState.COMMITTED or ts is TokenState.DROPPED
+def _duplicate(state: RepoState, event_id: str, ref: str, version: int) -> bool:
+    """Whether this ref event was seen within the window (same id, ref and version); else it
+    is remembered, the oldest id leaving once the window is full."""
+    mark = f"{ref}|{version}"
+    seen = state.ref_seen.get(event_id)
+    if seen is not None:
+        if seen == mark:
+            state.ref_duplicates += 1
+            return True
+        state.ref_ids_reused += 1
+        return False
+    state.ref_seen[event_id] = mark
+    if len(state.ref_seen) > REF_DEDUPE_WINDOW:
+        del state.ref_seen[next(iter(state.ref_seen))]
+    return False
+
+
+def _fresh(state: RepoState, event: ev.Event, ref: str, version: int) -> bool:
+    """Whether a ref event changes its ref: not a duplicate, and above the ref's version."""
+    if _duplicate(state, event.event_id, ref, version):
+        return False
+    return _newer(state, ref, version)
 
 
 def apply(state: RepoState, event: ev.Event, now_ms: int) -> Outcome:
@@ -355,16 +377,12 @@ def apply(state: RepoState, event: ev.Event, now_ms: int) -> Outcome:
             rec.issued_until = now + ttl_ms(event)
         _derive(state, event.address, rec, now)
     elif isinstance(event, ev.BranchCreated):
-        fresh = _newer(state, "b:" + event.branch, event.ref_version)
-        if fresh is None:
-            fresh = not _ended(state, event.staging_token)
+        fresh = _fresh(state, event, "b:" + event.branch, event.ref_version)
         _set_token(state, event.staging_token, TokenState.OPEN, event, now, out)
         if fresh:
             state.branches[event.branch] = BranchRecord(event.source_commit, event.staging_token)
     elif isinstance(event, ev.CommitCreated):
-        fresh = _newer(state, "b:" + event.branch, event.ref_version)
-        if fresh is None:
-            fresh = not _ended(state, event.staging_token)
+        fresh = _fresh(state, event, "b:" + event.branch, event.ref_version)
         for token in event.sealed_tokens:
             _set_token(state, token, TokenState.COMMITTED, event, now, out)
         _set_token(state, event.staging_token, TokenState.OPEN, event, now, out)
@@ -373,32 +391,23 @@ def apply(state: RepoState, event: ev.Event, now_ms: int) -> Outcome:
         if fresh:
             state.branches[event.branch] = BranchRecord(event.commit_id, event.staging_token)
     elif isinstance(event, ev.BranchReset):
-        versioned = _newer(state, "b:" + event.branch, event.ref_version)
-        fresh = versioned if versioned is not None else not _ended(state, event.staging_token)
+        fresh = _fresh(state, event, "b:" + event.branch, event.ref_version)
         for token in event.dropped_tokens:
             _set_token(state, token, TokenState.DROPPED, event, now, out)
         _set_token(state, event.staging_token, TokenState.OPEN, event, now, out)
         if fresh:
-            prev = state.branches.get(event.branch)
-            head = event.head
-            if head is None and versioned is None:  # v1: no head means "unchanged"
-                head = prev.head if prev else None
-            state.branches[event.branch] = BranchRecord(head, event.staging_token)
+            state.branches[event.branch] = BranchRecord(event.head, event.staging_token)
     elif isinstance(event, ev.BranchDeleted):
-        versioned = _newer(state, "b:" + event.branch, event.ref_version)
+        fresh = _fresh(state, event, "b:" + event.branch, event.ref_version)
         for token in event.dropped_tokens:
             _set_token(state, token, TokenState.DROPPED, event, now, out)
-        prev = state.branches.get(event.branch)
-        if versioned is None:
-            if prev is not None and prev.staging_token in event.dropped_tokens:
-                del state.branches[event.branch]
-        elif versioned:
+        if fresh:
             state.branches.pop(event.branch, None)
     elif isinstance(event, ev.TagCreated):
-        if _newer(state, "t:" + event.tag, event.ref_version) is not False:
+        if _fresh(state, event, "t:" + event.tag, event.ref_version):
             state.tags[event.tag] = event.commit_id
     elif isinstance(event, ev.TagDeleted):
-        if _newer(state, "t:" + event.tag, event.ref_version) is not False:
+        if _fresh(state, event, "t:" + event.tag, event.ref_version):
             state.tags.pop(event.tag, None)
     elif isinstance(event, ev.AddressesReaped):
         for address in event.addresses:

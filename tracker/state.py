@@ -298,7 +298,9 @@ def _assemble(repo: str, meta: dict[str, str], addr_hashes: dict[str, dict[str, 
               token_sets: dict[str, Iterable[str]], tokens: dict[str, str],
               branches: dict[str, str], commits: dict[str, str], tags: dict[str, str],
               incidents: list[str], unref: Any,
-              ref_versions: dict[str, str] | None = None) -> RepoState:
+              ref_versions: dict[str, str] | None = None,
+              ref_seen: tuple[list[str], dict[str, str]] | None = None,
+              stats: dict[str, str] | None = None) -> RepoState:
     st = RepoState(repo)
     if meta.get("namespace"):
         st.meta = RepoMeta(meta["namespace"], meta.get("default_branch", ""),
@@ -317,6 +319,10 @@ def _assemble(repo: str, meta: dict[str, str], addr_hashes: dict[str, dict[str, 
     st.incidents = [_incident(j) for j in incidents]
     st.unreferenced = _pairs(unref)
     st.ref_versions = {f: int(v) for f, v in (ref_versions or {}).items()}
+    order, seen = ref_seen or ([], {})
+    st.ref_seen = {i: seen[i] for i in order if i in seen}
+    st.ref_duplicates = int((stats or {}).get("ref_duplicates", 0))
+    st.ref_ids_reused = int((stats or {}).get("ref_ids_reused", 0))
     st.retired_at = int(meta["retired_at"]) if meta.get("retired_at") else None
     return st
 
@@ -353,13 +359,17 @@ def read_repo_state(r: Any, repo: str) -> RepoState:
     pipe.lrange(k.incidents, 0, -1)
     pipe.zrange(k.unreferenced, 0, -1, withscores=True)
     pipe.hgetall(k.ref_versions)
+    pipe.lrange(k.ref_seen_order, 0, -1)
+    pipe.hgetall(k.ref_seen)
+    pipe.hgetall(k.stats)
     res = pipe.execute()
     na, nt = len(addr_keys), len(tok_keys)
     addr = {key[len(a_pre):]: h for key, h in zip(addr_keys, res[:na], strict=True)}
     toks = {key[len(t_pre):]: m for key, m in zip(tok_keys, res[na:na + nt], strict=True)}
-    meta, tokens, branches, commits, tags, incidents, unref, versions = res[na + nt:]
+    (meta, tokens, branches, commits, tags, incidents, unref, versions, seen_order, seen,
+     stats) = res[na + nt:]
     return _assemble(repo, meta, addr, toks, tokens, branches, commits, tags, incidents, unref,
-                     versions)
+                     versions, (seen_order, seen), stats)
 
 
 def repositories(r: Any) -> set[str]:
@@ -470,7 +480,8 @@ def fail_closed_repos(r: Any) -> dict[str, dict[str, str]]:
 
 
 def holds(r: Any, repo: str) -> dict[str, dict[str, Any]]:
-    """Held addresses of ``repo`` -> {reason, source, at_ms, ...} (delete paths keep them)."""
+    """Held addresses of ``repo`` -> {claims, reason, source, at_ms} (delete paths keep
+    them; schemas/holds.py)."""
     return {a: orjson.loads(v) for a, v in r.hgetall(RepoKeys(repo).holds).items()}
 
 

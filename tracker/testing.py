@@ -87,10 +87,14 @@ def timeless(st: RepoState) -> RepoState:
     return out
 
 
-def canonical(st: RepoState) -> RepoState:
-    """Incidents sorted (the script does not promise an order across addresses)."""
+def canonical(st: RepoState, counters: bool = True) -> RepoState:
+    """Incidents sorted (the script does not promise an order across addresses).
+    ``counters=False``: the duplicate counters zeroed (to compare outcomes: delivering a
+    duplicate counts it and changes nothing else)."""
     out = copy.deepcopy(st)
     out.incidents = sorted(out.incidents)
+    if not counters:
+        out.ref_duplicates = out.ref_ids_reused = 0
     return out
 
 
