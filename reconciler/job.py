@@ -613,11 +613,16 @@ class Run:
                     pre = self._sweep(lease_id, parts, lease, delete=False)
                 s.setdefault("crosscheck", {})["marked_but_referenced_online"] = {
                     "count": pre.skipped_live, "sample": pre.samples.get("skipped_live", [])}
+                # Changed after the mark's snapshot (a copy back into a branch, a new
+                # reference): not a divergence; those objects are skipped, the rest is swept.
+                s.setdefault("revalidation", {})["changed_after_mark"] = {
+                    "count": pre.skipped_changed,
+                    "sample": pre.samples.get("skipped_changed", [])}
                 if pre.skipped_live:
                     refusal = (f"cross-check: {pre.skipped_live} marked object(s) are "
-                               "referenced online: the mark diverges from the online state, "
-                               "nothing of this run is deleted; find out why, then run a new "
-                               "mark")
+                               "referenced online by evidence the mark's snapshot already "
+                               "held: the mark is wrong, nothing of this run is deleted; find "
+                               "out why, then run a new mark")
             if refusal is not None:
                 s["sweep"] = {"status": "refused", "reason": refusal,
                               "skipped_retained": retained.skipped_retained,

@@ -317,17 +317,22 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, repo: str, lease_id: str, ns: Na
         now_ms = int(sec) * 1000 + int(usec) // 1000
         kept = judge_rels(r, repo, ns, list(info), cutoff_ms=cutoff_ms, now_ms=now_ms,
                           vouched=vouched)
+        # Live now, the record included: a reference that came after the mark's snapshot
+        # (a copy back into a branch) changed it, and only that object is skipped; the same
+        # record judged live means the mark missed what was there (skipped_live: refused).
         changed = changed_since_mark(r, repo, ns, {rel: d for rel, _, _, d in batch
-                                                   if rel not in kept})
+                                                   if kept.get(rel) not in GUARD_REASONS})
     for rel, why in sorted(kept.items()):
+        if rel in changed and why not in GUARD_REASONS:
+            continue  # counted below, with the other changed records
         _count_kept(stats, rel, why)
         record(rel, info[rel][0], info[rel][1],
                SKIPPED_GUARD if why in GUARD_REASONS else SKIPPED_LIVE, why)
     live = set(kept)
     for rel in sorted(changed):
         stats.skipped_changed += 1
-        stats.sample("skipped_changed", rel)
-        record(rel, info[rel][0], info[rel][1], SKIPPED_CHANGED)
+        stats.sample("skipped_changed", f"{rel}: {kept[rel]}" if rel in kept else rel)
+        record(rel, info[rel][0], info[rel][1], SKIPPED_CHANGED, kept.get(rel))
     ok, refused = guard(ns, [rel for rel in info if rel not in live and rel not in changed])
     for rel in refused:
         stats.refused += 1

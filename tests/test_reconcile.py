@@ -291,6 +291,41 @@ def test_a_failure_while_building_a_live_set_deletes_nothing(spark, rsettings, s
     _fail_and_check(spark, rsettings, w, repo, cutoff, "tracker progress")
 
 
+def _digest_now(r: Any, keys: RepoKeys, address: str) -> str | None:
+    from reconciler.records import token_state
+    from reconciler.state import record_digest
+
+    rec = r.hgetall(keys.address(address))
+    tokens = sorted({v for k, v in rec.items() if k.startswith("+")})
+    states = {t: token_state(v) for t, v in zip(tokens, r.hmget(keys.tokens, tokens),
+                                                strict=True)} if tokens else {}
+    return record_digest(rec, states)
+
+
+def _set_mark_digest(s3: Any, run: dict[str, Any], ns_uri: str, rel: str,
+                     digest: str | None) -> None:
+    """Rewrite the marked row of ``rel`` with ``digest`` in the run's mark parts."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bucket = split_s3_uri(ns_uri)[0]
+    for key in run["mark"]["parts"]:
+        table = pq.read_table(io.BytesIO(s3.get_object(Bucket=bucket, Key=key)["Body"].read()))
+        rows = table.to_pylist()
+        if not any(row["key"] == rel for row in rows):
+            continue
+        for row in rows:
+            if row["key"] == rel:
+                row["digest"] = digest
+        buf = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), buf)
+        s3.put_object(Bucket=bucket, Key=key, Body=buf.getvalue())
+        return
+    raise AssertionError(f"{rel} is in no mark part")
+
+
 def test_sweep_only_from_a_dry_run_mark_the_lease_the_guard_and_the_crosscheck(
         spark, rsettings, s3, redis_client):
     w, repo, old, cutoff = workload_world(rsettings, s3, redis_client, ops1=80, ops2=10)
@@ -318,31 +353,45 @@ def test_sweep_only_from_a_dry_run_mark_the_lease_the_guard_and_the_crosscheck(
     assert res["blast_radius"]["would_delete"] == len(expected)
     assert w.data(repo) == data_before
 
-    # after the mark, one marked object gets a live reference again (a copy): the cross-check
-    # finds the mark diverging from the online state and stops the whole sweep
     keys = RepoKeys(repo)
-    victim = next(a for a in sorted(expected) if redis_client.hget(keys.address(a), "since"))
-    original = redis_client.hgetall(keys.address(victim))
-    redis_client.hset(keys.address(victim), mapping={"+late-ref": "late-token",
-                                                     "state": "staged"})
-    redis_client.hset(keys.tokens, "late-token", "open:1")
+    ns_uri = w.model.repository(repo).storage_namespace
+    with_since = [a for a in sorted(expected) if redis_client.hget(keys.address(a), "since")]
+    victim, wrong = with_since[0], with_since[1]
+
+    def live_again(address: str, ref: str) -> dict[str, str]:
+        original = redis_client.hgetall(keys.address(address))
+        redis_client.hset(keys.address(address), mapping={f"+{ref}": f"{ref}-token",
+                                                          "state": "staged"})
+        redis_client.hset(keys.tokens, f"{ref}-token", "open:1")
+        return original
+
+    # A mark that judged a record live and marked it anyway (its snapshot held the evidence):
+    # the mark is wrong, the cross-check refuses the whole sweep. (The mark's digest is set to
+    # the live record's own: as if the snapshot had read it.)
+    original_wrong = live_again(wrong, "early-ref")
+    _set_mark_digest(s3, dry, ns_uri, wrong[len(ns_uri):], _digest_now(redis_client, keys, wrong))
     res = reconcile(spark, rsettings, RunOptions(repo, sweep_only=dry["run_id"],
                                                  allow_large_sweep=True))
     assert res["sweep"]["status"] == "refused" and "cross-check" in res["sweep"]["reason"]
     assert res["crosscheck"]["marked_but_referenced_online"]["sample"] == [
-        victim[len(w.model.repository(repo).storage_namespace):] + ": staged"]
+        wrong[len(ns_uri):] + ": staged"]
     assert w.data(repo) == data_before
+    redis_client.hset(keys.address(wrong), mapping={"-early-ref": "early-ref-token",
+                                                     "state": original_wrong["state"]})
 
-    # the late reference ends again: the record is not the one the mark judged, so the
-    # victim is kept (judged again by the next mark); the rest goes with the flag
-    redis_client.hset(keys.address(victim), mapping={"-late-ref": "late-token",
-                                                     "state": original["state"]})
+    # After the mark, one marked object gets a live reference again (a copy back into a
+    # branch): only that object is skipped (its record changed after the snapshot), the rest
+    # is swept; `wrong`'s record is not the one its mark judged either, so it is kept too.
+    live_again(victim, "late-ref")
     res = reconcile(spark, rsettings, RunOptions(repo, sweep_only=dry["run_id"],
                                                  allow_large_sweep=True))
     assert res["sweep"]["status"] == "done", res["sweep"]
     deleted = data_before - w.data(repo)
-    assert deleted == expected - {victim}
-    assert res["sweep"]["skipped_changed"] == 1 and res["sweep"]["skipped_live"] == 0
+    assert deleted == expected - {victim, wrong}
+    assert res["sweep"]["skipped_changed"] == 2 and res["sweep"]["skipped_live"] == 0
+    assert victim[len(ns_uri):] + ": staged" in \
+        res["revalidation"]["changed_after_mark"]["sample"]
+    assert res["crosscheck"]["marked_but_referenced_online"]["count"] == 0
     assert res["blast_radius"]["allowed_by_flag"]
 
     with pytest.raises(SweepRefused):
