@@ -190,27 +190,32 @@ def _evidence_calls(pipe: Any, repo: str, addresses: list[str]) -> None:
         pipe.hgetall(k.address(address))
     for address in addresses:
         pipe.zscore(k.claims, address)
-    pipe.time()
+    # (the clock is read apart: Redis Cluster refuses TIME inside a pipeline)
 
 
 def _evidence_from(gate: Gate, raw: list[Any], addresses: list[str]
-                   ) -> tuple[dict[str, DecodedAddress | None], dict[str, bool], int, list[str]]:
+                   ) -> tuple[dict[str, DecodedAddress | None], dict[str, bool], list[str]]:
     n = len(addresses)
     records = {a: (decode_address(h) if h else None)
                for a, h in zip(addresses, raw[:n], strict=True)}
     claimed = {a: c is not None for a, c in zip(addresses, raw[n:2 * n], strict=True)}
-    sec, usec = raw[2 * n]
     tokens = sorted({t for rec in records.values() if rec is not None for t in rec.adds.values()})
-    return records, claimed, int(sec) * 1000 + int(usec) // 1000, tokens
+    return records, claimed, tokens
+
+
+def _ms(t: Any) -> int:
+    sec, usec = t
+    return int(sec) * 1000 + int(usec) // 1000
 
 
 def read_evidence(r: Any, repo: str, addresses: Iterable[str]) -> Evidence:
     """Read the evidence now (synchronous client; Redis Cluster too)."""
     addrs = list(dict.fromkeys(addresses))
+    now = _ms(r.time())  # before the records: a clock read later would judge them older
     gate = read_gate(r, repo, addrs)
     pipe = r.pipeline(transaction=False)
     _evidence_calls(pipe, repo, addrs)
-    records, claimed, now, tokens = _evidence_from(gate, pipe.execute(), addrs)
+    records, claimed, tokens = _evidence_from(gate, pipe.execute(), addrs)
     states = dict(zip(tokens, r.hmget(RepoKeys(repo).tokens, tokens), strict=True)) \
         if tokens else {}
     return Evidence(gate, records, claimed, {t: _opt_text(v) for t, v in states.items()}, now)
@@ -219,10 +224,11 @@ def read_evidence(r: Any, repo: str, addresses: Iterable[str]) -> Evidence:
 async def aread_evidence(r: Any, repo: str, addresses: Iterable[str]) -> Evidence:
     """Read the evidence now (async client)."""
     addrs = list(dict.fromkeys(addresses))
+    now = _ms(await r.time())  # before the records (see read_evidence)
     gate = await aread_gate(r, repo, addrs)
     pipe = r.pipeline(transaction=False)
     _evidence_calls(pipe, repo, addrs)
-    records, claimed, now, tokens = _evidence_from(gate, await pipe.execute(), addrs)
+    records, claimed, tokens = _evidence_from(gate, await pipe.execute(), addrs)
     states = dict(zip(tokens, await r.hmget(RepoKeys(repo).tokens, tokens), strict=True)) \
         if tokens else {}
     return Evidence(gate, records, claimed, {t: _opt_text(v) for t, v in states.items()}, now)

@@ -17,7 +17,7 @@ import pytest
 
 from hardelete.clients import redis_sync, s3_client
 from hardelete.settings import Settings, load_settings
-from hardelete.stack import Stack, embedded_stack, reset_s3
+from hardelete.stack import Server, Stack, embedded_stack, reset_s3, start_redis_cluster
 
 os.environ.setdefault("HARDELETE_LOG_FORMAT", "console")
 # pytest-xdist's workers export the runner's COLUMNS; the CLI subprocesses the tests start
@@ -54,18 +54,46 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield st
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
+    """A real three-node Redis Cluster (valkey-server in cluster mode), started once per worker
+    the first time a test asks for the ``cluster`` topology."""
+    nodes = start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"), 3)
+    yield nodes
+    for n in nodes:
+        n.stop()
+
+
 @pytest.fixture
-def settings(stack: Stack) -> Iterator[Settings]:
-    """Per-test settings: own topics and consumer group on the shared servers, clean state."""
+def topology(request: pytest.FixtureRequest) -> str:
+    """``single`` (one Redis) unless the test is parametrized over both: the safety tests run
+    on each (issue 19 item 9: the scale-out path keeps every check), a module opting in with
+    ``pytestmark = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)``."""
+    return str(getattr(request, "param", "single"))
+
+
+@pytest.fixture
+def settings(stack: Stack, topology: str, request: pytest.FixtureRequest) -> Iterator[Settings]:
+    """Per-test settings: own topics and consumer group on the shared servers, clean state
+    (on the worker's Redis Cluster for the ``cluster`` topology)."""
     suffix = uuid.uuid4().hex[:8]
     s = stack.settings.replace(
         events_topic=f"events-{suffix}",
         dlq_topic=f"dlq-{suffix}",
         consumer_group=f"tracker-{suffix}",
     )
-    r = redis_sync(s)
-    r.flushall()
-    r.close()
+    if topology == "cluster":
+        nodes = request.getfixturevalue("redis_cluster")
+        s = s.replace(redis_url=f"redis://127.0.0.1:{nodes[0].port}/0", redis_cluster=True)
+        for n in nodes:  # every primary (FLUSHALL reaches one node only)
+            r = redis_sync(s.replace(redis_url=f"redis://127.0.0.1:{n.port}/0",
+                                     redis_cluster=False))
+            r.flushall()
+            r.close()
+    else:
+        r = redis_sync(s)
+        r.flushall()
+        r.close()
     reset_s3(s)
     yield s
     # The broker is shared by the worker's tests: it keeps only what a test is using. (In a

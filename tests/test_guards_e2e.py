@@ -34,6 +34,8 @@ from schemas.records import DecodedAddress, encode_address, encode_token
 from tracker.state import redis_time_ms
 
 pytestmark = pytest.mark.integration
+# Every check holds on one Redis and on a real three-node Redis Cluster (issue 19 item 9).
+BOTH_TOPOLOGIES = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
 
 
 def _s(settings: Settings) -> Settings:
@@ -91,6 +93,7 @@ HOLD = orjson.dumps({"reason": "dead-lettered event names it", "source": "test",
                      "at_ms": 1}).decode()
 
 
+@BOTH_TOPOLOGIES
 def test_held_addresses_are_never_reaped(settings, redis_client, s3, bucket):
     s, r = _s(settings), redis_client
     ns = f"s3://{bucket}/repo/"
@@ -115,6 +118,7 @@ def test_held_addresses_are_never_reaped(settings, redis_client, s3, bucket):
     assert not exists(s3, held) and not exists(s3, prefixed)
 
 
+@BOTH_TOPOLOGIES
 def test_a_hold_placed_after_the_claim_is_respected_right_before_the_request(
         settings, redis_client, s3, bucket):
     s, r = _s(settings), redis_client
@@ -139,6 +143,7 @@ def test_a_hold_placed_after_the_claim_is_respected_right_before_the_request(
     assert exists(s3, a) and not exists(s3, b)
 
 
+@BOTH_TOPOLOGIES
 @pytest.mark.parametrize("flag", ["repo_fail_closed", "global_fail_closed", "paused"])
 def test_fail_closed_or_paused_repository_is_not_reaped(settings, redis_client, s3, bucket,
                                                         flag):
@@ -174,6 +179,7 @@ def test_fail_closed_or_paused_repository_is_not_reaped(settings, redis_client, 
         assert batch.refused == reason and not batch.claimed
 
 
+@BOTH_TOPOLOGIES
 def test_an_address_of_another_live_repository_is_refused_right_before_the_request(
         settings, redis_client, s3, bucket):
     """P's namespace contains R's (registered by hand, as a broken admission would): P's queue
@@ -189,6 +195,7 @@ def test_an_address_of_another_live_repository_is_refused_right_before_the_reque
     assert report.kept["not_owner"] == 1 and report.deleted == 1
 
 
+@BOTH_TOPOLOGIES
 def test_retired_or_unregistered_repository_deletes_nothing(settings, redis_client, s3, bucket):
     s, r = _s(settings), redis_client
     ns = f"s3://{bucket}/old/"
@@ -202,6 +209,7 @@ def test_retired_or_unregistered_repository_deletes_nothing(settings, redis_clie
     assert by_repo(reap_once(s, s3))["old"].deleted == 1
 
 
+@BOTH_TOPOLOGIES
 def test_an_address_outside_the_namespace_is_refused(settings, redis_client, s3, bucket):
     s, r = _s(settings), redis_client
     ns = f"s3://{bucket}/repo/"
@@ -236,6 +244,7 @@ def _sweep(s: Settings, r: Any, s3: Any, repo: str, ns: Namespace, rels: list[st
     return stats, outcomes
 
 
+@BOTH_TOPOLOGIES
 def test_the_sweep_keeps_held_not_owned_and_fail_closed_keys(settings, redis_client, s3,
                                                              bucket):
     s, r = _s(settings), redis_client

@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 from schemas import holds
 from schemas.holds import LEGACY_CLAIM, dlq_claim
 
+# Every check holds on one Redis and on a real three-node Redis Cluster (issue 19 item 9).
+BOTH_TOPOLOGIES = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
+
 
 def test_a_hold_is_lifted_with_its_last_claim_only() -> None:
     a, b = dlq_claim("events", 0, 7), dlq_claim("events", 1, 3)
@@ -64,6 +67,7 @@ op_st = st.one_of(
 
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
+@BOTH_TOPOLOGIES
 @given(ops=st.lists(op_st, max_size=12))
 @pytest.mark.integration
 def test_the_script_agrees_with_the_specification(redis_client: Any, ops: list[Any]) -> None:

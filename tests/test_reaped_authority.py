@@ -31,6 +31,8 @@ from tracker.state import parse_address
 from tracker.testing import dead_letters, publish, wait_horizon
 
 pytestmark = pytest.mark.integration
+# Every check holds on one Redis and on a real three-node Redis Cluster (issue 19 item 9).
+BOTH_TOPOLOGIES = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
 
 
 # ------------------------------------------------------------------------- pure: the rules
@@ -74,6 +76,7 @@ def test_a_reaped_record_never_overrides_a_reference_an_upload_or_grace(path: An
 
 # ------------------------------------------------------------------- Lua: the tombstone prune
 
+@BOTH_TOPOLOGIES
 async def test_prune_drops_only_tombstones_that_protect_nothing(settings: Settings,
                                                                 redis_client: Any) -> None:
     keys = RepoKeys("r")
@@ -120,6 +123,7 @@ async def _staged_address(s: Settings, s3: Any, bucket: str) -> tuple[str, str]:
     return op.address, svc.model.branch("repo", "main").staging_token
 
 
+@BOTH_TOPOLOGIES
 async def test_a_forged_addresses_reaped_is_dead_lettered_with_an_incident(
         settings: Settings, s3: Any, redis_client: Any) -> None:
     s = _settings(settings)
@@ -144,6 +148,7 @@ async def test_a_forged_addresses_reaped_is_dead_lettered_with_an_incident(
     assert live in listed(s3, "forged")
 
 
+@BOTH_TOPOLOGIES
 async def test_the_reapers_own_signed_records_are_applied(settings: Settings, s3: Any,
                                                           redis_client: Any) -> None:
     s = _settings(settings)
@@ -180,6 +185,7 @@ async def test_the_reapers_own_signed_records_are_applied(settings: Settings, s3
 
 # ------------------------------------------------- end to end: a released claim is re-judged
 
+@BOTH_TOPOLOGIES
 async def test_a_claim_given_back_is_judged_again_from_its_last_reference(
         settings: Settings, s3: Any, redis_client: Any) -> None:
     grace = 4.0

@@ -17,6 +17,8 @@ from reaper.claims import ClaimStore
 from tests.test_tracker_lua import chaos_events, run_both
 
 pytestmark = pytest.mark.integration
+# Every check holds on one Redis and on a real three-node Redis Cluster (issue 19 item 9).
+BOTH_TOPOLOGIES = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
 
 
 async def _dry_claims(s, cutoff: int) -> set[str]:
@@ -35,6 +37,7 @@ async def _dry_claims(s, cutoff: int) -> set[str]:
 @given(seed=st.integers(0, 2**32), n=st.integers(1, 200), step=st.sampled_from([0, 700, 2000]),
        grace=st.sampled_from([0, 500, 3000]), pick=st.floats(0, 1),
        delta=st.sampled_from([-1, 0, 1, 10_000]))
+@BOTH_TOPOLOGIES
 def test_claim_script_agrees_with_the_tracker_spec(settings, redis_client, seed, n, step, grace,
                                                   pick, delta):
     rng = random.Random(seed)

@@ -45,6 +45,8 @@ from tracker.state import (
 from tracker.testing import publish, redis_now, wait_horizon
 
 pytestmark = pytest.mark.integration
+# Every check holds on one Redis and on a real three-node Redis Cluster (issue 19 item 9).
+BOTH_TOPOLOGIES = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
 
 
 def repo_events(ns: str, repo: str = "repo0") -> list[ev.Event]:
@@ -113,6 +115,7 @@ async def _broker_restart_scenario(settings: Settings, s3: Any, bucket: str,
     return s, redis_sync(s)
 
 
+@BOTH_TOPOLOGIES
 async def test_broker_log_lost_new_records_applied_and_repository_fail_closed(
         settings: Settings, s3: Any, bucket: str, tmp_path: Path) -> None:
     server = kafka_server(tmp_path)
@@ -147,6 +150,7 @@ async def test_broker_log_lost_new_records_applied_and_repository_fail_closed(
         await asyncio.to_thread(server.stop)
 
 
+@BOTH_TOPOLOGIES
 async def test_broker_log_lost_under_a_running_tracker(settings: Settings, s3: Any,
                                                        bucket: str, tmp_path: Path) -> None:
     server = kafka_server(tmp_path)
@@ -162,6 +166,7 @@ async def test_broker_log_lost_under_a_running_tracker(settings: Settings, s3: A
         await asyncio.to_thread(server.stop)
 
 
+@BOTH_TOPOLOGIES
 async def test_broker_log_kept_under_a_running_tracker(settings: Settings, s3: Any,
                                                        bucket: str, tmp_path: Path) -> None:
     """The tracker rides through the restart: it applies what comes after, fails nothing."""
@@ -178,6 +183,7 @@ async def test_broker_log_kept_under_a_running_tracker(settings: Settings, s3: A
         await asyncio.to_thread(server.stop)
 
 
+@BOTH_TOPOLOGIES
 async def test_tracker_catches_up_behind_a_long_log(settings: Settings, bucket: str) -> None:
     """A tracker that starts behind a log of 400 batches catches up, and its fetch wait ends at
     the poll again. (The wait is raised while behind because Tansu's s3:// engine answered a
@@ -206,6 +212,7 @@ async def test_tracker_catches_up_behind_a_long_log(settings: Settings, bucket: 
         assert fetch_wait() == settings.tracker_poll_ms  # at the end: short again
 
 
+@BOTH_TOPOLOGIES
 async def test_broker_log_kept_nothing_fail_closed(settings: Settings, s3: Any, bucket: str,
                                                    tmp_path: Path) -> None:
     server = kafka_server(tmp_path)
@@ -224,6 +231,8 @@ async def test_broker_log_kept_nothing_fail_closed(settings: Settings, s3: Any, 
         await asyncio.to_thread(server.stop)
 
 
+# (One Redis restored whole from its RDB: the cluster case, one node going back, is
+# test_tracker_daemon.py::test_a_repository_going_back_under_a_running_tracker_...[cluster].)
 async def test_redis_restored_from_an_older_copy_is_repaired_by_replay(
         settings: Settings, tmp_path: Path) -> None:
     server = redis_server(tmp_path)  # RDB snapshots only when asked (SAVE)
@@ -264,6 +273,8 @@ async def test_redis_restored_from_an_older_copy_is_repaired_by_replay(
         await asyncio.to_thread(server.stop)
 
 
+# (One Redis restored whole from its RDB: the cluster case, one node going back, is
+# test_tracker_daemon.py::test_a_repository_going_back_under_a_running_tracker_...[cluster].)
 async def test_redis_restored_from_an_older_copy_remembers_what_the_reaper_deleted(
         settings: Settings, s3: Any, bucket: str, tmp_path: Path) -> None:
     """The reaper's deletes are in the log (``addresses_reaped``), not only in Redis: a Redis
@@ -316,6 +327,7 @@ async def test_redis_restored_from_an_older_copy_remembers_what_the_reaper_delet
         await asyncio.to_thread(server.stop)
 
 
+@BOTH_TOPOLOGIES
 async def test_topic_recreated_with_more_partitions_holds_the_horizon(settings: Settings
                                                                       ) -> None:
     # The topic is deleted and re-created with more partitions (a log reset too); partitions
@@ -357,6 +369,7 @@ async def test_topic_recreated_with_more_partitions_holds_the_horizon(settings: 
     r.close()
 
 
+@BOTH_TOPOLOGIES
 async def test_partitions_added_in_place_hold_the_horizon_until_applied(settings: Settings
                                                                          ) -> None:
     """CreatePartitions under a running tracker: the horizon waits until the new partitions are
@@ -416,6 +429,7 @@ def _bad_records(ns: str) -> list[tuple[bytes | None, bytes, str, str | None]]:
     ]
 
 
+@BOTH_TOPOLOGIES
 async def test_poison_records_are_dead_lettered_held_and_the_tracker_goes_on(
         settings: Settings) -> None:
     ns = "s3://b/repo0/"
@@ -485,6 +499,7 @@ async def _read_dlq(settings: Settings, n: int) -> list[Any]:
     return got
 
 
+@BOTH_TOPOLOGIES
 async def test_failing_dead_letter_publish_holds_the_batch_then_recovers(
         settings: Settings) -> None:
     """A dead-letter topic that refuses records (compacted: Kafka refuses a record without a
