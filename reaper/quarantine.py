@@ -15,7 +15,14 @@ from botocore.exceptions import ClientError
 
 from hardelete import UserError
 from hardelete.clients import redis_async, s3_client, split_s3_uri
-from hardelete.deletes import S3_MAX_KEYS, copy_key, delete_keys, keep_reasons, read_evidence
+from hardelete.deletes import (
+    S3_MAX_KEYS,
+    Evidence,
+    copy_key,
+    delete_keys,
+    keep_reasons,
+    read_evidence,
+)
 from hardelete.logs import get_logger
 from hardelete.settings import Settings
 from reaper.claims import ClaimStore
@@ -67,27 +74,33 @@ async def quarantine(client: Any, deleter: S3Deleter, namespace: str, repo: str,
     return outcome
 
 
+def purge_keeps(evidence: Evidence, repo: str, namespace: str, *, horizon_ms: int | None,
+                grace_ms: int) -> dict[str, str]:
+    """address -> reason to keep its quarantine copy (pure). A copy is the last copy of its
+    address, so it stays while anything would keep the address itself (guards: holds, pause,
+    fail-closed, ownership; a reference, a commit, an upload, grace: ``schemas.liveness`` on
+    the reconciler path), and a committed address is kept too (restore it instead)."""
+    if horizon_ms is None:  # grace cannot be judged without the tracker's proven progress
+        return dict.fromkeys(evidence.records, "no_horizon")
+    keep = keep_reasons(evidence, repo, namespace, path="reconciler", horizon_ms=horizon_ms,
+                        grace_ms=grace_ms)
+    for address, rec in evidence.records.items():
+        if address not in keep and rec is not None and (
+                rec.committed or rec.state == "committed"):
+            keep[address] = "committed: a commit references it (restore it)"
+    return keep
+
+
 def purge_recheck(r: Any, repo: str, namespace: str, grace_ms: int
                   ) -> Callable[[list[str]], dict[str, str]]:
-    """The gate's judgment for purging quarantine copies, read right before each request: a
-    copy is the last copy of its address, so it stays while anything would keep the address
-    itself (guards: holds, pause, fail-closed, ownership; a reference, a commit, an upload,
-    grace: ``schemas.liveness`` on the reconciler path, with a committed address kept too)."""
+    """The gate's judgment for purging quarantine copies (:func:`purge_keeps`), read right
+    before each request."""
 
     def run(addresses: list[str]) -> dict[str, str]:
         from tracker.state import tracker_horizon_ms
 
-        horizon = tracker_horizon_ms(r)
-        if horizon is None:  # grace cannot be judged without the tracker's proven progress
-            return dict.fromkeys(addresses, "no_horizon")
-        evidence = read_evidence(r, repo, addresses)
-        keep = keep_reasons(evidence, repo, namespace, path="reconciler",
-                            horizon_ms=horizon, grace_ms=grace_ms)
-        for address, rec in evidence.records.items():
-            if address not in keep and rec is not None and (
-                    rec.committed or rec.state == "committed"):
-                keep[address] = "committed: a commit references it (restore it)"
-        return keep
+        return purge_keeps(read_evidence(r, repo, addresses), repo, namespace,
+                           horizon_ms=tracker_horizon_ms(r), grace_ms=grace_ms)
 
     return run
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ import orjson
 
 from hardelete import UserError
 from hardelete.clients import redis_sync, s3_client, split_s3_uri
-from hardelete.deletes import S3_MAX_KEYS, delete_keys, read_gate
+from hardelete.deletes import S3_MAX_KEYS, Gate, delete_keys, read_gate
 from hardelete.logs import get_logger
 from hardelete.settings import Settings
 from reconciler.report import iso
@@ -80,6 +81,19 @@ def purge_due(rec: Retired, now_ms: int, retention_days: float) -> str | None:
         return (f"kept until {iso(rec.keep_until_ms(retention_days))} "
                 f"(retired_retention_days {retention_days:g}); --release purges it earlier")
     return None
+
+
+def guard_keeps(gate: Gate, repo: str, namespace: str, addresses: Iterable[str]
+                ) -> dict[str, str]:
+    """address -> reason the retired purge keeps it (pure): a repository's references no longer
+    count once it is retired, but its pause, its holds and fail-closed still do."""
+    keep = {}
+    for address in addresses:
+        guards = gate.guards(repo, namespace, address)
+        reason = guards.paused or guards.held or guards.fail_closed
+        if reason:
+            keep[address] = reason
+    return keep
 
 
 def _record(r: Any, rec: Retired, **changes: Any) -> None:
@@ -141,14 +155,9 @@ def purge_retired(settings: Settings, repo: str, *, release: bool = False,
                 why = "all repositories fail-closed"
             if why is not None:
                 return dict.fromkeys(keys, why)
-            gate = read_gate(r, repo, [f"s3://{bucket}/{k}" for k in keys])
-            keep = {}
-            for k in keys:
-                guards = gate.guards(repo, ns, f"s3://{bucket}/{k}")
-                reason = guards.paused or guards.held or guards.fail_closed
-                if reason:
-                    keep[k] = reason
-            return keep
+            addresses = {f"s3://{bucket}/{k}": k for k in keys}
+            gate = read_gate(r, repo, list(addresses))
+            return {addresses[a]: why for a, why in guard_keeps(gate, repo, ns, addresses).items()}
 
         listed = 0
         batch: list[str] = []
