@@ -3,17 +3,30 @@
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from hardelete import UserError
 from hardelete.clients import s3_client, split_s3_uri
 from hardelete.settings import Settings
 from schemas.layout import REPORTS_PREFIX
 
 _CLIENTS: dict[tuple[Settings, bool], Any] = {}
+# A run id becomes a key prefix: only what the product writes (``20260101T020000Z-1a2b3c``,
+# ``retired-...``), never a path segment such as ``..`` that S3 keeps and MinIO refuses.
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it can name a run's report, else a :class:`UserError` saying why."""
+    if not _RUN_ID.fullmatch(run_id):
+        raise UserError(f"{run_id!r} is not a run id (letters, digits, '-' and '_', as "
+                        "`hardelete reports list` shows them)")
+    return run_id
 
 
 def cached_s3(settings: Settings, *, retries: bool = True) -> Any:
@@ -67,7 +80,7 @@ class Namespace:
 
     def report_prefix(self, run_id: str) -> str:
         """Bucket key prefix of one run's report."""
-        return self.key(f"{REPORTS_PREFIX}{run_id}/")
+        return self.key(f"{REPORTS_PREFIX}{check_run_id(run_id)}/")
 
 
 def get_json(s3: Any, bucket: str, key: str) -> Any:

@@ -56,6 +56,16 @@ def test_cli_dry_run_json_then_sweep_only(spark, cli_env, s3, redis_client, caps
     code = main(["explain", leaked, "--json"])
     assert code == 0 and "deleted as leaked" in capsys.readouterr().out
 
+    # A run id becomes a key: a path segment is refused in one line (MinIO refuses the key
+    # with XMinioInvalidObjectName, which used to surface as a raw botocore ClientError).
+    for bad in ("../../x", "a/b", ".."):
+        assert main(["reconcile", "--repo", "cli", "--sweep-only", bad]) == 2
+        err = capsys.readouterr().err
+        assert "is not a run id" in err and "Traceback" not in err, err
+        assert main(["reports", "show", bad, "--repo", "cli"]) == 2
+        err = capsys.readouterr().err
+        assert "is not a run id" in err and "Traceback" not in err, err
+
 
 def test_cli_user_errors_are_one_line(cli_env, capsys):
     assert main(["reconcile", "--repo", "nope", "--dry-run"]) == 2
