@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -351,6 +352,8 @@ class KafkaServer(Server):
     cluster_id: str = field(default_factory=new_cluster_id)
     properties: dict[str, str] = field(default_factory=dict)  # on top of KAFKA_PROPERTIES
     controller_ports: dict[int, int] = field(default_factory=dict)  # broker port -> its own
+    voters: str | None = None  # a cluster's controller.quorum.voters (default: itself alone)
+    heap: str = "512m"
 
     def config(self, port: int) -> Path:
         """Write the broker's properties for ``port``; the controller port follows it (a
@@ -359,7 +362,7 @@ class KafkaServer(Server):
         props = {
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
-            "controller.quorum.voters": f"{self.node_id}@127.0.0.1:{controller}",
+            "controller.quorum.voters": self.voters or f"{self.node_id}@127.0.0.1:{controller}",
             "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -374,7 +377,8 @@ class KafkaServer(Server):
         return path
 
     def argv_for(self, port: int) -> list[str]:
-        return [install.java_binary(), *KAFKA_JVM, "-cp", install.kafka_classpath(),
+        jvm = [f"-Xmx{self.heap}" if a.startswith("-Xmx") else a for a in KAFKA_JVM]
+        return [install.java_binary(), *jvm, "-cp", install.kafka_classpath(),
                 "kafka.Kafka", str(self.config(port))]
 
     def format(self) -> None:
@@ -411,6 +415,55 @@ def kafka_server(workdir: Path, port: int | None = None, *, data_dir: Path | Non
                          properties=dict(properties or {}))
     server.make_argv = server.argv_for
     return server
+
+
+def kafka_cluster(workdir: Path, nodes: int = 3, *, min_insync: int = 2) -> list[KafkaServer]:
+    """A KRaft cluster of ``nodes`` combined nodes (each a broker and a voter), started:
+    replication ``nodes`` everywhere and ``min.insync.replicas`` ``min_insync``, so a producer
+    with acks=all loses nothing when one node dies. ``bootstrap(servers)`` names them all."""
+    _installed(install.install_kafka)
+    ports = [free_port() for _ in range(nodes)]
+    controllers = [free_port() for _ in range(nodes)]
+    voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, c in enumerate(controllers))
+    rf, isr = str(nodes), str(min_insync)
+    props = {"default.replication.factor": rf, "min.insync.replicas": isr,
+             "offsets.topic.replication.factor": rf,
+             "transaction.state.log.replication.factor": rf,
+             "transaction.state.log.min.isr": isr,
+             "share.coordinator.state.topic.replication.factor": rf,
+             "share.coordinator.state.topic.min.isr": isr}
+    cluster_id = new_cluster_id()
+    servers = []
+    for i, (p, c) in enumerate(zip(ports, controllers, strict=True)):
+        server = KafkaServer("kafka", lambda q: [], p, _tcp_ok, workdir,
+                             data_dir=workdir / f"kafka-data-{p}", node_id=i + 1,
+                             cluster_id=cluster_id, properties=props,
+                             controller_ports={p: c}, voters=voters, heap="384m")
+        server.make_argv = server.argv_for
+        servers.append(server)
+    errors: list[BaseException] = []
+
+    def start(server: KafkaServer) -> None:
+        try:  # (the voters name every port: none may move)
+            server.start(move_on_clash=False)
+        except BaseException as exc:
+            errors.append(exc)
+
+    # Together: a voter waits for a quorum, which needs the others up.
+    threads = [threading.Thread(target=start, args=(sv,)) for sv in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for sv in servers:
+            sv.stop()
+        raise errors[0]
+    return servers
+
+
+def bootstrap(servers: list[KafkaServer]) -> str:
+    return ",".join(f"127.0.0.1:{sv.port}" for sv in servers)
 
 
 MINIO_ENV = {"MINIO_BROWSER": "off",  # no console (and no second port)
