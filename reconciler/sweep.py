@@ -45,6 +45,7 @@ GUARD_REASONS = frozenset({Keep.HELD, Keep.PAUSED, Keep.FAIL_CLOSED, Keep.NOT_OW
 # uncommitted side makes garbage. committed_expired is never vouched (refs come from the mirror).
 VOUCHED_CATEGORIES = frozenset({"leaked", "unreferenced", "expired_upload"})
 SKIPPED_CHANGED = "skipped_changed"
+CHANGED_AFTER_MARK = "changed after the mark"  # the re-check's reason (a record moved since)
 SKIPPED_RETAINED = "skipped_retained"
 NOT_ATTEMPTED = "not_attempted"
 
@@ -340,14 +341,45 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, repo: str, lease_id: str, ns: Na
         record(rel, info[rel][0], info[rel][1], REFUSED)
     if not ok or not delete:
         return
-    res = delete_batch(gate_s3, ns, ok, recheck=None if r is None else recheck_for(
-        r, repo, ns, cutoff_ms=cutoff_ms, vouched=vouched))
+    stop: list[BaseException] = []
+    digests = {rel: d for rel, _, _, d in batch}
+
+    def recheck(rels: list[str]) -> dict[str, str]:
+        """Right before every request, retries included: everything the batch's start
+        checked, again. A request held or throttled may be answered after the refs moved (a
+        branch at an old commit retains its data again) or a reference came and went (grace
+        restarts): the retry must see it, not only the first request."""
+        assert r is not None
+        holder = r.get(RECONCILER_LEASE + repo)
+        if holder != lease_id:
+            stop.append(RuntimeError(f"reconciler lease lost (held by {holder!r}): sweep "
+                                     "stopped"))
+            return dict.fromkeys(rels, "reconciler lease lost")
+        if refs is not None and refs_fingerprint(r, repo) != refs:
+            stop.append(RetentionMoved("branches, tags, commits or retention changed during "
+                                       "the sweep: it stopped; sweep again with --sweep-only "
+                                       "(the mark is re-validated)"))
+            return dict.fromkeys(rels, "retention moved")
+        keep = recheck_for(r, repo, ns, cutoff_ms=cutoff_ms, vouched=vouched)(rels)
+        moved = changed_since_mark(r, repo, ns, {rel: digests[rel] for rel in rels
+                                                 if rel not in keep})
+        keep.update(dict.fromkeys(moved, CHANGED_AFTER_MARK))
+        return keep
+
+    res = delete_batch(gate_s3, ns, ok, recheck=None if r is None else recheck)
     stats.requests += res.requests
     for key, why in res.kept.items():  # kept by the re-check right before the request
         rel = key[len(ns.prefix):]
-        _count_kept(stats, rel, why)
-        record(rel, info[rel][0], info[rel][1],
-               SKIPPED_GUARD if why in GUARD_REASONS else SKIPPED_LIVE, why)
+        if why == CHANGED_AFTER_MARK:
+            stats.skipped_changed += 1
+            stats.sample("skipped_changed", f"{rel}: {why}")
+            record(rel, info[rel][0], info[rel][1], SKIPPED_CHANGED, why)
+        elif why in ("reconciler lease lost", "retention moved"):
+            record(rel, info[rel][0], info[rel][1], SKIPPED_GUARD, why)
+        else:
+            _count_kept(stats, rel, why)
+            record(rel, info[rel][0], info[rel][1],
+                   SKIPPED_GUARD if why in GUARD_REASONS else SKIPPED_LIVE, why)
     for key in res.refused:
         rel = key[len(ns.prefix):]
         stats.refused += 1
@@ -362,6 +394,8 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, repo: str, lease_id: str, ns: Na
         stats.failed += 1
         stats.sample("failed", f"{rel}: {err}")
         record(rel, info[rel][0], info[rel][1], FAILED, err)
+    if stop:
+        raise stop[0]  # as the next batch's start would
 
 
 def sweep(spark: Any, settings: Settings, repo: str, lease_id: str, ns: Namespace,
