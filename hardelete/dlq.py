@@ -81,7 +81,10 @@ class DeadLetter:
 
     @property
     def claim(self) -> str | None:
-        """The claim id its holds carry (None without the origin headers)."""
+        """The claim id its holds carry: the tracker's ``claim`` header, else (dead letters
+        written before it) the origin's (None without the origin headers)."""
+        if self.headers.get("claim"):
+            return str(self.headers["claim"])
         if self.origin_topic is None or self.origin_partition is None \
                 or self.origin_offset is None:
             return None

@@ -10,7 +10,7 @@ Its value (see ``holds.lua``)::
 
 Claim ids, one per party:
 
-- ``dlq:<topic>:<partition>:<offset>``: a dead-lettered event (where it was in the events
+- ``dlq:<topic>:<partition>:<offset>:<log>:<digest>``: a dead-lettered event (where it was in the events
   topic). The tracker adds it on every address the event names (or the namespace prefix when
   what it names cannot be read); ``hardelete dlq resolve`` removes exactly that claim, so the
   hold stays while another dead letter still claims the address.
@@ -25,6 +25,8 @@ so a claim added while another is removed is never lost. This module is the pure
 """
 
 from __future__ import annotations
+
+import hashlib
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -42,9 +44,18 @@ OPERATOR_CLAIMS = (OPERATOR_CLAIM, RESTORE_CLAIM)
 SCRIPT = (Path(__file__).with_name("holds.lua")).read_text()
 
 
-def dlq_claim(topic: str, partition: int, offset: int) -> str:
-    """The claim id of the dead letter of record ``topic``/``partition``@``offset``."""
-    return f"{DLQ}:{topic}:{partition}:{offset}"
+def dlq_claim(topic: str, partition: int, offset: int, log: str = "",
+              key: bytes | None = None, value: bytes | None = None) -> str:
+    """The claim id of the dead letter of record ``topic``/``partition``@``offset``: with the
+    partition's log identity and a digest of the record, because a topic re-created (or a log
+    lost) reuses offsets while the dead-letter topic keeps the old log's dead letters, and
+    resolving one of those must not lift a hold a new record at the same offset placed. The
+    tracker writes the id it used in the dead letter's ``claim`` header."""
+    base = f"{DLQ}:{topic}:{partition}:{offset}"
+    if not log and key is None and value is None:
+        return base  # (the form before log identities: what old dead letters name)
+    digest = hashlib.sha256((key or b"") + b"\0" + (value or b"")).hexdigest()[:16]
+    return f"{base}:{log or '-'}:{digest}"
 
 
 # --- the specification (holds.lua does exactly this) --------------------------------------------

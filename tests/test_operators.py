@@ -216,8 +216,9 @@ def test_dlq_list_show_replay_resolve(cli, capsys, redis_client, tmp_path: Path)
     # The tracker held what each dead letter names, one claim per dead letter: two on data/bad,
     # and the whole namespace (a prefix hold) for the address nobody can read.
     def claim(d: dict[str, Any]) -> str:
-        o = d["origin"]
-        return f"dlq:{o['topic']}:{o['partition']}:{o['offset']}"
+        o = d["origin"]  # (the claim names the origin, its log and the record's digest)
+        assert d["headers"]["claim"].startswith(f"dlq:{o['topic']}:{o['partition']}:{o['offset']}:")
+        return str(d["headers"]["claim"])
 
     assert claims(redis_client, "ops", "s3://opsb/ns/data/bad") == {claim(first), claim(second)}
     assert len(claims(redis_client, "ops", "s3://opsb/ns/data/other")) == 1

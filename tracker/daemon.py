@@ -222,6 +222,7 @@ class _Batch:
     calls: list[tuple[str, int, bytes]] = field(default_factory=list)
     maxoff: dict[tuple[str, int], int] = field(default_factory=dict)  # (repo, p) -> offset
     dlq: list[tuple[Any, str]] = field(default_factory=list)
+    claims: dict[int, str] = field(default_factory=dict)  # id(dead record) -> its hold claim
     new_repos: set[str] = field(default_factory=set)
     refused: list[dict[str, Any]] = field(default_factory=list)  # refused repository_created
     refused_ids: dict[str, str] = field(default_factory=dict)  # hd:refused, as far as known
@@ -857,10 +858,13 @@ class Tracker:
             chunks[(body["repository"], p)].append(compact(body, rec.offset))
         batch.calls = [(repo, p, orjson.dumps(evts)) for (repo, p), evts in chunks.items()]
         batch.maxoff = {key: evts[-1][0] for key, evts in chunks.items()}
+        rec_claims = batch.claims
         for rec, reason in dlq:  # a lost event never becomes a deletion: hold what it names
             targets = codec.hold_targets(rec.value, rec.key, gate.namespaces)
             # One claim per dead letter (schemas/holds.py): resolving it leaves the others'.
-            claim_id = dlq_claim(rec.topic, rec.partition, rec.offset)
+            claim_id = dlq_claim(rec.topic, rec.partition, rec.offset,
+                                 self._epochs.get(rec.partition, ""), rec.key, rec.value)
+            rec_claims[id(rec)] = claim_id
             claim = {"reason": reason[:_MAX_REASON], "source": DLQ, "at_ms": self._redis_now,
                      "event_id": _event_id(rec.value), "topic": rec.topic,
                      "partition": rec.partition, "offset": rec.offset}
@@ -973,7 +977,8 @@ class Tracker:
         if batch.holds:  # first: the address is kept even while the dead-letter topic fails
             await self._write_holds(batch.holds)
         if batch.dlq:
-            await self._dead_letter(batch.dlq)  # acknowledged before the offsets are committed
+            # acknowledged before the offsets are committed
+            await self._dead_letter(batch.dlq, batch.claims)
         if batch.refused:
             now = await aredis_time_ms(self._redis)
             items = [orjson.dumps({**inc, "at_ms": now}) for inc in batch.refused]
@@ -1165,19 +1170,21 @@ class Tracker:
             elif ns:
                 self.gate.namespaces[repo] = ns
 
-    async def _dead_letter(self, items: list[tuple[Any, str]]) -> None:
+    async def _dead_letter(self, items: list[tuple[Any, str]],
+                           claims: dict[int, str] | None = None) -> None:
         """Every item is acknowledged by the dead-letter topic before the offsets are committed;
         a failing publish is retried with backoff (never dropped, never stops the tracker for
         good: only a requested stop ends the retries, and then nothing is committed)."""
-        await asyncio.gather(*(self._dead_letter_one(rec, reason) for rec, reason in items))
+        await asyncio.gather(*(self._dead_letter_one(rec, reason, (claims or {}).get(id(rec)))
+                               for rec, reason in items))
         self.dead_lettered += len(items)
 
-    async def _dead_letter_one(self, rec: Any, reason: str) -> None:
+    async def _dead_letter_one(self, rec: Any, reason: str, claim: str | None = None) -> None:
         assert self._producer is not None
         limit, delay = _DLQ_MAX_VALUE, 0.1
         reason = reason[:_MAX_REASON]
         while True:
-            key, value, headers = dlq_message(rec, reason, limit)
+            key, value, headers = dlq_message(rec, reason, limit, claim)
             try:
                 fut = await self._producer.send(self.settings.dlq_topic, value=value, key=key,
                                                 headers=headers)
@@ -1251,15 +1258,18 @@ def _event_id(value: bytes | None) -> str:
     return eid[:200] if type(eid) is str else ""
 
 
-def dlq_message(rec: Any, reason: str, max_value: int = _DLQ_MAX_VALUE
-                ) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+def dlq_message(rec: Any, reason: str, max_value: int = _DLQ_MAX_VALUE,
+                claim: str | None = None) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
     """(key, value, headers) of the dead-letter record for ``rec``: its value and key cut to
-    fit the topic, with the reason and, when cut, the original sizes in the headers."""
+    fit the topic, with the reason, the id of the claim its holds carry (``dlq resolve``
+    removes exactly that one) and, when cut, the original sizes in the headers."""
     value = rec.value if rec.value is not None else b""
     key = rec.key
     headers = [("reason", reason.encode()), ("topic", rec.topic.encode()),
                ("partition", str(rec.partition).encode()),
                ("offset", str(rec.offset).encode())]
+    if claim is not None:
+        headers.append(("claim", claim.encode()))
     if len(value) > max_value:
         headers += [("truncated", b"value"), ("original_size", str(len(value)).encode())]
         value = value[:max_value]
