@@ -549,15 +549,18 @@ class Run:
             s["service_export"] = {"found": False, "location": None}
         reason = fail_closed_reason(self.r, o.repo)
         fresh = found is not None and found.exported_at_ms > cutoff_ms
-        withhold = reason is not None and not fresh
+        # An uncommitted export cannot vouch for a fail-closed repository: leaked, unreferenced
+        # and expired_upload also rest on the committed side, which comes from the unproven
+        # mirror (a commit lost in the gap would make its objects look leaked). Only a rebuild
+        # from the service's whole state proves it (issue 20).
+        withhold = reason is not None
         if reason is not None:
             s["fail_closed"] = {
                 "reason": reason, "fresh_export": fresh, "withheld": withhold,
-                "note": ("the mirror is unproven and no service export made after the cutoff "
-                         "vouches for the uncommitted set: leaked and unreferenced objects "
-                         "are kept (category withheld)") if withhold else
-                        ("the mirror is unproven; a service export made after the cutoff "
-                         "vouches for the uncommitted set")}
+                "note": "the mirror is unproven: leaked, unreferenced and expired-upload "
+                        "objects are kept (category withheld) until it is rebuilt; an "
+                        "uncommitted export, even a fresh one, does not vouch for commits "
+                        "lost in the gap"}
         service = None
         if found is not None:
             service = export_keys_df(self.spark, self.settings, self.ns, o.repo, found)
@@ -571,8 +574,7 @@ class Run:
         return sweep(self.spark, self.settings, self.opts.repo, lease_id, self.ns, parts,
                      cutoff_ms=int(self.summary["cutoff_ms"]), recheck=self.opts.recheck,
                      delete=delete, report_run_id=self.summary["run_id"],
-                     refs=self._refs, export_vouched=bool(
-                         (self.summary.get("fail_closed") or {}).get("fresh_export")))
+                     refs=self._refs, export_vouched=False)
 
     def _do_sweep(self, lease_id: str, parts: list[str], lease: Lease) -> None:
         """Re-validate the mark against what is true now, check the blast radius and the

@@ -41,9 +41,10 @@ REFUSED = "refused"
 SKIPPED_LIVE = "skipped_live"
 SKIPPED_GUARD = "skipped_guard"
 GUARD_REASONS = frozenset({Keep.HELD, Keep.PAUSED, Keep.FAIL_CLOSED, Keep.NOT_OWNER})
-# What a fresh service export vouches for in a fail-closed repository: garbage that only the
-# uncommitted side makes garbage. committed_expired is never vouched (refs come from the mirror).
-VOUCHED_CATEGORIES = frozenset({"leaked", "unreferenced", "expired_upload"})
+# What a service export may vouch for in a fail-closed repository: nothing since an adversarial
+# review showed a commit lost in the gap makes its objects look leaked, and an uncommitted
+# export cannot tell (kept for the rebuild of issue 20, whose export covers commits too).
+VOUCHED_CATEGORIES: frozenset[str] = frozenset()
 SKIPPED_CHANGED = "skipped_changed"
 CHANGED_AFTER_MARK = "changed after the mark"  # the re-check's reason (a record moved since)
 SKIPPED_RETAINED = "skipped_retained"
