@@ -10,10 +10,11 @@ Its value (see ``holds.lua``)::
 
 Claim ids, one per party:
 
-- ``dlq:<topic>:<partition>:<offset>:<log>:<digest>``: a dead-lettered event (where it was in the events
-  topic). The tracker adds it on every address the event names (or the namespace prefix when
-  what it names cannot be read); ``hardelete dlq resolve`` removes exactly that claim, so the
-  hold stays while another dead letter still claims the address.
+- ``dlq:<topic>:<partition>:<offset>:<log>:<digest>``: a dead-lettered event (where it was in
+  the events topic, which log, which record). The tracker adds it on every address the event
+  names (or the namespace prefix when what it names cannot be read); ``hardelete dlq
+  resolve`` removes exactly that claim, so the hold stays while another dead letter still
+  claims the address.
 - ``operator``: ``hardelete hold add``; ``hardelete hold remove`` removes it.
 - ``restore``: ``hardelete restore``; ``hardelete hold remove`` removes it too.
 - ``legacy``: a value written before holds had claims; only ``--force`` lifts it (nobody can
@@ -27,7 +28,6 @@ so a claim added while another is removed is never lost. This module is the pure
 from __future__ import annotations
 
 import hashlib
-
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
