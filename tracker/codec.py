@@ -19,13 +19,13 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
 
 from schemas import events as ev
-from schemas.address import spelling
+from schemas.address import canonical_uri, spelling
 from schemas.events import (
     ADDRESS_FIELDS,
     EVENT_TYPES,
@@ -334,15 +334,25 @@ class Gate:
 _HOLD_FIELDS = tuple(f for f in NAMED_ADDRESS_FIELDS if f != "addresses")
 
 
-def hold_targets(value: bytes | None, key: bytes | None,
-                 namespaces: dict[str, str]) -> list[tuple[str, str]]:
-    """(repository, address) pairs a dead-lettered record still names (SPEC safety 10: a lost
-    event never becomes a deletion): a known repository (its ``repository`` field or the record
-    key) and an address field inside that repository's namespace; the namespace itself (a
-    prefix hold) when what the record names cannot be read: not a JSON object, an unknown
-    type, an address event without a readable address, or a ref event (a lost tag or commit
-    may be what retains committed data; which objects, only the reconciler can tell). Lenient
-    on purpose: the record failed validation, so only its JSON shape is assumed."""
+def hold_targets(value: bytes | None, key: bytes | None, namespaces: Mapping[str, str],
+                 registry: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """(repository, target) pairs a dead-lettered record still names (SPEC safety 10: a lost
+    event never becomes a deletion); a target ending in ``/`` is a prefix hold.
+
+    - A known repository (its ``repository`` field or the record key): each address field
+      inside that repository's namespace; the namespace itself when what the record names
+      cannot be read: not a JSON object, an unknown type, an address event without a readable
+      address, or a ref event (a lost tag or commit may be what retains committed data; which
+      objects, only the reconciler can tell).
+    - A repository the tracker does not know (yet: its ``repository_created`` may come in a
+      later batch; or refused): the hold goes on its keys all the same, where its namespace
+      will be: each form an absolute address may mean in its bucket, else everything
+      (``s3://``, a prefix of every address).
+    - ``registry`` (``hd:namespaces``, namespace -> live repository): each live repository
+      whose namespace holds an absolute address named is held too, whoever the record claims
+      to be (a refused repository inside another's namespace names the other's objects).
+
+    Lenient on purpose: the record failed validation, so only its JSON shape is assumed."""
     if not value and not key:
         return []
     try:
@@ -360,11 +370,13 @@ def hold_targets(value: bytes | None, key: bytes | None,
     t = body.get("type")
     unreadable = type(t) is not str or t not in EVENT_TYPES or t in REF_EVENT_TYPES
     out: list[tuple[str, str]] = []
+    named = [body.get(name) for name in _HOLD_FIELDS if body.get(name) is not None]
     for repo in dict.fromkeys(repos):
         ns = namespaces.get(repo)
         if ns is None:
+            out.extend((repo, target) for target in _unplaced(named, unreadable or (
+                t in _ADDRESS_TYPES and not named)))
             continue
-        named = [body.get(name) for name in _HOLD_FIELDS if body.get(name) is not None]
         if unreadable or (t in _ADDRESS_TYPES and not named):
             out.append((repo, ns))  # it could have named (or retained) anything there
             if unreadable:
@@ -376,7 +388,32 @@ def hold_targets(value: bytes | None, key: bytes | None,
             if not seen.readable:
                 out.append((repo, ns))
             out.extend((repo, a) for a in seen.meant)
+    for addr in named if registry else ():
+        if isinstance(addr, str) and "://" in addr:
+            for other_ns, owner in (registry or {}).items():
+                out.extend((owner, a) for a in spelling(other_ns, addr).meant)
     return list(dict.fromkeys(out))
+
+
+EVERYTHING = "s3://"  # a prefix of every address: the whole of a repository not known yet
+
+
+def _unplaced(named: list[Any], anything: bool) -> list[str]:
+    """Hold targets for a repository whose namespace is not known: what each absolute address
+    may mean in its bucket, else everything."""
+    if anything:
+        return [EVERYTHING]
+    out: list[str] = []
+    for addr in named:
+        try:
+            root = canonical_uri(addr).split("/", 3)
+            seen = spelling(f"s3://{root[2]}/", addr)
+        except Exception:  # (not text, not an s3:// URI, no bucket: it could mean anything)
+            return [EVERYTHING]
+        if not seen.readable or not seen.meant:
+            return [EVERYTHING]
+        out.extend(seen.meant)
+    return out
 
 
 # Events whose loss may lose a reference: one that names no readable address holds everything.

@@ -859,8 +859,10 @@ class Tracker:
         batch.calls = [(repo, p, orjson.dumps(evts)) for (repo, p), evts in chunks.items()]
         batch.maxoff = {key: evts[-1][0] for key, evts in chunks.items()}
         rec_claims = batch.claims
+        # the live registry, for what a dead letter names inside another repository's namespace
+        registry = (await self._retrying(lambda: self._redis.hgetall(NAMESPACES))) if dlq else {}
         for rec, reason in dlq:  # a lost event never becomes a deletion: hold what it names
-            targets = codec.hold_targets(rec.value, rec.key, gate.namespaces)
+            targets = codec.hold_targets(rec.value, rec.key, gate.namespaces, registry)
             # One claim per dead letter (schemas/holds.py): resolving it leaves the others'.
             claim_id = dlq_claim(rec.topic, rec.partition, rec.offset,
                                  self._epochs.get(rec.partition, ""), rec.key, rec.value)
@@ -869,7 +871,7 @@ class Tracker:
                      "event_id": _event_id(rec.value), "topic": rec.topic,
                      "partition": rec.partition, "offset": rec.offset}
             for repo, address in targets:
-                prefix = address == gate.namespaces.get(repo)  # it could name anything there
+                prefix = address.endswith("/")  # it could name anything there
                 batch.holds.append((repo, address, prefix, claim_id, claim))
             if targets and "address" in reason:
                 # A spelling the tracker will not apply (schemas/address.py): kept, and said.
