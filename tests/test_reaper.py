@@ -257,6 +257,40 @@ async def test_partial_s3_failures_are_retried_and_reported_truthfully(settings,
             await reaper.close()
 
 
+async def test_a_throttled_store_the_reaper_backs_off_and_loses_nothing(settings, s3):
+    """MinIO behind the fault proxy answers the first delete requests 503 SlowDown (issue 24):
+    the reaper backs off and asks again (each retry judged again by the gate first), every
+    garbage object goes within the pass, nothing live is touched, and no request is lost."""
+    s = _settings(settings)
+    await ensure_topics(s)
+    async with Publisher(s) as pub:
+        svc = await _service(s, s3, pub)
+        await svc.call(Model.create_repository, "repo", "s3://slow/repo/")
+        keep = (await svc.call(Model.write, "repo", "main", "keep", 5)).address
+        garbage = [(await svc.call(Model.write, "repo", "main", f"p{i}", 5)).address
+                   for i in range(20)]
+        for i in range(20):
+            await svc.call(Model.delete, "repo", "main", f"p{i}")
+    with FaultProxy(s.s3_endpoint_url) as proxy:
+        proxy.faults.throttle_deletes = 3
+        reaper = Reaper(s, s3=s3_client(s.replace(s3_endpoint_url=proxy.url)))
+        try:
+            async with running_tracker(s):
+                deleted = 0
+
+                async def all_deleted() -> bool:
+                    nonlocal deleted
+                    deleted += (await reaper.run_once()).total("deleted")
+                    return deleted >= len(garbage)
+                await wait_for(all_deleted, 30, "the garbage to be deleted through 503s")
+        finally:
+            await reaper.close()
+        assert proxy.faults.throttle_deletes == 0  # all three 503s were answered...
+        assert proxy.faults.delete_requests >= 4  # ... and each was asked again
+    assert deleted == len(garbage)
+    assert not set(garbage) & listed(s3, "slow") and keep in listed(s3, "slow")
+
+
 async def test_late_copy_is_an_incident(settings, s3, redis_client):
     s = _settings(settings)
     await ensure_topics(s)
