@@ -318,7 +318,7 @@ class Reaper:
         try:
             await purge_expired(self.gate_s3, namespace, listing=self.s3,
                                 recheck=purge_recheck(r, repo, namespace,
-                                                      int(self.settings.grace_seconds * 1000)))
+                                                      int(self.settings.grace_for(repo) * 1000)))
         finally:
             r.close()
         n, _ = await quarantine_size(self.s3, namespace)

@@ -136,7 +136,7 @@ class purge:
                     n = asyncio.run(purge_expired(
                         s3_client(settings, retries=False), ns, listing=s3,
                         recheck=purge_recheck(r, repo, ns,
-                                              int(settings.grace_seconds * 1000))))
+                                              int(settings.grace_for(repo) * 1000))))
                 finally:
                     r.close()
             total += n

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -500,6 +501,13 @@ def test_quarantine_list_explain_restore_purge(cli, capsys, s3, redis_client):
                                                "repo")
         return asyncio.run(past_grace())
 
+    # the repository's own grace, not the global one: an hour since the reap keeps g2's copy
+    os.environ["HARDELETE_REPOSITORY_GRACE"] = "repo=3600"
+    try:
+        code, out, _ = purge()
+    finally:
+        del os.environ["HARDELETE_REPOSITORY_GRACE"]
+    assert code == 0 and "purged 0 expired" in out, out
     code, out, _ = purge()
     assert code == 0 and "purged 1 expired" in out
     assert [q["address"] for q in orjson.loads(run(capsys, "quarantine", "list", "--json")[1])
