@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import datetime as dt
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,9 +271,26 @@ def legacy_holds(r: Any, dl: DeadLetter) -> list[Hold]:
     return [h for h in list_holds(r) if LEGACY_CLAIM in h.claims and h.target in named]
 
 
-def resolve(r: Any, dl: DeadLetter) -> list[tuple[Hold, Removal]]:
+def resolve(r: Any, dl: DeadLetter, *, wait_s: float = 0.0) -> list[tuple[Hold, Removal]]:
     """Remove this dead letter's claim from each hold it claims (atomically per hold: a claim
-    another dead letter adds meanwhile stays)."""
+    another dead letter adds meanwhile stays).
+
+    Only once the tracker has applied everything published before now (its horizon, waited for
+    up to ``wait_s``): the fix replayed a moment ago is then in the mirror. Lifting the hold
+    first left the address judged on a record without the replayed reference (found by an
+    adversarial review); a :class:`UserError` says so and nothing is lifted."""
+    from tracker.state import redis_time_ms, tracker_horizon_ms
+
+    now = redis_time_ms(r)
+    deadline = time.monotonic() + wait_s
+    while (horizon := tracker_horizon_ms(r)) is None or horizon < now:
+        if time.monotonic() >= deadline:
+            behind = "has no horizon" if horizon is None else \
+                f"is {(now - horizon) / 1000:.1f} s behind"
+            raise UserError(f"the tracker {behind}: a fix replayed before now may not be "
+                            "applied yet, so nothing was lifted; resolve again once the tracker "
+                            "has caught up (`hardelete status`), or give it longer (--wait)")
+        time.sleep(0.1)
     claim = dl.claim
     out = []
     for h in holds_of(r, dl):
@@ -372,6 +390,9 @@ class resolve_:
     @staticmethod
     def configure(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("id", help="the dead letter (PARTITION:OFFSET) whose holds to lift")
+        parser.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
+                            help="how long to wait for the tracker to apply what was published "
+                                 "before now (a replayed fix), default 60")
 
     @staticmethod
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
@@ -380,7 +401,7 @@ class resolve_:
         dl = asyncio.run(read_one(settings, args.id))
         r = redis_sync(settings)
         try:
-            done = resolve(r, dl)
+            done = resolve(r, dl, wait_s=args.wait)
             legacy = legacy_holds(r, dl)
         finally:
             r.close()

@@ -33,6 +33,7 @@ from tests.test_operators import (  # noqa: F401  (fixtures)
     reap_until,
     run,
     stored,
+    tracked,
 )
 from tracker.daemon import Tracker
 
@@ -112,7 +113,7 @@ def test_resolving_a_stale_dead_letter_lifts_a_new_logs_hold_and_the_reaper_dele
     old = [d for d in letters if d["repository"] == "old"]
     new = [d for d in letters if d["repository"] == "victim"]
     assert len(old) == 1 and len(new) == 1
-    code, out, _ = run(capsys, "dlq", "resolve", old[0]["id"])
+    code, out, _ = tracked(s, capsys, "dlq", "resolve", old[0]["id"])
     assert code == 0, out
     # the new dead letter is unresolved: its hold must still keep x
     still = claims(redis_client, "victim", x)

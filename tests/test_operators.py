@@ -72,6 +72,15 @@ def written(repo: str, address: str, size: int = 3) -> ObjectWritten:
                          address=address, size=size, ref_id="r1")
 
 
+def tracked(s: Settings, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run a command while a tracker runs: ``dlq resolve`` waits for the tracker to have applied
+    what was published before it (a replayed fix), as an operator's running tracker does."""
+    async def go() -> tuple[int, str, str]:
+        async with running_tracker(s):
+            return await asyncio.to_thread(run, capsys, *argv)
+    return asyncio.run(go())
+
+
 async def publish_and_track(s: Settings, *values: tuple[bytes, bytes]) -> None:
     await ensure_topics(s)
     async with Publisher(s) as pub:
@@ -244,16 +253,16 @@ def test_dlq_list_show_replay_resolve(cli, capsys, redis_client, tmp_path: Path)
     assert rec.state == AddressState.STAGED
 
     # Resolving one dead letter leaves the other's claim: the address stays held.
-    code, out, _ = run(capsys, "dlq", "resolve", first["id"])
+    code, out, _ = tracked(cli, capsys, "dlq", "resolve", first["id"])
     assert code == 0 and "still held by: " + claim(second) in out
     assert claims(redis_client, "ops", "s3://opsb/ns/data/bad") == {claim(second)}
-    code, out, _ = run(capsys, "dlq", "resolve", second["id"])
+    code, out, _ = tracked(cli, capsys, "dlq", "resolve", second["id"])
     assert code == 0 and "lifted the dlq hold on s3://opsb/ns/data/bad" in out
     holds = redis_client.hgetall(RepoKeys("ops").holds)
     assert "s3://opsb/ns/data/bad" not in holds and "s3://opsb/ns/data/other" in holds
-    code, out, _ = run(capsys, "dlq", "resolve", first["id"])
+    code, out, _ = tracked(cli, capsys, "dlq", "resolve", first["id"])
     assert code == 0 and "holds nothing" in out
-    code, out, _ = run(capsys, "dlq", "resolve", third["id"])
+    code, out, _ = tracked(cli, capsys, "dlq", "resolve", third["id"])
     assert code == 0 and "lifted the dlq hold on prefix s3://opsb/ns/" in out
     assert redis_client.hlen(RepoKeys("ops").hold_prefixes) == 0
     code, _, err = run(capsys, "dlq", "show", "0:999")
@@ -279,12 +288,12 @@ def test_the_reaper_keeps_an_address_until_every_dead_letter_naming_it_is_resolv
 
     code, out, _ = run(capsys, "dlq", "list", "--json")
     first, second = orjson.loads(out)
-    code, out, _ = run(capsys, "dlq", "resolve", first["id"])
+    code, out, _ = tracked(cli, capsys, "dlq", "resolve", first["id"])
     assert code == 0 and "still held by" in out
     asyncio.run(reap_until(s, lambda rep: kept(rep, "repo", "held") > 0))
     assert stored(s3, held)
 
-    code, out, _ = run(capsys, "dlq", "resolve", second["id"])
+    code, out, _ = tracked(cli, capsys, "dlq", "resolve", second["id"])
     assert code == 0 and f"lifted the dlq hold on {held}" in out
     asyncio.run(reap_until(s, lambda rep: not stored(s3, held)))
 
@@ -514,7 +523,7 @@ def test_quarantine_list_explain_restore_purge(cli, capsys, s3, redis_client):
             ] == [g1]
     letters = orjson.loads(run(capsys, "dlq", "list", "--json")[1])
     for d in letters:
-        code, out, _ = run(capsys, "dlq", "resolve", d["id"])
+        code, out, _ = tracked(cli, capsys, "dlq", "resolve", d["id"])
         assert code == 0 and "lifted the dlq hold" in out
     assert redis_client.hlen(RepoKeys("repo").holds) == 0
     code, out, _ = purge()

@@ -153,15 +153,16 @@ class PartitionClock:
 class FetchWait:
     """How long the broker may hold one fetch (``fetch_max_wait_ms``).
 
-    Short by default: a broker that holds an empty fetch for the whole wait (Tansu does) adds
-    it to every event's latency at the log's end, and with aiokafka's one fetch in flight per
-    broker a long wait on the partitions at their end also holds back those behind them.
-    Raised only while the tracker is *starved behind the end*: a partition behind its high
-    watermark with nothing fetched for it in hand. Tansu's ``s3://`` engine answers with what it
-    read within the wait, so a wait shorter than one read of its log returns nothing, fetch
-    after fetch (the long runs' stall, RELIABILITY.md). When most samples of a ``stuck_s``
-    window were starved, the wait doubles, up to ``catchup_ms``; it drops back to the poll once
-    no partition is behind.
+    Short by default: Apache Kafka holds a fetch that has less than ``fetch.min.bytes`` ready
+    for the whole wait, which adds it to every event's latency at the log's end, and with
+    aiokafka's one fetch in flight per broker a long wait on the partitions at their end also
+    holds back those behind them. Raised only while the tracker is *starved behind the end*: a
+    partition behind its high watermark with nothing fetched for it in hand. That is what a
+    broker whose reads take longer than the wait does (a remote storage tier; the Tansu
+    stand-in's ``s3://`` engine did it, fetch after fetch: the long runs' stall,
+    RELIABILITY.md); on Kafka's local log it does not happen and the wait stays at the poll.
+    When most samples of a ``stuck_s`` window were starved, the wait doubles, up to
+    ``catchup_ms``; it drops back to the poll once no partition is behind.
     """
 
     poll_ms: int
@@ -475,8 +476,10 @@ class Tracker:
 
     async def _rejoin_group(self, consumer: AIOKafkaConsumer) -> AIOKafkaConsumer:
         """The partition count changed: leave the group and join it again as a new member, so
-        the new partitions are assigned (some coordinators, Tansu's among them, re-send the old
-        assignment to a member that merely re-joins)."""
+        the new partitions are assigned now. (Kafka's coordinator rebalances on its own once
+        every member's metadata shows the new count, up to ``metadata.max.age.ms`` later; the
+        Tansu stand-in re-sent the old assignment to a member that merely re-joined. A fresh
+        member costs one rebalance and is right on both.)"""
         self._rejoin = False
         await self._drain()
         self.log.info("partition count changed; re-joining the group")
