@@ -29,8 +29,17 @@ from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import orjson
+
 from schemas.address import canonical_namespace
-from schemas.layout import FAIL_CLOSED, NAMESPACES, OutsideNamespace, RepoKeys, namespace_key
+from schemas.layout import (
+    APPLIED,
+    FAIL_CLOSED,
+    NAMESPACES,
+    OutsideNamespace,
+    RepoKeys,
+    namespace_key,
+)
 from schemas.liveness import Guards, Path, judge
 from schemas.namespaces import ownership_problem
 from schemas.records import DecodedAddress, decode_address
@@ -121,13 +130,41 @@ class Gate:
         return Guards(not_owner=not_owner, fail_closed=fail, paused=self.paused, held=held)
 
 
+def applied_regression(recorded: Any, current: Mapping[Any, Any] | None) -> str | None:
+    """Redis Cluster: why a repository's ``applied[]`` (``current``, in its own slot) shows
+    its node went back behind the tracker's copy (``recorded``: the json of ``hd:applied``,
+    in another slot), or None. Pure. A partition whose value is missing, of another log, or
+    at a lower offset than recorded is behind: the mirror may lack what was applied there."""
+    if not recorded:
+        return None  # one node (the copy is written on a cluster only), or nothing applied yet
+    try:
+        copy = orjson.loads(recorded)
+    except orjson.JSONDecodeError:
+        return "the tracker's copy of applied[] is unreadable (hd:applied)"
+    cur = {_text(k): _text(v) for k, v in (current or {}).items()}
+    for p, want in sorted(copy.items()) if isinstance(copy, dict) else ():
+        have = cur.get(str(p))
+        if have == want:
+            continue
+        h_epoch, _, h_off = (have or "").rpartition(":")
+        w_epoch, _, w_off = str(want).rpartition(":")
+        if have is not None and h_epoch == w_epoch and h_off.lstrip("-").isdigit() \
+                and w_off.lstrip("-").isdigit() and int(h_off) >= int(w_off):
+            continue  # further on (the copy is written after the chunk)
+        return (f"the repository's Redis node went back in time: applied[{p}] is "
+                f"{have or 'missing'}, the tracker applied up to {want} (hd:applied)")
+    return None
+
+
 def _gate_from(raw: list[Any], addresses: list[str]) -> Gate:
-    registry, gfc, rfc, paused, holds, prefixes = raw
+    registry, gfc, rfc, paused, holds, prefixes, recorded, applied = raw
+    regressed = applied_regression(recorded, applied)
     return Gate(
         registry={_text(k): _text(v) for k, v in (registry or {}).items()},
         global_fail_closed=(_text((gfc or {}).get("reason") or "fail-closed")
                             if gfc else None),
-        repo_fail_closed=(_text((rfc or {}).get("reason") or "fail-closed") if rfc else None),
+        repo_fail_closed=(_text((rfc or {}).get("reason") or "fail-closed") if rfc
+                          else regressed),
         paused=_reason(paused, "paused") if paused is not None else None,
         holds={a: _reason(v, "held") for a, v in zip(addresses, holds or [], strict=False)
                if v is not None},
@@ -144,6 +181,8 @@ def _gate_calls(pipe: Any, repo: str, addresses: list[str]) -> None:
     if addresses:
         pipe.hmget(k.holds, addresses)
     pipe.hgetall(k.hold_prefixes)
+    pipe.hget(APPLIED, repo)
+    pipe.hgetall(k.applied)
 
 
 def read_gate(r: Any, repo: str, addresses: Iterable[str] = ()) -> Gate:

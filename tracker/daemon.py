@@ -71,6 +71,7 @@ from schemas import reaper_auth
 from schemas.events import EventError
 from schemas.holds import DLQ, aadd_claims, dlq_claim
 from schemas.layout import (
+    APPLIED,
     FAIL_CLOSED,
     INCIDENTS,
     LOG,
@@ -558,6 +559,13 @@ class Tracker:
         """Seek each partition to what Redis says it applied (+1), after checking that the log
         is still the one Redis folded; put repositories fail-closed where it cannot replay."""
         self._applied_seen.clear()  # (partitions moved or Redis is in doubt: read them anew)
+        if self._cluster:
+            # ... from the durable copy, not from each repository's (possibly regressed) node:
+            # a node that went back is then refused by the in-slot guard of the next chunk.
+            for repo, raw in (await self._retrying(lambda: self._redis.hgetall(APPLIED))).items():
+                with contextlib.suppress(orjson.JSONDecodeError, AttributeError, ValueError):
+                    for p, value in orjson.loads(raw).items():
+                        self._applied_seen[(str(repo), int(p))] = str(value)
         consumer, probe = self._consumer, self._probe
         assert consumer is not None and probe is not None
         if not tps:
@@ -1067,6 +1075,9 @@ class Tracker:
         pipe.rpush(k.incidents, orjson.dumps({
             "repository": repo, "address": "", "event_id": "", "type": "fail_closed",
             "ref_id": "", "at_ms": now, "reason": reason, "partition": partition}))
+        # Its node is what it is now: the flag keeps every delete away from it, and the copy
+        # starts again from here (else each chunk would be refused again, for ever).
+        pipe.hdel(APPLIED, repo)
         await self._retrying(pipe.execute)
         self.fail_closed += 1
         self.log.error("repository fail-closed", repository=repo, reason=reason,
@@ -1083,8 +1094,8 @@ class Tracker:
             if seen is None:
                 unknown.append((repo, p))
                 continue
-            prev = int(seen.rsplit(":", 1)[-1])
-            if off > prev:
+            prev_epoch, _, prev = seen.rpartition(":")
+            if prev_epoch != epoch or off > int(prev):  # (a new log starts its offsets again)
                 self._applied_seen[(repo, p)] = f"{epoch}:{off}" if epoch else str(off)
         if unknown:
             values = await asyncio.gather(*(self._redis.hget(RepoKeys(repo).applied, str(p))
@@ -1092,6 +1103,17 @@ class Tracker:
             for key, value in zip(unknown, values, strict=True):
                 if value is not None:
                     self._applied_seen[key] = value
+        # The durable copy (hd:applied, another slot): after a restart the first chunk of each
+        # repository requires it, and every delete path's gate compares against it, so a
+        # repository's node going back is seen even when no event of it comes.
+        repos = {repo for repo, _ in batch.maxoff}
+        copy: dict[str, dict[str, str]] = {repo: {} for repo in repos}
+        for (repo, p), value in self._applied_seen.items():
+            if repo in copy:
+                copy[repo][str(p)] = value
+        if copy:
+            await self._retrying(lambda: self._redis.hset(APPLIED, mapping={
+                repo: orjson.dumps(parts).decode() for repo, parts in copy.items()}))
 
     async def _log_unmoved(self, partitions: list[int]) -> bool:
         """Redis Cluster: hd:log lives in another slot than the repositories' chunks, so the
