@@ -22,11 +22,13 @@ PROGRESS_META = f"{PREFIX}:progress:meta"  # hash: topic, partitions (count), ve
 # after the repository chunks of a batch; a new epoch is minted when the log was reset/re-created.
 LOG = f"{PREFIX}:log"
 # Redis Cluster only: the tracker's copy of each repository's applied[] (repository -> json
-# {partition: "<epoch>:<offset>"}), in another slot than the repository's keys, written after
-# each chunk. A repository's node that goes back in time (a failover to a stale replica) is
-# seen against it: by the tracker's next chunk after a restart, and by every delete path's
-# gate even when no event of the repository comes (hardelete.deletes.applied_regression).
-APPLIED = f"{PREFIX}:applied"
+# {partition: "<epoch>:<offset>"}), written after each chunk and merged per partition
+# (tracker.state.APPLIED_MERGE_LUA: two trackers never undo each other's). It shares hd:log's
+# slot (its hash tag), so it goes back only with hd:log, which the tracker sees and replays
+# from. A repository's node that goes back in time (a failover to a stale replica) is seen
+# against it: by the tracker's next chunk after a restart, and by every delete path's gate
+# even when no event of the repository comes (hardelete.deletes.applied_regression).
+APPLIED = f"{PREFIX}:applied{{{LOG}}}"
 INCIDENTS = f"{PREFIX}:incidents"  # list: json incidents not tied to one repository
 RECONCILER_LEASE = f"{PREFIX}:reconciler:lease:"  # + repo: string with run id, PX lease
 # `hardelete schedule`: hash last_attempt_ms, last_exit, last_success_ms, last_error (operators)

@@ -88,6 +88,7 @@ from tracker import codec
 from tracker.logid import NOT_FETCHED, LogRecord, decide, fingerprint, log_field, new_epoch
 from tracker.references import admission_problem
 from tracker.state import (
+    APPLIED_MERGE_LUA,
     LOG_WRITE_LUA,
     META_LUA,
     PROGRESS_LUA,
@@ -411,6 +412,7 @@ class Tracker:
         self._progress_script = self._redis.register_script(PROGRESS_LUA)
         self._log_script = self._redis.register_script(LOG_WRITE_LUA)
         self._meta_script = self._redis.register_script(META_LUA)
+        self._applied_script = self._redis.register_script(APPLIED_MERGE_LUA)
         # auto_offset_reset "none": an offset out of range (a log reset under us) is an error
         # we handle, never a silent jump; every assigned partition is sought from Redis.
         # metadata_max_age_ms: new partitions are noticed (and assigned) within a second.
@@ -1106,14 +1108,16 @@ class Tracker:
         # The durable copy (hd:applied, another slot): after a restart the first chunk of each
         # repository requires it, and every delete path's gate compares against it, so a
         # repository's node going back is seen even when no event of it comes.
-        repos = {repo for repo, _ in batch.maxoff}
-        copy: dict[str, dict[str, str]] = {repo: {} for repo in repos}
-        for (repo, p), value in self._applied_seen.items():
-            if repo in copy:
-                copy[repo][str(p)] = value
+        # Only the partitions this batch applied, merged in Redis (APPLIED_MERGE_LUA): what
+        # this tracker remembers of other partitions may be stale (another tracker owns them).
+        copy: dict[str, dict[str, str]] = {}
+        for repo, p in batch.maxoff:
+            value = self._applied_seen.get((repo, p))
+            if value is not None:
+                copy.setdefault(repo, {})[str(p)] = value
         if copy:
-            await self._retrying(lambda: self._redis.hset(APPLIED, mapping={
-                repo: orjson.dumps(parts).decode() for repo, parts in copy.items()}))
+            payload = orjson.dumps(copy).decode()
+            await self._retrying(lambda: self._applied_script(keys=[APPLIED], args=[payload]))
 
     async def _log_unmoved(self, partitions: list[int]) -> bool:
         """Redis Cluster: hd:log lives in another slot than the repositories' chunks, so the

@@ -91,6 +91,31 @@ end
 return moved
 """
 
+# Redis Cluster: merge what a tracker applied into the copy hd:applied (KEYS[1]); ARGV[1] json
+# {repository: {partition: "<epoch>:<offset>"}}. Per partition the stored value moves only
+# forward within one log (a new log's value replaces an old one's): a tracker writing late, or
+# from a stale view, never takes another's further progress back.
+APPLIED_MERGE_LUA = """
+local batch = cjson.decode(ARGV[1])
+for repo, parts in pairs(batch) do
+  local cur = redis.call('HGET', KEYS[1], repo)
+  local m = {}
+  if cur then m = cjson.decode(cur) end
+  for p, v in pairs(parts) do
+    local old = m[p]
+    if old == nil then
+      m[p] = v
+    else
+      local oe, oo = string.match(old, '^(.*):(%-?%d+)$')
+      local ne, no = string.match(v, '^(.*):(%-?%d+)$')
+      if oe == nil or ne == nil or oe ~= ne or tonumber(no) > tonumber(oo) then m[p] = v end
+    end
+  end
+  redis.call('HSET', KEYS[1], repo, cjson.encode(m))
+end
+return 1
+"""
+
 # The partition count of the events topic, verified: ARGV topic, count seen by a metadata
 # request sent after Redis time ARGV[3]. A larger count is recorded at once (new partitions
 # hold the horizon back until they have progress); verified_ms only moves up.
