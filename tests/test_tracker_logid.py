@@ -137,8 +137,16 @@ def test_hold_targets_only_known_repositories_and_their_namespace() -> None:
         assert codec.hold_targets(orjson.dumps({"type": t, "repository": "r1",
                                                 "addresses": ["s3://b/r1/data/a"]}),
                                   b"r1", ns) == []
-    assert codec.hold_targets(orjson.dumps({"repository": "nope", "address": "s3://b/r1/x"}),
-                              None, ns) == []
+    # a repository not known (yet): held on its own keys, everything when what the record
+    # names cannot be read (no type); and on the live owner of the address, when the registry
+    # is given (tests/test_dlq_unknown_repository_held.py end to end)
+    nope = orjson.dumps({"repository": "nope", "address": "s3://b/r1/x"})
+    assert codec.hold_targets(nope, None, ns) == [("nope", codec.EVERYTHING)]
+    assert codec.hold_targets(nope, None, ns, {"s3://b/r1/": "r1"}) == [
+        ("nope", codec.EVERYTHING), ("r1", "s3://b/r1/x")]
+    typed = orjson.dumps({"type": "object_written", "repository": "nope",
+                          "address": "S3://B/r1/x"})
+    assert codec.hold_targets(typed, None, ns) == [("nope", "s3://b/r1/x")]
     reserved = {"type": "object_written", "repository": "r1",
                 "address": "s3://b/r1/_hardelete/reports/x"}
     assert codec.hold_targets(orjson.dumps(reserved), b"r1", ns) == []
@@ -195,3 +203,21 @@ def test_fail_closed_cli(settings: Settings, redis_client: Any) -> None:
     assert ok.returncode == 0, ok.stderr
     assert fail_closed_reason(redis_client, "a") is None
     assert "no repository is fail-closed" in _cli(settings, "list").stdout
+
+
+def test_a_replaced_cluster_fails_closed_even_with_nothing_applied_from_the_log() -> None:
+    from tracker.logid import cluster_tag, epoch_cluster, new_epoch
+
+    old = new_epoch("cluster-a")
+    assert epoch_cluster(old) == cluster_tag("cluster-a") and epoch_cluster(new_epoch()) is None
+    nothing = LogRecord(old, -1, "")  # a fresh log's record: no fingerprint to compare
+    d = decide(nothing, 0, 5, NOT_FETCHED, new_epoch("cluster-b"), cluster="cluster-b")
+    assert d.reset and d.fail_repos and "cluster changed" in d.fail_repos and d.seek == 0
+    assert epoch_cluster(d.record.epoch) == cluster_tag("cluster-b")
+    # the same cluster: nothing to say (no record to compare), as before
+    d = decide(nothing, 0, 5, NOT_FETCHED, new_epoch("cluster-a"), cluster="cluster-a")
+    assert not d.reset and not d.fail_repos and d.seek == 0
+    # an epoch minted without a cluster id, or the id unknown now: the old rules only
+    legacy = LogRecord(new_epoch(), -1, "")
+    assert not decide(legacy, 0, 5, NOT_FETCHED, new_epoch("b"), cluster="b").fail_repos
+    assert not decide(nothing, 0, 5, NOT_FETCHED, new_epoch(), cluster=None).fail_repos

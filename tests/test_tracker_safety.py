@@ -150,6 +150,43 @@ async def test_broker_log_lost_new_records_applied_and_repository_fail_closed(
         await asyncio.to_thread(server.stop)
 
 
+async def test_a_log_lost_before_anything_of_it_was_applied_fails_its_repositories_closed(
+        settings: Settings, s3: Any, bucket: str, tmp_path: Path) -> None:
+    """The broker loses its log twice, and nothing of the log between was applied (the tracker
+    was down): Redis's record of that log is "nothing applied yet" (offset -1), so no record's
+    fingerprint can tell the next log from it. The broker's cluster id does (a lost disk is
+    formatted anew): the repository is failed closed, not resumed as if nothing were lost
+    (found by the recovery soak: the lost write's object was then reaped)."""
+    server = kafka_server(tmp_path)
+    await asyncio.to_thread(server.start)
+    try:
+        s = settings.replace(kafka_bootstrap=f"127.0.0.1:{server.port}", topic_partitions=1)
+        ns = f"s3://{bucket}/repo0/"
+        async with running_tracker(s, name="first"):
+            await wait_horizon(s, await publish(s, [*repo_events(ns),
+                                                    write("repo0", ns + "data/a", "a1")]))
+        await asyncio.to_thread(_lose_log, server)
+        r = redis_sync(s)
+        try:
+            async with running_tracker(s, name="second"):  # fails repo0 closed (log reset)
+                await wait_horizon(s, await publish(s, []), timeout=90)
+            assert fail_closed_reason(r, "repo0") is not None
+            from hardelete.failclosed import clear
+
+            assert clear(r, "repo0", reason="rebuilt in test", who="pytest") == 1
+            # the tracker is down: this write reaches the new log and is never applied
+            await publish(s, [write("repo0", ns + "data/lost", "l1")])
+            await asyncio.to_thread(_lose_log, server)
+            async with running_tracker(s, name="third"):
+                await wait_horizon(s, await publish(s, []), timeout=90)
+            reason = fail_closed_reason(r, "repo0")
+            assert reason is not None and "cluster changed" in reason, reason
+        finally:
+            r.close()
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
 @BOTH_TOPOLOGIES
 async def test_broker_log_lost_under_a_running_tracker(settings: Settings, s3: Any,
                                                        bucket: str, tmp_path: Path) -> None:

@@ -85,7 +85,16 @@ from schemas.layout import (
 )
 from schemas.publisher import ensure_topics
 from tracker import codec
-from tracker.logid import NOT_FETCHED, LogRecord, decide, fingerprint, log_field, new_epoch
+from tracker.logid import (
+    NOT_FETCHED,
+    LogRecord,
+    cluster_tag,
+    decide,
+    epoch_cluster,
+    fingerprint,
+    log_field,
+    new_epoch,
+)
 from tracker.references import admission_problem
 from tracker.state import (
     APPLIED_MERGE_LUA,
@@ -577,6 +586,7 @@ class Tracker:
         fields = [log_field(topic, tp.partition) for tp in ordered]
         raw = await self._retrying(lambda: self._redis.hmget(LOG, fields))
         starts = await probe.beginning_offsets(ordered)
+        cluster = await self._broker_cluster()
         now = await self._retrying(lambda: aredis_time_ms(self._redis))
         for tp, fld, value in zip(ordered, fields, raw, strict=True):
             p = tp.partition
@@ -591,7 +601,8 @@ class Tracker:
             if rec is None:
                 with contextlib.suppress(Exception):
                     committed = await consumer.committed(tp)
-            d = decide(rec, start, end, found, new_epoch(), group_committed=committed is not None)
+            d = decide(rec, start, end, found, new_epoch(cluster),
+                       group_committed=committed is not None, cluster=cluster)
             new = d.record.encode()
             if new != (value or ""):
                 moved = await self._retrying(lambda: self._log_script(
@@ -618,6 +629,16 @@ class Tracker:
         replaced under a running consumer (no rebalance, no out-of-range error) is caught here,
         and the tracker resumes from Redis (new epoch, fail-closed) as on assignment."""
         topic = self.settings.events_topic
+        tags = {epoch_cluster(e) for e in self._epochs.values()} - {None}
+        if tags and not self._reverify:
+            # A log replaced under a running consumer with nothing applied from it yet has no
+            # record to compare: the broker's cluster id tells (a lost disk is formatted anew).
+            cluster = await self._broker_cluster()
+            if cluster is not None and tags != {cluster_tag(cluster)}:
+                self.log.error("the broker's cluster changed (its log was replaced); resuming "
+                               "from Redis", cluster=cluster)
+                self._reverify = True
+                return
         for p, value in list(self._logrec.items()):
             rec = LogRecord.decode(value)
             if rec is None or not rec.fingerprint or self._reverify:
@@ -627,6 +648,23 @@ class Tracker:
                 self.log.error("the record last applied is gone from the log; resuming from "
                                "Redis", partition=p, offset=rec.offset)
                 self._reverify = True
+
+    async def _broker_cluster(self) -> str | None:
+        """The broker's cluster id (a metadata request naming no topic), or None when it cannot
+        be had (then only the records' fingerprints tell one log from another)."""
+        from aiokafka.protocol.metadata import MetadataRequest
+
+        probe = self._probe
+        if probe is None:
+            return None
+        try:
+            client = probe._client
+            resp = await client.send(client.get_random_node(), MetadataRequest([]))
+        except Exception as exc:  # (a broker down: the fingerprints and offsets still judge)
+            self.log.warning("broker cluster id unavailable", error=str(exc)[:200])
+            return None
+        cluster = getattr(resp, "cluster_id", None)
+        return str(cluster) if cluster else None
 
     async def _probe_at(self, tp: Any, offset: int) -> tuple[int, str | None]:
         async with self._probe_lock:  # one probe, shared by assignment and the log check

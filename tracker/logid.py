@@ -44,8 +44,22 @@ class LogRecord:
             return None  # unreadable: treated as no record (fail-closed rules apply)
 
 
-def new_epoch() -> str:
-    return uuid.uuid4().hex[:16]
+def cluster_tag(cluster: str) -> str:
+    """A short tag of the broker's cluster id (Kafka formats a new one with a lost disk)."""
+    return hashlib.blake2b(cluster.encode(), digest_size=4).hexdigest()
+
+
+def new_epoch(cluster: str | None = None) -> str:
+    """A fresh epoch; with the broker's cluster id it starts with its tag (``<tag>-<random>``),
+    so a log that was replaced is told even when nothing of it was applied yet."""
+    rnd = uuid.uuid4().hex[:16]
+    return f"{cluster_tag(cluster)}-{rnd}" if cluster else rnd
+
+
+def epoch_cluster(epoch: str) -> str | None:
+    """The cluster tag an epoch was minted under (None: minted without one)."""
+    tag, sep, _ = epoch.partition("-")
+    return tag if sep and len(tag) == 8 else None
 
 
 def log_field(topic: str, partition: int) -> str:
@@ -79,13 +93,14 @@ NOT_FETCHED = "\x00not fetched"
 
 
 def decide(rec: LogRecord | None, start: int, end: int, found_fp: str | None,
-           epoch: str, *, group_committed: bool = False) -> Decision:
+           epoch: str, *, group_committed: bool = False, cluster: str | None = None) -> Decision:
     """The rule for one partition.
 
     rec: Redis' log record (None: Redis has none). start/end: the log's first offset and high
     watermark now. found_fp: the fingerprint of the record at ``rec.offset`` as fetched now (None:
     no such record; :data:`NOT_FETCHED` when the offset is outside [start, end)). epoch: a fresh
     epoch to use if the log changed. group_committed: the consumer group has committed offsets.
+    cluster: the broker's cluster id now (None: unknown).
     """
     if rec is None:
         fresh = LogRecord(epoch, start - 1, "")
@@ -96,6 +111,14 @@ def decide(rec: LogRecord | None, start: int, end: int, found_fp: str | None,
         detail = ("Redis has no record of what was applied; the group has committed offsets: "
                   "replaying the whole log" if group_committed else "new log")
         return Decision(0, fresh, True, detail=detail)
+    known = epoch_cluster(rec.epoch)
+    if cluster is not None and known is not None and known != cluster_tag(cluster):
+        # Another broker cluster (a lost disk formatted anew): the log Redis folded is gone,
+        # with whatever of it was not applied yet; with nothing applied from it (offset -1)
+        # there is no record to compare, so the identity is what tells.
+        why = (f"log reset or replaced: the broker's cluster changed since epoch {rec.epoch} "
+               f"(offset {rec.offset} applied)")
+        return Decision(start, LogRecord(epoch, start - 1, ""), True, fail_repos=why, detail=why)
     nxt = rec.offset + 1
     if end < nxt:
         why = (f"log reset or re-created: it ends at {end} but offset {rec.offset} of epoch "
