@@ -1,7 +1,13 @@
 """``hardelete pause REPO --reason`` / ``hardelete resume REPO``: stop and restart deletion for one
-repository. The paused key (``RepoKeys.paused``, json ``{reason, at_ms}``) is read by the reaper
-and the reconciler's sweep, which skip a paused repository; the tracker keeps applying events, so
-nothing is lost while paused and resuming needs no catch-up."""
+repository. The paused key (``RepoKeys.paused``, json ``{reason, at_ms, claims}``) is read by the
+reaper and the reconciler's sweep, which skip a paused repository; the tracker keeps applying
+events, so nothing is lost while paused and resuming needs no catch-up.
+
+A pause is a set of claims, one per operator (``user@host``, or ``--by``), as holds are: one
+operator's ``resume`` lifts only that operator's pause, and the repository stays paused while
+another's remains (``--force`` lifts them all). Changed by one script (:data:`PAUSE_LUA`), so
+two operators at once never lose a claim. A pause stored before claims is lifted by any resume,
+as before. (Found by an adversarial review: B's pause overwrote A's, and A's resume lifted it.)"""
 
 from __future__ import annotations
 
@@ -27,22 +33,75 @@ def paused_info(r: Any, repo: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else {"reason": str(value)}
 
 
-def set_paused(r: Any, repo: str, reason: str) -> int:
+PAUSE_LUA = """
+local raw = redis.call('GET', KEYS[1])
+local v = nil
+if raw then
+  local ok, d = pcall(cjson.decode, raw)
+  if ok and type(d) == 'table' then v = d end
+end
+local claims = {}
+if v and type(v['claims']) == 'table' then
+  claims = v['claims']
+elseif raw then
+  claims['legacy'] = {reason = (v and v['reason']) or raw, at_ms = (v and v['at_ms']) or 0}
+end
+if ARGV[1] == 'add' then
+  claims[ARGV[2]] = {reason = ARGV[3], at_ms = tonumber(ARGV[4])}
+elseif ARGV[1] == 'remove' then
+  claims[ARGV[2]] = nil
+  claims['legacy'] = nil
+else
+  claims = {}
+end
+local reasons, first, n = {}, nil, 0
+for _, c in pairs(claims) do
+  n = n + 1
+  reasons[#reasons + 1] = tostring(c['reason'])
+  local at = tonumber(c['at_ms']) or 0
+  if first == nil or at < first then first = at end
+end
+if n == 0 then
+  redis.call('DEL', KEYS[1])
+  return ''
+end
+table.sort(reasons)
+local out = cjson.encode({reason = table.concat(reasons, '; '), at_ms = first, claims = claims})
+redis.call('SET', KEYS[1], out)
+return out
+"""
+
+
+def _pause_script(r: Any, repo: str, op: str, by: str, reason: str = "", at: int = 0) -> str:
+    out = r.eval(PAUSE_LUA, 1, RepoKeys(repo).paused, op, by, reason, str(at))
+    return out.decode() if isinstance(out, bytes) else str(out or "")
+
+
+def set_paused(r: Any, repo: str, reason: str, by: str | None = None) -> int:
+    """Add ``by``'s pause claim (default: this operator, ``user@host``)."""
+    from hardelete.failclosed import who
+
     namespace_of(r, repo)
     if not reason.strip():
         raise UserError("pausing needs a reason (--reason)")
     at = now_ms(r)
-    r.set(RepoKeys(repo).paused, orjson.dumps({"reason": reason, "at_ms": at}).decode())
+    _pause_script(r, repo, "add", by or who(), reason, at)
     return at
 
 
-def clear_paused(r: Any, repo: str) -> dict[str, Any]:
+def clear_paused(r: Any, repo: str, by: str | None = None, *, force: bool = False
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Remove ``by``'s pause claim (``force``: every claim); (the pause before, the claims
+    that still pause the repository)."""
+    from hardelete.failclosed import who
+
     namespace_of(r, repo)
     info = paused_info(r, repo)
     if info is None:
         raise UserError(f"repository {repo!r} is not paused")
-    r.delete(RepoKeys(repo).paused)
-    return info
+    left = _pause_script(r, repo, "force" if force else "remove", by or who())
+    remaining = (orjson.loads(left).get("claims") or {}) if left else {}
+    return info, remaining
 
 
 def _redis(settings: Settings) -> Any:
@@ -56,12 +115,14 @@ class pause:
     def configure(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("repository")
         parser.add_argument("--reason", required=True, help="why (shown by status)")
+        parser.add_argument("--by", help="whose pause this is (default: user@host); `hardelete "
+                                         "resume --by` the same name lifts it")
 
     @staticmethod
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         r = _redis(settings)
         try:
-            at = set_paused(r, args.repository, args.reason)
+            at = set_paused(r, args.repository, args.reason, args.by)
         finally:
             r.close()
         print(f"paused {args.repository} at {when(at)}: the reaper and the sweep delete nothing "
@@ -73,14 +134,23 @@ class resume:
     @staticmethod
     def configure(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("repository")
+        parser.add_argument("--by", help="whose pause to lift (default: user@host)")
+        parser.add_argument("--force", action="store_true",
+                            help="lift every operator's pause, not only yours")
 
     @staticmethod
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         r = _redis(settings)
         try:
-            info = clear_paused(r, args.repository)
+            info, remaining = clear_paused(r, args.repository, args.by, force=args.force)
         finally:
             r.close()
+        if remaining:
+            print(f"released your pause of {args.repository}; still paused by "
+                  + ", ".join(f"{who} ({c.get('reason', '')})"
+                              for who, c in sorted(remaining.items()))
+                  + ": each resumes their own, or `hardelete resume --force`")
+            return 0
         print(f"resumed {args.repository} (paused since {when(info.get('at_ms'))}: "
               f"{info.get('reason', '')})")
         return 0

@@ -364,6 +364,30 @@ def test_pause_resume_and_status(cli, capsys, redis_client):
     assert code == 2 and "unknown repository" in err
 
 
+def test_one_operators_resume_leaves_anothers_pause(cli, capsys, redis_client):
+    """A pause is a claim per operator, as a hold is (found by an adversarial review: B's pause
+    overwrote A's, and A's resume lifted B's): the repository stays paused, which the gate,
+    the claim script and status all read, until each resumes, or --force."""
+    from hardelete.deletes import read_gate
+
+    setup_repo(cli)
+    assert run(capsys, "pause", "ops", "--reason", "incident 7", "--by", "alice")[0] == 0
+    assert run(capsys, "pause", "ops", "--reason", "legal review", "--by", "bob")[0] == 0
+    code, out, _ = run(capsys, "resume", "ops", "--by", "alice")
+    assert code == 0 and "still paused by bob (legal review)" in out
+    assert read_gate(redis_client, "ops").paused == "legal review"
+    code, out, _ = run(capsys, "resume", "ops", "--by", "bob")
+    assert code == 0 and "resumed ops" in out and redis_client.get(RepoKeys("ops").paused) is None
+    # --force lifts every claim; a pause written before claims is lifted by any resume
+    run(capsys, "pause", "ops", "--reason", "a", "--by", "alice")
+    run(capsys, "pause", "ops", "--reason", "b", "--by", "bob")
+    code, out, _ = run(capsys, "resume", "ops", "--force")
+    assert code == 0 and "resumed ops" in out and redis_client.get(RepoKeys("ops").paused) is None
+    redis_client.set(RepoKeys("ops").paused, orjson.dumps({"reason": "old", "at_ms": 1}))
+    code, out, _ = run(capsys, "resume", "ops", "--by", "carol")
+    assert code == 0 and "resumed ops" in out and redis_client.get(RepoKeys("ops").paused) is None
+
+
 def test_status_counts_dead_letters_and_shows_a_stale_tracker(cli, capsys, monkeypatch):
     setup_repo(cli)
     ev = orjson.loads(encode(written("ops", "s3://opsb/ns/d")))
