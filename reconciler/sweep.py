@@ -47,6 +47,7 @@ GUARD_REASONS = frozenset({Keep.HELD, Keep.PAUSED, Keep.FAIL_CLOSED, Keep.NOT_OW
 VOUCHED_CATEGORIES: frozenset[str] = frozenset()
 SKIPPED_CHANGED = "skipped_changed"
 CHANGED_AFTER_MARK = "changed after the mark"  # the re-check's reason (a record moved since)
+STOPPED = "sweep stopped"  # the re-check's reason when the lease was lost or the refs moved
 SKIPPED_RETAINED = "skipped_retained"
 NOT_ATTEMPTED = "not_attempted"
 
@@ -295,6 +296,20 @@ def changed_since_mark(r: Any, repo: str, ns: Namespace,
             if record_digest(rec or None, states) != digests[rel]}
 
 
+def _stop(r: Any, repo: str, lease_id: str, refs: str | None) -> BaseException | None:
+    """Why the sweep must stop now (the lease lost, the refs moved), or None: checked at each
+    batch's start and again right before each of its requests."""
+    holder = r.get(RECONCILER_LEASE + repo)
+    if holder != lease_id:
+        return RuntimeError(f"reconciler lease lost (held by {holder!r}): sweep stopped")
+    if refs is not None and refs_fingerprint(r, repo) != refs:
+        # Retention was re-judged for the refs of the sweep's start; they moved since.
+        return RetentionMoved("branches, tags, commits or retention changed during the sweep: "
+                              "it stopped; sweep again with --sweep-only (the mark is "
+                              "re-validated)")
+    return None
+
+
 def _sweep_batch(s3: Any, gate_s3: Any, r: Any, repo: str, lease_id: str, ns: Namespace,
                  batch: list[tuple[str, str, int, str | None]], cutoff_ms: int,
                  stats: SweepStats, record: Callable[..., None], delete: bool,
@@ -307,14 +322,9 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, repo: str, lease_id: str, ns: Na
     kept: dict[str, str] = {}
     changed: set[str] = set()
     if r is not None:
-        holder = r.get(RECONCILER_LEASE + repo)
-        if holder != lease_id:
-            raise RuntimeError(f"reconciler lease lost (held by {holder!r}): sweep stopped")
-        if refs is not None and refs_fingerprint(r, repo) != refs:
-            # Retention was re-judged for the refs of the sweep's start; they moved since.
-            raise RetentionMoved("branches, tags, commits or retention changed during the "
-                                 "sweep: it stopped; sweep again with --sweep-only (the mark "
-                                 "is re-validated)")
+        why_stop = _stop(r, repo, lease_id, refs)
+        if why_stop is not None:
+            raise why_stop
         sec, usec = r.time()
         now_ms = int(sec) * 1000 + int(usec) // 1000
         kept = judge_rels(r, repo, ns, list(info), cutoff_ms=cutoff_ms, now_ms=now_ms,
@@ -351,16 +361,10 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, repo: str, lease_id: str, ns: Na
         branch at an old commit retains its data again) or a reference came and went (grace
         restarts): the retry must see it, not only the first request."""
         assert r is not None
-        holder = r.get(RECONCILER_LEASE + repo)
-        if holder != lease_id:
-            stop.append(RuntimeError(f"reconciler lease lost (held by {holder!r}): sweep "
-                                     "stopped"))
-            return dict.fromkeys(rels, "reconciler lease lost")
-        if refs is not None and refs_fingerprint(r, repo) != refs:
-            stop.append(RetentionMoved("branches, tags, commits or retention changed during "
-                                       "the sweep: it stopped; sweep again with --sweep-only "
-                                       "(the mark is re-validated)"))
-            return dict.fromkeys(rels, "retention moved")
+        why_stop = _stop(r, repo, lease_id, refs)
+        if why_stop is not None:
+            stop.append(why_stop)
+            return dict.fromkeys(rels, STOPPED)
         keep = recheck_for(r, repo, ns, cutoff_ms=cutoff_ms, vouched=vouched)(rels)
         moved = changed_since_mark(r, repo, ns, {rel: digests[rel] for rel in rels
                                                  if rel not in keep})
@@ -375,7 +379,7 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, repo: str, lease_id: str, ns: Na
             stats.skipped_changed += 1
             stats.sample("skipped_changed", f"{rel}: {why}")
             record(rel, info[rel][0], info[rel][1], SKIPPED_CHANGED, why)
-        elif why in ("reconciler lease lost", "retention moved"):
+        elif why == STOPPED:
             record(rel, info[rel][0], info[rel][1], SKIPPED_GUARD, why)
         else:
             _count_kept(stats, rel, why)
