@@ -141,6 +141,9 @@ def applied_regression(recorded: Any, current: Mapping[Any, Any] | None) -> str 
         copy = orjson.loads(recorded)
     except orjson.JSONDecodeError:
         return "the tracker's copy of applied[] is unreadable (hd:applied)"
+    if isinstance(copy, dict) and copy.get("regressed"):
+        return (f"the repository's Redis node went back in time: {copy['regressed']} "
+                "(hd:applied; `hardelete fail-closed clear` after a rebuild)")
     cur = {_text(k): _text(v) for k, v in (current or {}).items()}
     for p, want in sorted(copy.items()) if isinstance(copy, dict) else ():
         have = cur.get(str(p))

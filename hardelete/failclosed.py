@@ -20,7 +20,7 @@ import orjson
 from hardelete import UserError
 from hardelete.clients import redis_sync
 from hardelete.settings import Settings
-from schemas.layout import FAIL_CLOSED, INCIDENTS, RepoKeys
+from schemas.layout import APPLIED, FAIL_CLOSED, INCIDENTS, RepoKeys
 from tracker.state import fail_closed_repos, redis_time_ms
 
 
@@ -36,12 +36,18 @@ def clear(r: Any, repo: str | None, *, reason: str, who: str) -> int:
     """Lift the flag of ``repo`` (None: every flag, the global one included). Returns how many
     flags were lifted; each is recorded as an incident."""
     flags = fail_closed_repos(r)
-    targets = sorted(flags) if repo is None else [repo] if repo in flags else []
+    # Redis Cluster: a repository whose node went back keeps a marker in hd:applied (another
+    # slot) that keeps it fail-closed even when its own flag was lost with the node.
+    marked = {str(k): str(v) for k, v in (r.hgetall(APPLIED) or {}).items()
+              if '"regressed"' in str(v)}
+    known = set(flags) | set(marked)
+    targets = sorted(known) if repo is None else [repo] if repo in known else []
     now = redis_time_ms(r)
     for target in targets:
         record = orjson.dumps({"type": "fail_closed_cleared", "repository": target,
                                "address": "", "event_id": "", "ref_id": "", "at_ms": now,
-                               "by": who, "reason": reason, "was": flags[target]})
+                               "by": who, "reason": reason,
+                               "was": flags.get(target) or marked.get(target)})
         pipe = r.pipeline(transaction=False)
         if target == "*":
             pipe.delete(FAIL_CLOSED)
@@ -49,6 +55,8 @@ def clear(r: Any, repo: str | None, *, reason: str, who: str) -> int:
         else:
             pipe.delete(RepoKeys(target).fail_closed)
             pipe.rpush(RepoKeys(target).incidents, record)
+            if target in marked:
+                pipe.hdel(APPLIED, target)
         pipe.execute()
     return len(targets)
 

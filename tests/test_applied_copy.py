@@ -75,3 +75,40 @@ async def test_two_trackers_never_take_each_others_applied_copy_back(
         assert orjson.loads(await redis.hget(APPLIED, R))["0"] == "e9:3"
     finally:
         await redis.aclose()
+
+
+@pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
+async def test_a_regressed_repository_stays_unproven_when_its_flag_is_lost_too(
+        settings: Settings, topology: str) -> None:
+    """Found by an adversarial review: a node went back (caught: fail-closed), then a second
+    failover lost the flag too. The tracker had removed the repository from hd:applied, so its
+    next chunk (guard ``*``) re-seeded the copy from the regressed node and nothing kept the
+    repository. The copy now keeps a ``regressed`` marker until an operator clears it."""
+    from hardelete.clients import redis_sync
+    from hardelete.deletes import read_gate
+    from hardelete.failclosed import clear
+
+    redis = redis_async(settings)
+    sync = redis_sync(settings)
+    node = RepoKeys(R).applied
+    try:
+        await redis.hset(node, mapping={"0": "e0:90"})  # went back from e0:100
+        await redis.hset(APPLIED, R, orjson.dumps({"0": "e0:100"}).decode())
+        t = _tracker(redis, {0: "e0"}, {})
+        t.fail_closed = 0
+        t.settings = settings
+        await t._fail_regressed(f'hardelete: log record moved: applied[0] of {R} is "e0:90", '
+                                'expected "e0:100"')
+        assert read_gate(sync, R).repo_fail_closed is not None
+        await redis.delete(RepoKeys(R).fail_closed)  # the second failover lost the flag
+        await redis.hset(node, "0", "e0:101")  # the next chunk applied with guard '*'
+        await t._note_applied(_Batch(maxoff={(R, 0): 101}))
+        why = read_gate(sync, R).repo_fail_closed
+        assert why is not None and "went back" in why, why
+        # the operator's clear (after a rebuild) lifts it
+        await redis.hset(RepoKeys(R).fail_closed, "reason", "x")
+        clear(sync, R, reason="rebuilt", who="pytest")
+        assert read_gate(sync, R).repo_fail_closed is None
+    finally:
+        sync.close()
+        await redis.aclose()

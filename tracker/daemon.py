@@ -576,7 +576,8 @@ class Tracker:
             for repo, raw in (await self._retrying(lambda: self._redis.hgetall(APPLIED))).items():
                 with contextlib.suppress(orjson.JSONDecodeError, AttributeError, ValueError):
                     for p, value in orjson.loads(raw).items():
-                        self._applied_seen[(str(repo), int(p))] = str(value)
+                        if p.isdigit():  # (not the "regressed" marker)
+                            self._applied_seen[(str(repo), int(p))] = str(value)
         consumer, probe = self._consumer, self._probe
         assert consumer is not None and probe is not None
         if not tps:
@@ -1115,9 +1116,11 @@ class Tracker:
         pipe.rpush(k.incidents, orjson.dumps({
             "repository": repo, "address": "", "event_id": "", "type": "fail_closed",
             "ref_id": "", "at_ms": now, "reason": reason, "partition": partition}))
-        # Its node is what it is now: the flag keeps every delete away from it, and the copy
-        # starts again from here (else each chunk would be refused again, for ever).
-        pipe.hdel(APPLIED, repo)
+        # Its node is what it is now: the next chunks go on from there (no partition values
+        # left to require, else each would be refused again, for ever), but the copy keeps a
+        # marker in hd:applied's slot: a second failover may lose the flag with the node, and
+        # the gate still keeps the repository until an operator clears it after a rebuild.
+        pipe.hset(APPLIED, repo, orjson.dumps({"regressed": reason}).decode())
         await self._retrying(pipe.execute)
         self.fail_closed += 1
         self.log.error("repository fail-closed", repository=repo, reason=reason,
