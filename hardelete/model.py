@@ -25,6 +25,7 @@ commit stages a new entry or a tombstone in the open token and removes nothing.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import io
 import os
 import random
@@ -421,6 +422,7 @@ class Model:
         self.repositories: dict[str, Repository] = {}
         self.tokens: dict[str, StagingToken] = {}
         self.commits: dict[str, Commit] = {}
+        self._generations: dict[str, int] = {}  # commit -> generation (merge base)
         self.references: dict[str, Reference] = {}
         self.issued: dict[str, IssuedAddress] = {}  # by address
         self.objects: dict[str, ObjectRecord] = {}  # by address
@@ -946,15 +948,34 @@ class Model:
         )], commit=commit)
 
     def _merge_base(self, a: str | None, b: str) -> str | None:
+        """The first commit, breadth first from ``b``, that is an ancestor of ``a``.
+
+        ``a``'s ancestors are walked only as deep as needed (highest generation first): a
+        commit is an ancestor of ``a`` only if its generation is at most ``a``'s, so once every
+        ancestor of ``a`` down to a commit's generation is known, membership is exact. The
+        whole history was walked per merge before, which made a long run quadratic."""
         if a is None:
             return None
-        ancestors = self._ancestors(a)
+        gen = self._generation
+        known: set[str] = {a}
+        heap: list[tuple[int, str]] = [(-gen(a), a)]
+
+        def is_ancestor_of_a(cid: str) -> bool:
+            g = gen(cid)
+            while heap and -heap[0][0] >= g:
+                _, c = heapq.heappop(heap)
+                for p in self.commits[c].parents:
+                    if p not in known:
+                        known.add(p)
+                        heapq.heappush(heap, (-gen(p), p))
+            return cid in known
+
         seen: set[str] = set()
         frontier = [b]
-        while frontier:  # breadth first from b: the nearest common ancestor
+        while frontier:
             nxt: list[str] = []
             for cid in frontier:
-                if cid in ancestors:
+                if is_ancestor_of_a(cid):
                     return cid
                 if cid not in seen:
                     seen.add(cid)
@@ -962,15 +983,21 @@ class Model:
             frontier = nxt
         return None
 
-    def _ancestors(self, cid: str) -> set[str]:
-        out: set[str] = set()
+    def _generation(self, cid: str) -> int:
+        """Longest path to a root (roots are 0); memoised, computed without recursion."""
+        memo = self._generations
+        if cid in memo:
+            return memo[cid]
         stack = [cid]
         while stack:
-            c = stack.pop()
-            if c not in out:
-                out.add(c)
-                stack.extend(self.commits[c].parents)
-        return out
+            c = stack[-1]
+            missing = [p for p in self.commits[c].parents if p not in memo]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            memo[c] = 1 + max((memo[p] for p in self.commits[c].parents), default=-1)
+        return memo[cid]
 
 
 def _overlay(view: dict[str, Entry], staged: Mapping[str, Entry | Tombstone]) -> None:

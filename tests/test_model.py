@@ -732,3 +732,46 @@ def test_the_services_uncommitted_list_and_the_grace_rule_of_the_garbage_oracle(
                                         horizon=later)
     assert leak in m.reconciler_garbage([], repository="r", now=later, grace_seconds=3_600,
                                         horizon=later)
+
+
+def _naive_merge_base(commits: dict[str, Any], a: str, b: str) -> str | None:
+    ancestors: set[str] = set()
+    stack = [a]
+    while stack:
+        c = stack.pop()
+        if c not in ancestors:
+            ancestors.add(c)
+            stack.extend(commits[c].parents)
+    seen: set[str] = set()
+    frontier = [b]
+    while frontier:
+        nxt: list[str] = []
+        for cid in frontier:
+            if cid in ancestors:
+                return cid
+            if cid not in seen:
+                seen.add(cid)
+                nxt.extend(commits[cid].parents)
+        frontier = nxt
+    return None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(min_value=0, max_value=10_000), max_size=3), max_size=40),
+       st.integers(min_value=0), st.integers(min_value=0))
+def test_merge_base_walks_only_as_deep_as_needed_and_agrees_with_the_whole_walk(
+        parent_picks: list[list[int]], ia: int, ib: int) -> None:
+    """The bounded merge base (generation-ordered walk of a's ancestry) is the one a walk of
+    a's whole history gives, on any commit graph."""
+    from hardelete.model import Commit
+
+    m = Model()
+    ids: list[str] = []
+    for i, picks in enumerate(parent_picks):
+        parents = tuple(dict.fromkeys(ids[p % len(ids)] for p in picks)) if ids else ()
+        cid = f"c{i}"
+        m.commits[cid] = Commit(cid, "r", "main", parents, 0.0, "", {}, ())
+        ids.append(cid)
+    assume(ids)
+    a, b = ids[ia % len(ids)], ids[ib % len(ids)]
+    assert m._merge_base(a, b) == _naive_merge_base(m.commits, a, b)
