@@ -69,6 +69,7 @@ from hardelete.soak_plan import (
     FaultKind,
     ReconcileKind,
     Step,
+    default_rates,
     parse_faults,
     plan,
 )
@@ -114,8 +115,9 @@ class SoakOptions:
     repos: int = 4
     branches: int = 3
     faults: frozenset[FaultKind] = SURVIVED
-    faults_per_1000_ops: float = 4.0
-    reconciles_per_1000_ops: float = 1.0
+    # None: scaled to the run (soak_plan.default_rates).
+    faults_per_1000_ops: float | None = None
+    reconciles_per_1000_ops: float | None = None
     reconcile: bool = True
     grace_seconds: float = 2.0
     upload_ttl_seconds: float = 2.0
@@ -126,7 +128,7 @@ class SoakOptions:
     # broker's acks=all: the batch size is what bounds the soak's rate.
     flush_every: int = 200
     flush_interval: float = 0.25
-    check_every: int = 2_500  # operations between two listings of the namespaces
+    check_every: int | None = None  # operations between two listings; None: scaled
     payload_cap: int = 64
     span_days: float = 30.0  # commits back-dated over this span: retention has work
     retention_days: float = 7.0
@@ -136,6 +138,15 @@ class SoakOptions:
     # at a wrapper that patches a safety check, to prove the soak catches the damage; there is
     # no production switch for that.
     reaper_command: tuple[str, ...] = _PYTHON_CLI
+
+    @property
+    def rates(self) -> tuple[float, float, int]:
+        """Faults and reconciler runs per 1000 operations, operations between listings."""
+        faults, reconciles, check = default_rates(self.ops)
+        return (faults if self.faults_per_1000_ops is None else self.faults_per_1000_ops,
+                reconciles if self.reconciles_per_1000_ops is None
+                else self.reconciles_per_1000_ops,
+                check if self.check_every is None else self.check_every)
 
     def workload(self, run_id: str) -> Workload:
         try:
@@ -170,9 +181,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="survived (default: what the current code survives), all, none, "
                              "needs-fix, or a comma list of kinds; +kind/-kind adjust the "
                              "default. Kinds: " + ", ".join(k.value for k in FaultKind))
-    parser.add_argument("--faults-per-1000", type=float, default=d.faults_per_1000_ops)
+    parser.add_argument("--faults-per-1000", type=float, default=d.faults_per_1000_ops,
+                        help="faults per 1000 operations (default: 4 up to 10^4 operations, "
+                             "then fewer: 100 in all at 10^6)")
     parser.add_argument("--reconciles-per-1000", type=float, default=d.reconciles_per_1000_ops,
-                        help="reconciler runs scheduled per 1000 operations (at least 3)")
+                        help="reconciler runs scheduled per 1000 operations, at least 3 "
+                             "(default: 1 up to 10^4 operations, then fewer: 20 at 10^6)")
     parser.add_argument("--flush-every", type=int, default=d.flush_every,
                         help="operations per publish batch at most")
     parser.add_argument("--no-reconcile", action="store_true",
@@ -180,7 +194,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "mark_sweep_race are dropped")
     parser.add_argument("--grace", type=float, default=d.grace_seconds,
                         help="grace window in seconds (soak only: unsafe in production)")
-    parser.add_argument("--check-every", type=int, default=d.check_every)
+    parser.add_argument("--check-every", type=int, default=d.check_every,
+                        help="operations between two listings of the namespaces (default: "
+                             "2,500 up to 5*10^4 operations, then a twentieth of the run)")
     parser.add_argument("--keep-workdir", action="store_true",
                         help="keep the servers' data and the daemons' logs")
     parser.add_argument("--plan", action="store_true",
@@ -191,8 +207,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace) -> SoakOptions:
     if args.ops < 0 or args.repos < 1 or args.branches < 1:
         raise UserError("--ops must be >= 0, --repos and --branches >= 1")
-    if (args.grace <= 0 or args.check_every < 1 or args.faults_per_1000 < 0
-            or args.reconciles_per_1000 < 0 or args.flush_every < 1):
+    if (args.grace <= 0 or (args.check_every is not None and args.check_every < 1)
+            or (args.faults_per_1000 or 0) < 0 or (args.reconciles_per_1000 or 0) < 0
+            or args.flush_every < 1):
         raise UserError("--grace must be > 0, --check-every and --flush-every >= 1, "
                         "--faults-per-1000 and --reconciles-per-1000 >= 0")
     try:
@@ -215,8 +232,7 @@ _NEEDS_SPARK = frozenset({FaultKind.KILL_RECONCILER, FaultKind.MARK_SWEEP_RACE})
 def schedule(o: SoakOptions) -> list[Step]:
     faults = o.faults if o.reconcile else o.faults - _NEEDS_SPARK
     steps = plan(o.seed, o.ops, faults, repos=o.repos, grace_seconds=o.grace_seconds,
-                 per_1000_ops=o.faults_per_1000_ops,
-                 reconciles_per_1000_ops=o.reconciles_per_1000_ops)
+                 per_1000_ops=o.rates[0], reconciles_per_1000_ops=o.rates[1])
     return [s for s in steps if o.reconcile or not isinstance(s.action, ReconcileKind)]
 
 
@@ -389,6 +405,7 @@ class Soak:
         self.diverted: dict[str, list[Event]] = {}  # repository -> events held back by a fault
         self.recent: deque[Event] = deque(maxlen=5_000)  # published: material for duplicates
         self.producer: Any = None
+        self.in_flight: tuple[list[Event], list[asyncio.Future[Any]]] | None = None
         self.ops_by_kind: Counter[str] = Counter()
         self.ops_refused = 0
         self.op_index = 0
@@ -445,17 +462,20 @@ class Soak:
 
     async def _publish(self, events: list[Event], key: bytes | None = None,
                        budget: float = 120.0) -> None:
-        """Publish raw (retrying through broker restarts); ``key`` overrides the repository."""
+        """Publish raw and wait for the acks (retrying through broker restarts), after the
+        load's batch in flight; ``key`` overrides the repository."""
+        await self._acked()
+        await self._publish_now(events, key, budget)
+
+    async def _publish_now(self, events: list[Event], key: bytes | None = None,
+                           budget: float = 120.0) -> None:
         if not events:
             return
         deadline = time.monotonic() + budget
         delay = 0.1
         while True:
             try:
-                futures = [await self.producer.send(self.settings.events_topic, encode(e),
-                                                    key=key if key is not None else e.key)
-                           for e in events]
-                await asyncio.gather(*futures)
+                await asyncio.gather(*await self._send(events, key))
                 return
             except Exception as exc:
                 if time.monotonic() > deadline:
@@ -464,9 +484,29 @@ class Soak:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    async def flush(self) -> None:
+    async def _send(self, events: list[Event], key: bytes | None = None
+                    ) -> list[asyncio.Future[Any]]:
+        return [await self.producer.send(self.settings.events_topic, encode(e),
+                                          key=key if key is not None else e.key)
+                for e in events]
+
+    async def _acked(self) -> None:
+        """Wait for the load's batch in flight; publish it again if it failed (a duplicate
+        is harmless; the next batch is sent only after this one, so order holds)."""
+        pending, self.in_flight = self.in_flight, None
+        if pending is None:
+            return
+        events, futures = pending
+        try:
+            await asyncio.gather(*futures)
+        except Exception as exc:
+            log.warning("soak.publish_retry", error=str(exc))
+            await self._publish_now(events)
+
+    async def flush(self, wait: bool = True) -> None:
         """Publish the model's new events (after their effects), skipping withheld ones and
-        diverting those of repositories a fault holds back."""
+        diverting those of repositories a fault holds back. ``wait=False`` (the load) leaves
+        the batch's acks in flight while the next operations run and write."""
         t0 = time.monotonic()
         await self.service.settle()
         end = len(self.model.events)
@@ -479,7 +519,14 @@ class Soak:
                 diverted.append(e)
             else:
                 batch.append(e)
-        await self._publish(batch)
+        await self._acked()
+        if batch:
+            try:
+                self.in_flight = (batch, await self._send(batch))
+            except Exception:
+                await self._publish_now(batch)  # the broker is down: retry until it is back
+        if wait:
+            await self._acked()
         self.recent.extend(batch)
         self.published_upto = end
         self.timing["publish"] += time.monotonic() - t0
@@ -553,6 +600,7 @@ class Soak:
         steps = list(self.steps)
         setup = workload.setup_ops
         total = o.ops + setup
+        check_every = o.rates[2]
         last_sup = last_flush = time.monotonic()
         with self.console.status("soak: load") as status:
             for n, op in enumerate(workload.operations(self.model)):
@@ -563,9 +611,9 @@ class Soak:
                 await self._apply(op)
                 if (n % o.flush_every == 0 or n == total - 1
                         or time.monotonic() - last_flush > o.flush_interval):
-                    await self.flush()
+                    await self.flush(wait=False)
                     last_flush = time.monotonic()
-                if i > 0 and i % o.check_every == 0:
+                if i > 0 and i % check_every == 0:
                     await self.flush()
                     t0 = time.monotonic()
                     await self._check(f"op {i}")
@@ -1155,7 +1203,8 @@ class Soak:
                 # claim, a late event) is judged again by the next night's mark: run it for
                 # the repositories whose final sweep kept marked keys.
                 again = [run.repository for run in self.runs
-                         if run.kind == "final mark_sweep" and run.marked > run.confirmed]
+                         if run.kind == "final mark_sweep" and run.status == "done"
+                         and run.marked > run.confirmed]
                 if again:
                     await asyncio.sleep(o.grace_seconds + o.min_age_seconds)
                 for repo in again:

@@ -149,6 +149,19 @@ class Step:
     share: float = 0.0
 
 
+def default_rates(ops: int) -> tuple[float, float, int]:
+    """(faults per 1000 operations, reconciler runs per 1000, operations between checks) for a
+    run of ``ops`` that names none: the short runs' density (4 faults and 1 run per 1000, a
+    listing every 2,500) up to 10^4 operations, then totals that grow slowly: 10^6 operations
+    get 100 faults, 20 reconciler runs and 20 listings, not 4,000, 1,000 and 400, which would
+    spend the run in recoveries, queued Spark runs and listings of a large namespace."""
+    if ops <= 10_000:
+        return 4.0, 1.0, 2_500
+    faults = max(0.1, 40_000 / ops)
+    reconciles = max(0.02, 10_000 / ops)
+    return faults, reconciles, max(2_500, ops // 20)
+
+
 def plan(seed: int, ops: int, faults: Iterable[FaultKind], *, repos: int,
          grace_seconds: float, faults_per_kind: float = 1.0, per_1000_ops: float = 4.0,
          reconciles_per_1000_ops: float = 1.5) -> list[Step]:
