@@ -99,3 +99,79 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     finally:
         r.close()
+
+
+# --- `hardelete rebuild prepare|apply` (tracker/rebuild.py) ------------------------------------
+
+
+class prepare_:  # a CLI command (module:attr in hardelete.cli)
+    """Snapshot the mirror of a fail-closed repository and print the nonce its service's
+    state export must carry."""
+
+    @staticmethod
+    def configure(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("repository")
+        parser.add_argument("--json", action="store_true")
+
+    @staticmethod
+    def run_cli(settings: Settings, args: argparse.Namespace) -> int:
+        from tracker.rebuild import RebuildError, prepare
+
+        r = _redis(settings)
+        try:
+            p = prepare(r, args.repository)
+        except RebuildError as exc:
+            raise UserError(str(exc)) from None
+        finally:
+            r.close()
+        if args.json:
+            print(orjson.dumps(p.as_dict(), option=orjson.OPT_INDENT_2).decode())
+        else:
+            print(f"{p.repository}: snapshot of {p.refs} live reference(s) taken; have the "
+                  f"service export its whole state with rebuild_nonce {p.nonce}, then run "
+                  f"`hardelete rebuild apply {p.repository} --export LOCATION`")
+        return 0
+
+
+class apply_:
+    """Rebuild a fail-closed repository's mirror from its service's state export and lift
+    the flag (recorded as a `rebuilt` incident)."""
+
+    @staticmethod
+    def configure(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("repository")
+        parser.add_argument("--export", required=True,
+                            help="the state export: an s3:// or local folder holding "
+                                 "state.json (format 2, schemas/README.md), or that file")
+        parser.add_argument("--json", action="store_true")
+
+    @staticmethod
+    def run_cli(settings: Settings, args: argparse.Namespace) -> int:
+        from hardelete.clients import s3_client
+        from tracker.rebuild import RebuildError, rebuild
+
+        r = _redis(settings)
+        try:
+            report = rebuild(r, s3_client(settings), args.repository, args.export,
+                             max_age_ms=int(settings.uncommitted_export_max_age_seconds
+                                            * 1000), by=who())
+        except RebuildError as exc:
+            raise UserError(str(exc)) from None
+        finally:
+            r.close()
+        if args.json:
+            print(orjson.dumps(report.as_dict(), option=orjson.OPT_INDENT_2).decode())
+        else:
+            c = report.counts
+            print(f"{report.repository}: rebuilt from {report.export} and no longer "
+                  f"fail-closed: {c['refs_removed']} reference(s) proven removed, "
+                  f"{c['tokens_dropped']} token(s) dropped, {c['refs_added']} reference(s) "
+                  f"and {c['commits_added']} commit(s) added, {c['addresses_committed']} "
+                  f"address(es) committed by those commits, {report.incidents} incident(s)")
+        return 0
+
+
+def _redis(settings: Settings) -> Any:
+    if not settings.redis_url:
+        raise UserError("rebuild needs redis_url (HARDELETE_REDIS_URL)")
+    return redis_sync(settings)

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
     from schemas.publisher import Publisher
+    from tracker.rebuild import StateExport
 
 __all__ = [
     "DEFAULT_MIX",
@@ -874,6 +875,37 @@ class Model:
                    if i.repository == repo and i.linked_at is None and i.expires_at > now)
         return frozenset(out)
 
+    def state_export(self, repo: str, nonce: str, now: float | None = None) -> StateExport:
+        """The service's whole state of ``repo`` for a rebuild (tracker/rebuild.py, format 2):
+        branches and tags with their ref versions, the live references of every open or
+        sealed token, every commit, every unexpired issued upload address. ``nonce`` is the
+        prepared rebuild's: the service reads it before it exports."""
+        from tracker.rebuild import ExportBranch, ExportCommit, ExportEntry, StateExport
+
+        now = self.clock() if now is None else now
+        r = self.repository(repo)
+        tokens: dict[str, tuple[str, list[ExportEntry]]] = {}
+        for b in r.branches.values():
+            for tid in (*b.sealed_tokens, b.staging_token):
+                tokens[tid] = (self.tokens[tid].state.value, [])
+        for ref in self.references.values():
+            if ref.repository == repo and ref.removed_at is None and ref.token in tokens:
+                tokens[ref.token][1].append(ExportEntry(ref.address, ref.ref_id,
+                                                        self.objects[ref.address].size
+                                                        if ref.address in self.objects else 0))
+        return StateExport(
+            repository=repo, exported_at_ms=int(now * 1000), nonce=nonce,
+            branches={n: ExportBranch(b.head, b.staging_token, tuple(b.sealed_tokens),
+                                      r.ref_versions.get(f"b:{n}", 0))
+                      for n, b in r.branches.items()},
+            tags={t: (c, r.ref_versions.get(f"t:{t}", 0)) for t, c in r.tags.items()},
+            tokens={t: (s, tuple(es)) for t, (s, es) in tokens.items()},
+            commits={cid: ExportCommit(cid, self.commits[cid].branch, self.commits[cid].parents,
+                                       self.commits[cid].time, self.commits[cid].manifest)
+                     for cid in r.commit_ids},
+            issued={a: int(i.expires_at * 1000) for a, i in self.issued.items()
+                    if i.repository == repo and i.linked_at is None and i.expires_at > now})
+
     # -- internals --
 
     def _emit(self, events: list[Event], **products: Any) -> OpEvents:
@@ -1460,6 +1492,19 @@ class ModelService:
         return await asyncio.to_thread(write_export, self.s3, location, addresses,
                                        exported_at_ms=int(exported_at * 1000),
                                        repository=repo)
+
+    async def write_state_export(self, repo: str, nonce: str,
+                                 location: str | None = None) -> str:
+        """Write the service's whole-state export (tracker/rebuild.py) for a prepared rebuild:
+        by default a new folder under the namespace's ``_hardelete/exports/``. Returns it."""
+        from tracker.rebuild import write_export
+
+        export = self.model.state_export(repo, nonce)
+        if location is None:
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(export.exported_at_ms / 1000))
+            location = (f"{self.model.repository(repo).storage_namespace}_hardelete/exports/"
+                        f"state-{stamp}-{export.exported_at_ms % 1000:03d}/")
+        return await asyncio.to_thread(write_export, self.s3, location, export)
 
     # -- internals --
 

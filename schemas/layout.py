@@ -207,8 +207,21 @@ class RepoKeys:
     def fail_closed(self) -> str:
         """hash: reason, at_ms, detail. Present: the mirror of this repository is not proven
         complete and current; the reaper deletes nothing and the reconciler marks nothing as
-        leaked or unreferenced for it (Safety I) until an operator clears it."""
+        leaked or unreferenced for it (Safety I) until a rebuild proves it (tracker/rebuild.py)
+        or an operator clears it. ``losses`` counts the losses that set or kept it."""
         return f"{self.tag}:failclosed"
+
+    @property
+    def rebuild(self) -> str:
+        """hash: nonce, at_ms, losses (the flag's counter at the snapshot): a rebuild prepared
+        (tracker/rebuild.py); the nonce is written last, after the snapshot."""
+        return f"{self.tag}:rebuild"
+
+    @property
+    def rebuild_snapshot(self) -> str:
+        """string: json of the mirror's live references, tokens, branches and tags at the
+        rebuild's snapshot (tracker/rebuild.py)."""
+        return f"{self.tag}:rebuild:snapshot"
 
     @property
     def holds(self) -> str:

@@ -8,7 +8,9 @@ repository) happened in Python.
 KEYS[1]  <tag>:repo             (routes the call to the repository's slot; all keys below share it)
 ARGV[1]  <tag>:                 key prefix of the repository, e.g. "hd:{repo}:"
 ARGV[2]  repository id          (for incidents)
-ARGV[3]  partition              (events with offset <= applied[partition] are skipped)
+ARGV[3]  partition              (events with offset <= applied[partition] are skipped);
+                                '' for a rebuild (op 13 only, tracker/rebuild.py): nothing
+                                is skipped and applied[] is not touched
 ARGV[4]  events                 JSON array of compact events
 ARGV[5]  now override (ms)      "" in production: the Redis clock (TIME) is the only clock
 ARGV[6]  log epoch              identity of the partition's log (tracker/logid.py); "" in tests.
@@ -287,10 +289,27 @@ local function branch_json(head, token)
   return '{"head":' .. h .. ',"staging_token":' .. cjson.encode(token) .. ',"sealed_tokens":[]}'
 end
 
+-- op 13 is the rebuild's (tracker/rebuild.py), never an event's: only a call with no
+-- partition (ARGV[3] = '') may carry it, and such a call carries only it and the reference
+-- ops (issue, add, delete), behind its guard.
+local rebuild_call = (part == '')
+local REBUILD_OPS = { [3] = true, [4] = true, [5] = true, [13] = true }
 for i = 1, #events do  -- refuse a malformed batch before writing anything
   local op = events[i][2]
-  if type(op) ~= 'number' or op < 1 or op > 12 then
+  if type(op) ~= 'number' or op < 1 or op > 13 or (op == 13 and not rebuild_call)
+      or (rebuild_call and not REBUILD_OPS[op]) then
     return redis.error_reply('hardelete: unknown op ' .. tostring(op))
+  end
+end
+local K_FC, K_RB = P .. 'failclosed', P .. 'rebuild'
+if rebuild_call then
+  -- The snapshot the plan was computed from must still be the current one, and the flag the
+  -- one it saw (no loss since): a new prepare or a new loss makes the plan stale.
+  local g = events[1]
+  if g[3] ~= 'guard' or redis.call('HGET', K_RB, 'nonce') ~= g[4]
+      or (redis.call('HGET', K_FC, 'losses') or '') ~= g[5] then
+    return redis.error_reply('hardelete: rebuild is stale: its snapshot or the fail-closed '
+                             .. 'flag changed since it was prepared')
   end
 end
 
@@ -372,6 +391,33 @@ for i = 1, #events do
       if fresh(e[5], 't:' .. e[3], e[4]) then redis.call('HDEL', K_TAGS, e[3]) end
     elseif op == 12 then -- addresses reaped: addresses, event_id
       for _, a in ipairs(e[3]) do reaped(a, e[4]) end
+    elseif op == 13 then -- rebuild (tracker/rebuild.py): kind, ...
+      local kind = e[3]
+      if kind == 'tok' then -- token, state (ranks only move up, as for events)
+        set_token(e[4], e[5], '', 'rebuilt')
+      elseif kind == 'comm' then -- address a commit the mirror never saw holds
+        local r = load(e[4])
+        if not r.committed then r.committed = true; r.dcomm = true end
+        derive(e[4], r)
+      elseif kind == 'commit' then -- id, record
+        redis.call('HSETNX', K_COMMITS, e[4], e[5])
+      elseif kind == 'branch' then -- name, json, version: only when newer than the mirror's
+        if newer('b:' .. e[4], e[6]) then redis.call('HSET', K_BRANCHES, e[4], e[5]) end
+      elseif kind == 'tag' then -- name, commit, version
+        if newer('t:' .. e[4], e[6]) then redis.call('HSET', K_TAGS, e[4], e[5]) end
+      elseif kind == 'branch_gone' or kind == 'tag_gone' then
+        -- name, version at the snapshot: gone at the service; removed unless an event changed
+        -- it since the snapshot (then that event is newer than the export)
+        local f, k = 't:', K_TAGS
+        if kind == 'branch_gone' then f, k = 'b:', K_BRANCHES end
+        if (redis.call('HGET', K_REFVER, f .. e[4]) or '-1') == fmt(e[5]) then
+          redis.call('HDEL', k, e[4])
+        end
+      elseif kind == 'lift' then -- incident json: the rebuilt mirror is proven; the flag lifts
+        redis.call('DEL', K_FC, K_RB, P .. 'rebuild:snapshot')
+        redis.call('RPUSH', K_INC, e[4])
+        redis.call('HINCRBY', K_STATS, 'rebuilds', 1)
+      end -- 'guard' was checked above
     elseif op == 11 then -- repository deleted (retired): event_id
       redis.call('HSET', K_META, 'retired_at', NOW, 'retired_event', e[3])
       dead, retire = true, true
@@ -388,12 +434,12 @@ flush()
 -- Retired: nothing of it may be deleted online (the queue is dropped after the flush, which may
 -- have queued addresses of this batch; claims in flight are dropped with it).
 if retire then redis.call('DEL', K_UNREF, K_CLAIMS) end
-if maxoff > last then
+if maxoff > last and not rebuild_call then
   local v = fmt(maxoff)
   if epoch ~= '' then v = epoch .. ':' .. v end
   redis.call('HSET', K_APPLIED, part, v)
 end
-if applied > 0 then redis.call('HINCRBY', K_STATS, 'events', applied) end
+if applied > 0 and not rebuild_call then redis.call('HINCRBY', K_STATS, 'events', applied) end
 if #incidents > 0 then redis.call('HINCRBY', K_STATS, 'incidents', #incidents) end
 if dups > 0 then redis.call('HINCRBY', K_STATS, 'ref_duplicates', dups) end
 if reused > 0 then redis.call('HINCRBY', K_STATS, 'ref_ids_reused', reused) end

@@ -732,6 +732,7 @@ class Tracker:
             pipe.hsetnx(k.fail_closed, "reason", reason)
             pipe.hsetnx(k.fail_closed, "at_ms", str(now))
             pipe.hsetnx(k.fail_closed, "detail", detail)
+            pipe.hincrby(k.fail_closed, "losses", 1)  # a rebuild prepared before is stale
             pipe.rpush(k.incidents, inc)
             pipe.hincrby(k.stats, "incidents", 1)
             await self._retrying(pipe.execute)
@@ -1113,6 +1114,7 @@ class Tracker:
         pipe = self._redis.pipeline(transaction=False)
         pipe.hsetnx(k.fail_closed, "reason", reason)
         pipe.hsetnx(k.fail_closed, "at_ms", str(now))
+        pipe.hincrby(k.fail_closed, "losses", 1)  # a rebuild prepared before is stale
         pipe.rpush(k.incidents, orjson.dumps({
             "repository": repo, "address": "", "event_id": "", "type": "fail_closed",
             "ref_id": "", "at_ms": now, "reason": reason, "partition": partition}))

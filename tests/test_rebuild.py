@@ -1,0 +1,263 @@
+"""Rebuild of a fail-closed repository from the service's whole-state export (issue 20, item 1).
+
+Real stack: MinIO (objects, manifests, the export), Redis with the tracker's apply script. The
+events lost in the gap are model events never applied (what a lost broker log leaves); the flag
+is the one the tracker writes (reason and loss counter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+
+from hardelete.model import Model as M
+from schemas.layout import RepoKeys
+from tests.test_reconcile import BUCKET, World, make_world
+from tracker.rebuild import RebuildError, prepare, read_export, rebuild, write_export
+from tracker.state import read_repo_state, redis_time_ms
+
+pytestmark = [pytest.mark.integration]
+
+MAX_AGE = 86_400_000
+
+
+def call(w: World, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    return asyncio.run(w.svc.call(fn, *args, **kwargs))
+
+
+def lose_log(w: World, repo: str) -> None:
+    """The tracker found the log gone: what it writes for each repository."""
+    k = RepoKeys(repo)
+    w.r.hsetnx(k.fail_closed, "reason", "log reset or re-created")
+    w.r.hsetnx(k.fail_closed, "at_ms", str(redis_time_ms(w.r)))
+    w.r.hincrby(k.fail_closed, "losses", 1)
+
+
+def export(w: World, repo: str, nonce: str) -> str:
+    return asyncio.run(w.svc.write_state_export(repo, nonce))
+
+
+def state_of(w: World, repo: str, address: str) -> str:
+    st = read_repo_state(w.r, repo)
+    rec = st.addresses.get(address)
+    return "none" if rec is None or rec.state is None else rec.state.value
+
+
+def reapable(w: World, repo: str, address: str) -> bool:
+    """Would the online path take it once grace has passed (horizon far ahead)?"""
+    st = read_repo_state(w.r, repo)
+    return st.reapable(address, redis_time_ms(w.r) + 10 * 86_400_000, 0)
+
+
+@pytest.fixture
+def w(settings, s3, redis_client) -> World:
+    world = make_world(settings, s3, redis_client)
+    world.model.upload_ttl_seconds = 0.05  # upload protection is not what is tested here
+    return world
+
+
+def scenario(w: World) -> dict[str, Any]:
+    """Applied: a, b committed in c1; s staged on main; g and k staged on side. Lost with the
+    log: g deleted (side's token stays open), x written and committed with s (c2), branch feat
+    with y staged, tag t at c1."""
+    call(w, M.create_repository, "r", f"s3://{BUCKET}/rebuild/r/")
+    a = call(w, M.write, "r", "main", "a", 10).address
+    b = call(w, M.write, "r", "main", "b", 10).address
+    c1 = call(w, M.commit, "r", "main").commit.id
+    s = call(w, M.write, "r", "main", "s", 10).address
+    call(w, M.create_branch, "r", "side", c1)
+    g = call(w, M.write, "r", "side", "g", 10).address
+    k = call(w, M.write, "r", "side", "k", 10).address
+    w.track(None)
+    call(w, M.delete, "r", "side", "g")
+    x = call(w, M.write, "r", "main", "x", 10).address
+    c2 = call(w, M.commit, "r", "main").commit.id
+    call(w, M.create_branch, "r", "feat", c2)
+    y = call(w, M.write, "r", "feat", "y", 10).address
+    call(w, M.create_tag, "r", "t", c1)
+    w.applied = len(w.model.events)  # lost: never applied
+    lose_log(w, "r")
+    return {"a": a, "b": b, "c1": c1, "c2": c2, "s": s, "g": g, "k": k, "x": x, "y": y}
+
+
+def test_a_rebuild_removes_only_what_the_service_removed_and_lifts_the_flag(w: World) -> None:
+    h = scenario(w)
+    assert state_of(w, "r", h["g"]) == "staged"  # its delete was lost
+    assert state_of(w, "r", h["x"]) == "none"  # its write and commit were lost
+    p = prepare(w.r, "r")
+    # after the snapshot, before the export: applied, and in the export
+    z = call(w, M.write, "r", "main", "z", 10).address
+    w.track(None)
+    location = export(w, "r", p.nonce)
+    # after the export: applied, not in the export, not in the snapshot: never removed
+    q = call(w, M.write, "r", "main", "q", 10).address
+    w.track(None)
+    report = rebuild(w.r, w.s3, "r", location, max_age_ms=MAX_AGE, by="test")
+
+    assert not w.r.exists(RepoKeys("r").fail_closed)
+    assert not w.r.exists(RepoKeys("r").rebuild), "the prepared rebuild is consumed"
+    incidents = [orjson.loads(i) for i in w.r.lrange(RepoKeys("r").incidents, 0, -1)]
+    rebuilt = [i for i in incidents if i["type"] == "rebuilt"]
+    assert len(rebuilt) == 1 and rebuilt[0]["refs_removed"] == 1, rebuilt
+    assert report.counts["refs_removed"] == 1 and report.counts["commits_added"] == 1
+    assert report.counts["tokens_dropped"] == 1  # main's token, committed by the lost c2
+
+    # g: its removal was lost; proven removed, its grace starts now
+    assert state_of(w, "r", h["g"]) == "unreferenced"
+    assert reapable(w, "r", h["g"])
+    since = read_repo_state(w.r, "r").addresses[h["g"]].since
+    assert since is not None and since >= p.at_ms
+    # x and s: in a commit the mirror never saw: committed from its manifest (their token
+    # is dropped, not known committed), never reaped online
+    for name in ("a", "b", "s", "x"):
+        assert state_of(w, "r", h[name]) == "committed", name
+        assert not reapable(w, "r", h[name])
+    # y: staged on a branch whose creation was lost: a live reference now
+    assert state_of(w, "r", h["y"]) == "staged"
+    for address in (h["k"], h["y"], z, q):
+        assert state_of(w, "r", address) == "staged", address
+        assert not reapable(w, "r", address)
+    st = read_repo_state(w.r, "r")
+    assert st.tags.get("t") == h["c1"]
+    assert h["c2"] in st.commits
+    assert "feat" in st.branches and st.branches["main"].head == h["c2"]
+    # the garbage the model calls online garbage is exactly what is reapable now
+    truth = w.model.truth(issued_ttl_respected=False)
+    for address in (h["a"], h["b"], h["s"], h["k"], h["x"], h["y"], z, q):
+        assert address not in truth.online_garbage
+    assert h["g"] in truth.online_garbage
+
+
+def test_events_after_the_rebuild_apply_on_top(w: World) -> None:
+    h = scenario(w)
+    p = prepare(w.r, "r")
+    location = export(w, "r", p.nonce)
+    rebuild(w.r, w.s3, "r", location, max_age_ms=MAX_AGE)
+    call(w, M.delete, "r", "feat", "y")
+    call(w, M.delete_tag, "r", "t")
+    w.track(None)
+    assert state_of(w, "r", h["y"]) == "unreferenced"
+    assert "t" not in read_repo_state(w.r, "r").tags
+
+
+def test_a_snapshot_token_the_export_no_longer_lists_is_dropped(w: World) -> None:
+    """A reset lost with the log: the old token's references end at the rebuild."""
+    call(w, M.create_repository, "r", f"s3://{BUCKET}/rebuild2/r/")
+    call(w, M.create_branch, "r", "dev", None)
+    d = call(w, M.write, "r", "dev", "d", 10).address
+    w.track(None)
+    call(w, M.reset_branch, "r", "dev")
+    w.applied = len(w.model.events)
+    lose_log(w, "r")
+    p = prepare(w.r, "r")
+    report = rebuild(w.r, w.s3, "r", export(w, "r", p.nonce), max_age_ms=MAX_AGE)
+    assert report.counts["tokens_dropped"] == 1
+    assert state_of(w, "r", d) == "unreferenced"
+
+
+# --- what refuses (nothing lifted, nothing changed) --------------------------------------------
+
+
+def refused(w: World, location: str, says: str, max_age_ms: int = MAX_AGE) -> None:
+    before = read_repo_state(w.r, "r").addresses
+    with pytest.raises(RebuildError, match=says):
+        rebuild(w.r, w.s3, "r", location, max_age_ms=max_age_ms)
+    assert w.r.exists(RepoKeys("r").fail_closed)
+    assert read_repo_state(w.r, "r").addresses == before
+
+
+def test_an_export_taken_before_the_prepare_is_refused(w: World) -> None:
+    scenario(w)
+    old = prepare(w.r, "r")
+    location = export(w, "r", old.nonce)
+    prepare(w.r, "r")  # a newer snapshot: the export does not prove it
+    refused(w, location, "not the prepared one")
+
+
+def test_a_loss_after_the_prepare_makes_it_stale(w: World) -> None:
+    scenario(w)
+    p = prepare(w.r, "r")
+    location = export(w, "r", p.nonce)
+    lose_log(w, "r")
+    refused(w, location, "lost again")
+
+
+def test_bad_named_evidence_refuses_the_rebuild_with_one_line(w: World, tmp_path) -> None:
+    scenario(w)
+    p = prepare(w.r, "r")
+    good = read_export(w.s3, export(w, "r", p.nonce), f"s3://{BUCKET}/rebuild/r/", "r")
+    refused(w, str(tmp_path / "missing"), "cannot read")
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "state.json").write_text("{not json")
+    refused(w, str(tmp_path / "junk"), "not JSON")
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "state.json").write_bytes(orjson.dumps({"format": 1}))
+    refused(w, str(tmp_path / "v1"), "not a format-2")
+    other = orjson.loads(good.to_json())
+    other["repository"] = "someone-else"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "state.json").write_bytes(orjson.dumps(other))
+    refused(w, str(tmp_path / "other"), "is for repository 'someone-else'")
+    outside = orjson.loads(good.to_json())
+    next(iter(outside["tokens"].values()))["entries"].append(
+        {"address": "s3://elsewhere/k", "ref_id": "r1", "size": 1})
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "state.json").write_bytes(orjson.dumps(outside))
+    refused(w, str(tmp_path / "outside"), "outside namespace")
+    shapeless = orjson.loads(good.to_json())
+    del shapeless["commits"]
+    (tmp_path / "shape").mkdir()
+    (tmp_path / "shape" / "state.json").write_bytes(orjson.dumps(shapeless))
+    refused(w, str(tmp_path / "shape"), "malformed")
+    write_export(w.s3, str(tmp_path / "good"), good)
+    refused(w, str(tmp_path / "good"), "older than", max_age_ms=1)
+    # and the good one, named right, rebuilds
+    rebuild(w.r, w.s3, "r", str(tmp_path / "good"), max_age_ms=MAX_AGE)
+    assert not w.r.exists(RepoKeys("r").fail_closed)
+
+
+def test_a_commit_whose_manifest_cannot_be_read_keeps_the_flag(w: World) -> None:
+    h = scenario(w)
+    p = prepare(w.r, "r")
+    location = export(w, "r", p.nonce)
+    manifest = w.model.commits[h["c2"]].manifest
+    bucket, _, key = manifest[5:].partition("/")
+    w.s3.delete_object(Bucket=bucket, Key=key)
+    refused(w, location, "cannot be read")
+
+
+def test_a_repository_that_is_not_fail_closed_has_nothing_to_rebuild(w: World) -> None:
+    call(w, M.create_repository, "r", f"s3://{BUCKET}/rebuild3/r/")
+    w.track(None)
+    with pytest.raises(RebuildError, match="not fail-closed"):
+        prepare(w.r, "r")
+
+
+def test_no_event_carries_the_rebuild_op(w: World) -> None:
+    """Op 13 is refused on a partition (an event's path), whatever it says."""
+    from tracker.state import ApplyScript
+
+    call(w, M.create_repository, "r", f"s3://{BUCKET}/rebuild4/r/")
+    w.track(None)
+    lose_log(w, "r")
+    with pytest.raises(Exception, match="unknown op"):
+        ApplyScript.apply_sync(w.r, "r", 0, [[10_000, 13, "lift", "{}"]])
+    assert w.r.exists(RepoKeys("r").fail_closed)
+
+
+def test_the_script_refuses_a_plan_whose_snapshot_is_no_longer_the_prepared_one(w: World) -> None:
+    """The guard in apply.lua (a prepare or a loss between the checks in Python and a chunk)."""
+    from tracker.rebuild import _apply
+
+    scenario(w)
+    p = prepare(w.r, "r")
+    lift = [13, "lift", orjson.dumps({"type": "rebuilt"}).decode()]
+    for nonce, losses in (("another", p.losses), (p.nonce, "7")):
+        with pytest.raises(RebuildError, match="stale"):
+            _apply(w.r, "r", [[0, 13, "guard", nonce, losses], [1, *lift]])
+        assert w.r.exists(RepoKeys("r").fail_closed)
+    _apply(w.r, "r", [[0, 13, "guard", p.nonce, p.losses], [1, *lift]])
+    assert not w.r.exists(RepoKeys("r").fail_closed)

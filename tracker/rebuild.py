@@ -1,0 +1,474 @@
+"""Rebuild a fail-closed repository's mirror from the service's export of its whole state.
+
+A repository is fail-closed when the tracker cannot prove its mirror complete (a lost log, a
+Redis that went back past what the log still holds): events may be missing, so nothing of it
+is deleted. Clearing the flag alone would trust the mirror as it is. The rebuild instead
+makes the mirror agree with the service again, in three steps (schemas/README.md, "Rebuild"):
+
+1. **prepare** snapshots the mirror: every live reference (address, ref id, token), the
+   open, sealed and unknown tokens, the branches and tags with their ref versions. Only then
+   is a random nonce written beside it (``RepoKeys.rebuild``), with the flag's loss counter.
+2. **The service exports its whole state** (format 2, :class:`StateExport`) *after* reading
+   the nonce, and names it in the export. The nonce is the proof of order, on no clock: every
+   reference in the snapshot was applied before the nonce existed, so its event had been
+   published, so its effect was in the service before the export began. A snapshot reference
+   the export does not list was therefore removed at the service before the export (its
+   removal event may be lost). A reference applied after the snapshot is not in it, and the
+   rebuild never removes it.
+3. **apply** (one plan, :func:`plan`, a pure function) removes those references, drops the
+   snapshot tokens the export no longer lists open or sealed (committed or dropped at the
+   service), marks committed every address of a commit the mirror never saw (from its
+   manifest: a commit lost with the log keeps its data), and adds everything the export lists
+   (references, tokens, commits, newer branches and tags, issued uploads). Adding commutes
+   with the events still arriving; ranks and ref versions only move forward. The chunks go
+   through ``apply.lua`` (op 13, never carried by an event), each guarded by the nonce and the
+   flag's loss counter: a new prepare or a new loss makes the plan stale and it stops.
+   The last chunk lifts the flag and records a ``rebuilt`` incident with the counts.
+
+Every address the rebuild leaves unreferenced starts its grace at the rebuild (the Redis
+clock of its chunk). A repository whose service gives no export stays fail-closed; ``status``
+says what it needs.
+"""
+
+from __future__ import annotations
+
+import io
+import secrets
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from schemas.address import canonical_address
+from schemas.layout import FAIL_CLOSED, LIVE_TOKEN_STATES, OutsideNamespace, RepoKeys, TokenState
+from tracker.references import RepoState
+from tracker.state import ApplyScript, read_repo_state, redis_time_ms
+
+STATE_EXPORT = "state.json"  # the export's one file (format 2)
+FORMAT = 2
+CHUNK = 2_000  # ops per apply.lua call
+
+
+class RebuildError(Exception):
+    """The rebuild cannot go on (one line: what is wrong); nothing was lifted."""
+
+
+# --- the snapshot ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The mirror at prepare time: what the export may prove removed."""
+
+    refs: frozenset[tuple[str, str, str]]  # (address, ref id, token): live at the snapshot
+    tokens: dict[str, str]  # token -> state: open, sealed or "unknown"
+    branches: dict[str, int]  # branch -> ref version at the snapshot (-1: none recorded)
+    tags: dict[str, int]
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"refs": sorted(self.refs), "tokens": self.tokens,
+                             "branches": self.branches, "tags": self.tags})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> Snapshot:
+        d = orjson.loads(raw)
+        return cls(frozenset(tuple(x) for x in d["refs"]), d["tokens"], d["branches"],
+                   d["tags"])
+
+
+def snapshot_of(state: RepoState) -> Snapshot:
+    """The live references of a repository's state (a token the mirror never saw counts as
+    live, as everywhere), its live tokens, and its refs' versions. Pure."""
+    def live(token: str) -> bool:
+        s = state.token_state(token)
+        return s is None or s in LIVE_TOKEN_STATES
+
+    refs = frozenset((a, ref, tok) for a, rec in state.addresses.items()
+                     for ref, tok in rec.adds.items() if ref not in rec.removes and live(tok))
+    tokens = {t: s.value for t, (s, _) in state.tokens.items() if s in LIVE_TOKEN_STATES}
+    tokens.update({tok: "unknown" for _, _, tok in refs if state.token_state(tok) is None})
+    return Snapshot(refs, tokens,
+                    {b: state.ref_versions.get(f"b:{b}", -1) for b in state.branches},
+                    {t: state.ref_versions.get(f"t:{t}", -1) for t in state.tags})
+
+
+@dataclass(frozen=True)
+class Prepared:
+    repository: str
+    nonce: str
+    at_ms: int
+    losses: str
+    refs: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"repository": self.repository, "nonce": self.nonce, "at_ms": self.at_ms,
+                "losses": self.losses, "snapshot_refs": self.refs}
+
+
+def prepare(r: Any, repo: str) -> Prepared:
+    """Snapshot the mirror of a fail-closed ``repo`` and mint the nonce its service's export
+    must carry (a new prepare makes every earlier nonce stale)."""
+    k = RepoKeys(repo)
+    losses = _flag_losses(r, repo)
+    r.delete(k.rebuild)  # an earlier nonce is stale from here on
+    state = read_repo_state(r, repo)
+    snap = snapshot_of(state)
+    if _flag_losses(r, repo) != losses:
+        raise RebuildError(f"{repo}: the log was lost again while the snapshot was read; "
+                           "prepare again")
+    nonce = secrets.token_hex(16)
+    now = redis_time_ms(r)
+    r.set(k.rebuild_snapshot, snap.to_json())
+    # Written last: a nonce exists only once its snapshot is complete.
+    r.hset(k.rebuild, mapping={"nonce": nonce, "at_ms": str(now), "losses": losses})
+    return Prepared(repo, nonce, now, losses, len(snap.refs))
+
+
+def pending(r: Any, repo: str) -> dict[str, str]:
+    """The prepared rebuild of ``repo`` (nonce, at_ms, losses), or {}."""
+    return dict(r.hgetall(RepoKeys(repo).rebuild) or {})
+
+
+def _flag_losses(r: Any, repo: str) -> str:
+    if r.exists(FAIL_CLOSED):
+        raise RebuildError("every repository is fail-closed (hd:failclosed: Redis lost its "
+                           "whole state); a rebuild lifts one repository's flag, not that one")
+    flag = r.hgetall(RepoKeys(repo).fail_closed)
+    if not flag:
+        raise RebuildError(f"{repo} is not fail-closed: nothing to rebuild")
+    return str(flag.get("losses", ""))
+
+
+# --- the export (format 2) ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExportEntry:
+    address: str
+    ref_id: str
+    size: int
+
+
+@dataclass(frozen=True)
+class ExportBranch:
+    head: str | None
+    staging_token: str
+    sealed_tokens: tuple[str, ...]
+    ref_version: int
+
+
+@dataclass(frozen=True)
+class ExportCommit:
+    id: str
+    branch: str
+    parents: tuple[str, ...]
+    committed_at: float
+    manifest: str
+
+
+@dataclass(frozen=True)
+class StateExport:
+    """The service's whole state of one repository (lakeFS: its refs and commit log, plus
+    ``PrepareGCUncommitted``'s staged entries, ref ids included)."""
+
+    repository: str
+    exported_at_ms: int
+    nonce: str
+    branches: dict[str, ExportBranch]
+    tags: dict[str, tuple[str, int]]  # tag -> (commit id, ref version)
+    tokens: dict[str, tuple[str, tuple[ExportEntry, ...]]]  # open/sealed -> (state, entries)
+    commits: dict[str, ExportCommit]
+    issued: dict[str, int]  # unexpired issued upload address -> expires_at (ms)
+    location: str = ""
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({
+            "format": FORMAT, "repository": self.repository,
+            "exported_at": self.exported_at_ms, "rebuild_nonce": self.nonce,
+            "branches": {b: {"head": v.head, "staging_token": v.staging_token,
+                             "sealed_tokens": list(v.sealed_tokens),
+                             "ref_version": v.ref_version} for b, v in self.branches.items()},
+            "tags": {t: {"commit": c, "ref_version": v} for t, (c, v) in self.tags.items()},
+            "tokens": {t: {"state": s, "entries": [
+                {"address": e.address, "ref_id": e.ref_id, "size": e.size} for e in es]}
+                for t, (s, es) in self.tokens.items()},
+            "commits": [{"id": c.id, "branch": c.branch, "parents": list(c.parents),
+                         "committed_at": c.committed_at, "manifest": c.manifest}
+                        for c in self.commits.values()],
+            "issued": [{"address": a, "expires_at": t} for a, t in self.issued.items()],
+        })
+
+
+def parse_export(raw: bytes, namespace: str, repo: str, where: str) -> StateExport:
+    """Read and check a format-2 export; any problem raises :class:`RebuildError` naming it.
+    Addresses are put in the namespace's canonical form (a row outside it is an error: it
+    could protect nothing)."""
+    def fail(what: str) -> RebuildError:
+        return RebuildError(f"state export {where}: {what}")
+
+    try:
+        d = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise fail(f"not JSON ({exc})") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise fail(f"not a format-{FORMAT} state export (format "
+                   f"{d.get('format') if isinstance(d, dict) else None!r})")
+    if d.get("repository") != repo:
+        raise fail(f"is for repository {d.get('repository')!r}, not {repo!r}")
+
+    def addr(raw_address: Any) -> str:
+        try:
+            return canonical_address(namespace, raw_address)
+        except OutsideNamespace as exc:
+            raise fail(str(exc)) from None
+
+    try:
+        branches = {str(b): ExportBranch(v["head"], str(v["staging_token"]),
+                                         tuple(map(str, v.get("sealed_tokens") or ())),
+                                         int(v["ref_version"]))
+                    for b, v in d["branches"].items()}
+        tags = {str(t): (str(v["commit"]), int(v["ref_version"])) for t, v in d["tags"].items()}
+        tokens: dict[str, tuple[str, tuple[ExportEntry, ...]]] = {}
+        for t, v in d["tokens"].items():
+            if v["state"] not in (TokenState.OPEN, TokenState.SEALED):
+                raise fail(f"token {t!r} has state {v['state']!r} (open or sealed only)")
+            tokens[str(t)] = (str(v["state"]), tuple(
+                ExportEntry(addr(e["address"]), str(e["ref_id"]), int(e["size"]))
+                for e in v["entries"]))
+        commits = {str(c["id"]): ExportCommit(str(c["id"]), str(c["branch"]),
+                                              tuple(map(str, c["parents"])),
+                                              float(c["committed_at"]), addr(c["manifest"]))
+                   for c in d["commits"]}
+        issued = {addr(i["address"]): int(i["expires_at"]) for i in d["issued"]}
+        exported_at = int(d["exported_at"])
+        nonce = str(d["rebuild_nonce"])
+    except RebuildError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise fail(f"malformed ({type(exc).__name__}: {exc})") from None
+    return StateExport(repo, exported_at, nonce, branches, tags, tokens, commits, issued, where)
+
+
+def read_export(s3: Any, location: str, namespace: str, repo: str) -> StateExport:
+    """The export at ``location``: an ``s3://`` folder or local folder holding ``state.json``,
+    or that file itself."""
+    path = location if location.endswith(STATE_EXPORT) else location.rstrip("/") + "/" + \
+        STATE_EXPORT
+    try:
+        if path.startswith("s3://"):
+            bucket, _, key = path[5:].partition("/")
+            raw: bytes = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        else:
+            raw = Path(path).read_bytes()
+    except Exception as exc:
+        raise RebuildError(f"state export {location}: cannot read {path} "
+                           f"({type(exc).__name__}: {exc})") from None
+    return parse_export(raw, namespace, repo, location)
+
+
+def write_export(s3: Any, location: str, export: StateExport) -> str:
+    """Write ``export`` as ``state.json`` under ``location`` (s3:// or local); returns the
+    folder. The model service and the tests use it."""
+    folder = location if location.endswith("/") else location + "/"
+    body = export.to_json()
+    if folder.startswith("s3://"):
+        bucket, _, prefix = folder[5:].partition("/")
+        s3.put_object(Bucket=bucket, Key=prefix + STATE_EXPORT, Body=body)
+    else:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / STATE_EXPORT).write_bytes(body)
+    return folder
+
+
+# --- the plan (pure) ---------------------------------------------------------------------------
+
+
+@dataclass
+class RebuildPlan:
+    drop_refs: list[tuple[str, str, str]] = field(default_factory=list)  # address, ref, token
+    drop_tokens: list[str] = field(default_factory=list)
+    tokens: list[tuple[str, str]] = field(default_factory=list)  # token, open|sealed
+    add_refs: list[tuple[str, str, str, int]] = field(default_factory=list)
+    commits: list[ExportCommit] = field(default_factory=list)  # unknown to the mirror
+    committed: list[str] = field(default_factory=list)  # their manifests' addresses
+    branches: list[tuple[str, ExportBranch]] = field(default_factory=list)
+    branches_gone: list[tuple[str, int]] = field(default_factory=list)
+    tags: list[tuple[str, str, int]] = field(default_factory=list)
+    tags_gone: list[tuple[str, int]] = field(default_factory=list)
+    issued: list[tuple[str, int]] = field(default_factory=list)  # address, ttl ms
+
+    def counts(self) -> dict[str, int]:
+        return {"refs_removed": len(self.drop_refs), "tokens_dropped": len(self.drop_tokens),
+                "refs_added": len(self.add_refs), "tokens": len(self.tokens),
+                "commits_added": len(self.commits), "addresses_committed": len(self.committed),
+                "branches": len(self.branches), "branches_removed": len(self.branches_gone),
+                "tags": len(self.tags), "tags_removed": len(self.tags_gone),
+                "issued": len(self.issued)}
+
+
+def plan(snap: Snapshot, export: StateExport, known_commits: Iterable[str],
+         manifests: Mapping[str, Iterable[str]]) -> RebuildPlan:
+    """What the rebuild changes. ``manifests``: the addresses of each commit the mirror does
+    not know (every one of them must be there: a commit whose manifest cannot be read keeps
+    the repository fail-closed)."""
+    known = set(known_commits)
+    p = RebuildPlan()
+    exported = {t: {(e.address, e.ref_id) for e in es} for t, (_, es) in export.tokens.items()}
+    # Only what the snapshot held can be proven removed; and only within a token the export
+    # lists (a token it does not list is dropped whole below).
+    p.drop_refs = sorted((a, ref, tok) for a, ref, tok in snap.refs
+                         if tok in exported and (a, ref) not in exported[tok])
+    p.drop_tokens = sorted(t for t in snap.tokens if t not in export.tokens)
+    p.tokens = sorted((t, s) for t, (s, _) in export.tokens.items())
+    p.add_refs = sorted((e.address, e.ref_id, t, e.size)
+                        for t, (_, es) in export.tokens.items() for e in es)
+    p.commits = [c for cid, c in sorted(export.commits.items()) if cid not in known]
+    missing = [c.id for c in p.commits if c.id not in manifests]
+    if missing:
+        raise RebuildError(f"no manifest read for commit(s) {missing[:5]}")
+    p.committed = sorted({a for c in p.commits for a in manifests[c.id]})
+    p.branches = sorted(export.branches.items())
+    p.branches_gone = sorted((b, v) for b, v in snap.branches.items()
+                             if b not in export.branches)
+    p.tags = sorted((t, c, v) for t, (c, v) in export.tags.items())
+    p.tags_gone = sorted((t, v) for t, v in snap.tags.items() if t not in export.tags)
+    p.issued = sorted((a, max(0, until - export.exported_at_ms))
+                      for a, until in export.issued.items())
+    return p
+
+
+def ops(p: RebuildPlan) -> Iterator[list[Any]]:
+    """The plan as apply.lua's compact ops (op 13 for what no event does), in the order that
+    keeps the most: tokens and additions before removals."""
+    for t, s in p.tokens:
+        yield [13, "tok", t, s]
+    for a, ref, t, size in p.add_refs:
+        yield [4, t, a, size, ref, "", "", "", "rebuilt"]
+    for c in p.commits:
+        record = orjson.dumps({"parents": list(c.parents), "time": c.committed_at,
+                               "branch": c.branch, "manifest": c.manifest}).decode()
+        yield [13, "commit", c.id, record]
+    for a in p.committed:
+        yield [13, "comm", a]
+    for b, v in p.branches:
+        j = orjson.dumps({"head": v.head, "staging_token": v.staging_token,
+                          "sealed_tokens": list(v.sealed_tokens)}).decode()
+        yield [13, "branch", b, j, v.ref_version]
+    for t, commit_id, ver in p.tags:
+        yield [13, "tag", t, commit_id, ver]
+    for a, ttl in p.issued:
+        yield [3, a, ttl]
+    for b, ver in p.branches_gone:
+        yield [13, "branch_gone", b, ver]
+    for t, ver in p.tags_gone:
+        yield [13, "tag_gone", t, ver]
+    for t in p.drop_tokens:
+        yield [13, "tok", t, TokenState.DROPPED.value]
+    for a, ref, t in p.drop_refs:
+        yield [5, t, a, ref]
+
+
+# --- apply -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RebuildReport:
+    repository: str
+    export: str
+    exported_at_ms: int
+    counts: dict[str, int]
+    incidents: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"repository": self.repository, "export": self.export,
+                "exported_at_ms": self.exported_at_ms, **self.counts,
+                "incidents": self.incidents}
+
+
+def manifest_addresses(s3: Any, namespace: str, commit: ExportCommit) -> list[str]:
+    """The addresses a commit's Parquet manifest lists, canonical (a row outside the
+    namespace fails the rebuild, as it fails a mark)."""
+    import pyarrow.parquet as pq
+
+    bucket, _, key = commit.manifest[5:].partition("/")
+    try:
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        rows = pq.read_table(io.BytesIO(body), columns=["address"]).column(0).to_pylist()
+        return [canonical_address(namespace, a) for a in rows]
+    except OutsideNamespace as exc:
+        raise RebuildError(f"commit {commit.id}: manifest {commit.manifest}: {exc}") from None
+    except Exception as exc:
+        raise RebuildError(f"commit {commit.id}: manifest {commit.manifest} cannot be read "
+                           f"({type(exc).__name__}: {exc})") from None
+
+
+def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
+            by: str = "") -> RebuildReport:
+    """Apply the service's export at ``location`` to the prepared rebuild of ``repo`` and
+    lift its flag. Raises :class:`RebuildError` (nothing lifted) when the export is missing,
+    malformed, for another repository or another prepare, older than ``max_age_ms``, or a
+    manifest of a commit the mirror does not know cannot be read."""
+    k = RepoKeys(repo)
+    prepared = pending(r, repo)
+    if not prepared.get("nonce"):
+        raise RebuildError(f"{repo}: no rebuild prepared: run `hardelete rebuild prepare "
+                           f"{repo}`, then have the service export its state with the nonce")
+    losses = _flag_losses(r, repo)
+    if losses != prepared.get("losses", ""):
+        raise RebuildError(f"{repo}: the log was lost again since the rebuild was prepared; "
+                           "prepare again")
+    namespace = r.hget(k.meta, "namespace")
+    if not namespace:
+        raise RebuildError(f"{repo}: the mirror has no namespace for it (repository unknown)")
+    export = read_export(s3, location, namespace, repo)
+    if export.nonce != prepared["nonce"]:
+        raise RebuildError(f"state export {location}: its rebuild_nonce is not the prepared "
+                           "one (exported before the last prepare, or for another): export "
+                           "again with the current nonce")
+    now = redis_time_ms(r)
+    if now - export.exported_at_ms > max_age_ms:
+        raise RebuildError(f"state export {location}: exported "
+                           f"{(now - export.exported_at_ms) / 1000:.0f} s ago, older than "
+                           f"{max_age_ms / 1000:.0f} s")
+    raw = r.get(k.rebuild_snapshot)
+    if raw is None:
+        raise RebuildError(f"{repo}: the prepared snapshot is gone (Redis went back?); "
+                           "prepare again")
+    snap = Snapshot.from_json(raw)
+    known = set(r.hkeys(k.commits))
+    unknown = [c for cid, c in export.commits.items() if cid not in known]
+    manifests = {c.id: manifest_addresses(s3, namespace, c) for c in unknown}
+    p = plan(snap, export, known, manifests)
+    guard = [13, "guard", prepared["nonce"], losses]
+    body = list(ops(p))
+    incidents = 0
+    chunks = [body[i:i + CHUNK] for i in range(0, len(body), CHUNK)] or [[]]
+    for n, chunk in enumerate(chunks):
+        events = [guard, *chunk]
+        if n == len(chunks) - 1:
+            record = orjson.dumps({"repository": repo, "address": "", "event_id": "",
+                                   "type": "rebuilt", "ref_id": "", "at_ms": now, "by": by,
+                                   "export": location, "exported_at_ms": export.exported_at_ms,
+                                   **p.counts()}).decode()
+            events.append([13, "lift", record])
+        compact = [[i, *e] for i, e in enumerate(events)]
+        result = _apply(r, repo, compact)
+        incidents += max(0, len(result) - 2)
+    return RebuildReport(repo, location, export.exported_at_ms, p.counts(), incidents)
+
+
+def _apply(r: Any, repo: str, compact: list[list[Any]]) -> Any:
+    keys = RepoKeys(repo)
+    args = (ApplyScript.sha, 1, keys.meta, keys.tag + ":", repo, "", orjson.dumps(compact), "")
+    try:
+        return r.evalsha(*args)
+    except Exception as exc:
+        if "NOSCRIPT" not in str(exc) and "No matching script" not in str(exc):
+            if "hardelete: rebuild is stale" in str(exc):
+                raise RebuildError(f"{repo}: {str(exc).split('hardelete: ', 1)[1]}; prepare "
+                                   "again") from None
+            raise
+        r.script_load(ApplyScript.lua)
+        return r.evalsha(*args)
