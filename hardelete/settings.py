@@ -119,6 +119,9 @@ class Settings:
     uncommitted_export: str = ""
     uncommitted_export_max_age_seconds: float = field(default=2 * 86_400.0,
                                                       metadata=_opt(_positive))
+    # The tracker's self-healing (tracker/rebuild.py): how often it prepares a rebuild for a
+    # fail-closed repository and looks for the service's state export; 0: only by command.
+    rebuild_interval_seconds: float = field(default=10.0, metadata=_opt(_non_negative))
     sweep_max_share: float = field(default=0.5, metadata=_opt(
         lambda v: None if 0 < v <= 1 else "must be > 0 and <= 1"))
     sweep_max_growth: float = field(default=10.0, metadata=_opt(_positive))
@@ -222,7 +225,9 @@ DOCS: dict[str, str] = {
                           "s3:// prefix ({repo} is replaced), or 'namespace' "
                           "(<namespace>_hardelete/exports/); empty: none",
     "uncommitted_export_max_age_seconds": "a named uncommitted export older than this refuses "
-                                          "the run",
+                                          "the run; a state export too (rebuild)",
+    "rebuild_interval_seconds": "how often the tracker prepares the rebuild of a fail-closed "
+                                "repository and applies its service's state export (0: off)",
     "sweep_max_share": "a repository's first sweep deleting more than this share of the listed "
                        "objects is refused without --allow-large-sweep",
     "sweep_max_growth": "a later sweep deleting more than this many times the median of the "

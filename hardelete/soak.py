@@ -165,7 +165,7 @@ def soak_settings(base: Settings, o: SoakOptions) -> Settings:
         lease_seconds=o.lease_seconds, session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
         tracker_poll_ms=50, reaper_poll_seconds=0.2, metrics_port=0, log_format="json",
         kafka_bootstrap="", redis_url="", s3_endpoint_url="", redis_cluster=False,
-        quarantine_days=0.0, repository_grace="")
+        quarantine_days=0.0, repository_grace="", rebuild_interval_seconds=1.0)
 
 
 # --- CLI -----------------------------------------------------------------------------------
@@ -428,6 +428,8 @@ class Soak:
         self.tasks: list[asyncio.Task[Any]] = []
         self.fail_closed: dict[str, FailClosedPeriod] = {}
         self.fail_closed_periods: list[FailClosedPeriod] = []
+        self.exported: set[str] = set()  # rebuild nonces the service exported its state for
+        self.rebuild_exports = 0
         self.phases: dict[str, float] = {}
         self.max_horizon_lag = 0.0
         self.timing: defaultdict[str, float] = defaultdict(float)  # where the load goes
@@ -677,6 +679,7 @@ class Soak:
             h = await r.hgetall(RepoKeys(repo).fail_closed)
             if h:
                 now[repo] = str(h.get("reason", "?"))
+                await self._export_for_rebuild(r, repo)
         t = self._elapsed()
         for scope, reason in now.items():
             if scope not in self.fail_closed:
@@ -686,6 +689,17 @@ class Soak:
         for scope in list(self.fail_closed):
             if scope not in now:
                 self.fail_closed.pop(scope).end_s = t
+
+    async def _export_for_rebuild(self, r: Any, repo: str) -> None:
+        """The service's part of a rebuild (tracker/rebuild.py): once the tracker prepared one,
+        read its nonce, then export the whole state with it (after reading: the order the
+        nonce proves)."""
+        nonce = await r.hget(RepoKeys(repo).rebuild, "nonce")
+        if not nonce or nonce in self.exported or repo not in self.model.repositories:
+            return
+        self.exported.add(nonce)
+        await self.service.write_state_export(repo, nonce)
+        self.rebuild_exports += 1
 
     # -- the steps --
 

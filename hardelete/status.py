@@ -50,6 +50,8 @@ class RepoStatus:
     incidents: int
     counters: dict[str, int] = field(default_factory=dict)
     fail_closed: str | None = None  # why nothing is deleted for it (Safety I), or None
+    needs: str | None = None  # fail-closed: what lifts it (the rebuild's next step)
+    rebuild_nonce: str | None = None  # the nonce the service's state export must carry
 
 
 @dataclass
@@ -64,6 +66,16 @@ class Status:
     global_incidents_total: int = 0
     retired: dict[str, dict[str, Any]] = field(default_factory=dict)
     fail_closed_all: str | None = None  # every repository is fail-closed: why
+
+
+def rebuild_needs(repo: str, nonce: str | None) -> str:
+    """What a fail-closed repository needs to delete again (tracker/rebuild.py)."""
+    if not nonce:
+        return (f"a rebuild: `hardelete rebuild prepare {repo}` (the tracker prepares one by "
+                "itself), then the service's state export")
+    return (f"the service's whole-state export with rebuild_nonce {nonce} (format 2, "
+            "schemas/README.md), under the namespace's _hardelete/exports/ (the tracker "
+            f"applies it by itself) or `hardelete rebuild apply {repo} --export LOCATION`")
 
 
 def collect_status(r: Any, retired_retention_days: float = 7.0) -> Status:
@@ -81,9 +93,12 @@ def collect_status(r: Any, retired_retention_days: float = 7.0) -> Status:
         pipe.llen(k.incidents)
         pipe.hgetall(k.stats)
         pipe.hget(k.fail_closed, "reason")
-        ns, queued, claims, tomb, inc, stats, closed = pipe.execute()
+        pipe.hget(k.rebuild, "nonce")
+        ns, queued, claims, tomb, inc, stats, closed, nonce = pipe.execute()
         repos.append(RepoStatus(repo, ns or "?", queued, claims, tomb, inc,
-                                {f: int(float(v)) for f, v in (stats or {}).items()}, closed))
+                                {f: int(float(v)) for f, v in (stats or {}).items()}, closed,
+                                rebuild_needs(repo, nonce) if closed else None,
+                                nonce if closed else None))
     lag = {p: max(0.0, (now - int(v)) / 1000) for p, v in sorted(progress.items())}
     incidents = [orjson.loads(j) for j in r.lrange(INCIDENTS, -100, -1)]
     retired = {}
@@ -105,8 +120,9 @@ def _print_status(st: Status) -> None:
     for r in st.repositories:
         counters = ", ".join(f"{k}={v}" for k, v in sorted(r.counters.items()))
         style = "bold red" if r.incidents or r.fail_closed else ""
+        closed = f"{r.fail_closed}; needs {r.needs}" if r.fail_closed else ""
         t.add_row(r.repository, r.namespace, str(r.queued), str(r.claims), str(r.tombstones),
-                  str(r.incidents), counters, r.fail_closed or "", style=style)
+                  str(r.incidents), counters, closed, style=style)
     con.print(t)
     if st.retired:
         con.print("retired repositories (nothing of them is deleted online; data kept until "

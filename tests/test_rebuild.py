@@ -261,3 +261,28 @@ def test_the_script_refuses_a_plan_whose_snapshot_is_no_longer_the_prepared_one(
         assert w.r.exists(RepoKeys("r").fail_closed)
     _apply(w.r, "r", [[0, 13, "guard", p.nonce, p.losses], [1, *lift]])
     assert not w.r.exists(RepoKeys("r").fail_closed)
+
+
+def test_the_trackers_round_prepares_then_applies_the_export_the_service_wrote(w: World) -> None:
+    """Self-healing (tracker/rebuild.py heal, the tracker's loop): nothing but the service's
+    export under the namespace's _hardelete/exports/ is needed."""
+    from tracker.rebuild import heal
+
+    h = scenario(w)
+    first = heal(w.r, w.s3, max_age_ms=MAX_AGE, by="test")
+    assert first.prepared == ["r"] and not first.rebuilt, first
+    nonce = w.r.hget(RepoKeys("r").rebuild, "nonce")
+    assert heal(w.r, w.s3, max_age_ms=MAX_AGE, by="test").rebuilt == []  # no export yet
+    export(w, "r", "some-other-nonce")  # an export of another prepare is not taken
+    assert heal(w.r, w.s3, max_age_ms=MAX_AGE, by="test").rebuilt == []
+    export(w, "r", nonce)
+    done = heal(w.r, w.s3, max_age_ms=MAX_AGE, by="test")
+    assert [rep.repository for rep in done.rebuilt] == ["r"], done
+    assert not w.r.exists(RepoKeys("r").fail_closed)
+    assert state_of(w, "r", h["g"]) == "unreferenced"
+    assert state_of(w, "r", h["x"]) == "committed"
+    # and a loss after a prepare makes the next round prepare again
+    lose_log(w, "r")
+    again = heal(w.r, w.s3, max_age_ms=MAX_AGE, by="test")
+    assert again.prepared == ["r"]
+    assert w.r.hget(RepoKeys("r").rebuild, "nonce") != nonce

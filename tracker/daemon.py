@@ -65,7 +65,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hardelete import UserError
-from hardelete.clients import redis_async
+from hardelete.clients import redis_async, redis_sync
 from hardelete.settings import Settings
 from schemas import reaper_auth
 from schemas.events import EventError
@@ -369,6 +369,7 @@ class Tracker:
         self._seen_count: int | None = None
         self._redis_now = 0
         self.fail_closed = 0
+        self._heal_task: asyncio.Task[None] | None = None
         self.holds = 0
         self._cluster = bool(getattr(settings, "redis_cluster", False))
         self._fetch_wait = FetchWait(min(settings.tracker_poll_ms, 500),
@@ -447,6 +448,8 @@ class Tracker:
             consumer.subscribe([s.events_topic], listener=_Listener(self))
             await consumer.start()
             meta_task = asyncio.create_task(self._meta_loop())
+            if s.rebuild_interval_seconds > 0:
+                self._heal_task = asyncio.create_task(self._heal_loop())
             if s.metrics_port:
                 server = start_http_server(s.metrics_port, registry=self.metrics.registry)
             self.log.info("tracker started", metrics_port=s.metrics_port or None)
@@ -456,10 +459,11 @@ class Tracker:
                 await self._cycle(consumer)
             await self._drain()
         finally:
-            if meta_task is not None:
-                meta_task.cancel()
-                with contextlib.suppress(BaseException):
-                    await meta_task
+            for task in (meta_task, self._heal_task):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
             with contextlib.suppress(Exception):
                 await self._consumer.stop()  # leaves the group
             with contextlib.suppress(Exception):
@@ -530,6 +534,37 @@ class Tracker:
             self._rejoin = True
         self._seen_count = len(parts)
         return True
+
+    async def _heal_loop(self) -> None:
+        """Self-healing (tracker/rebuild.py): a fail-closed repository gets a rebuild prepared,
+        and is rebuilt once its service wrote a state export carrying the nonce."""
+        from hardelete.clients import s3_client
+        from tracker.rebuild import heal
+
+        s = self.settings
+        r, s3 = redis_sync(s), s3_client(s)
+        try:
+            while not self._stop.is_set():
+                try:
+                    healed = await asyncio.to_thread(
+                        heal, r, s3, max_age_ms=int(s.uncommitted_export_max_age_seconds * 1000),
+                        by=f"tracker {self.name}")
+                    for repo in healed.prepared:
+                        self.log.warning("rebuild prepared: waiting for the service's state "
+                                         "export", repository=repo)
+                    for rep in healed.rebuilt:
+                        self.log.warning("repository rebuilt: no longer fail-closed",
+                                         **rep.as_dict())
+                    for repo, why in healed.problems.items():
+                        self.log.warning("rebuild not applied", repository=repo, why=why)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # Redis or S3 trouble: the flag simply stays
+                    self.log.warning("rebuild round failed", error=f"{type(exc).__name__}: {exc}")
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), s.rebuild_interval_seconds)
+        finally:
+            r.close()
 
     async def _meta_loop(self) -> None:
         rounds = 0

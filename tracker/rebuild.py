@@ -472,3 +472,62 @@ def _apply(r: Any, repo: str, compact: list[list[Any]]) -> Any:
             raise
         r.script_load(ApplyScript.lua)
         return r.evalsha(*args)
+
+
+# --- self-healing (the tracker's loop) ---------------------------------------------------------
+
+
+EXPORTS = "_hardelete/exports/"  # where the service writes its exports, in the namespace
+
+
+def find_state_export(s3: Any, namespace: str, nonce: str) -> str | None:
+    """The folder of a state export under the namespace's ``_hardelete/exports/`` that
+    carries ``nonce`` (None: none yet). Only exports of this prepare can match."""
+    bucket, _, prefix = namespace[5:].partition("/")
+    paginator = s3.get_paginator("list_objects_v2")
+    found = [o["Key"] for page in paginator.paginate(Bucket=bucket, Prefix=prefix + EXPORTS)
+             for o in page.get("Contents", ()) if o["Key"].endswith("/" + STATE_EXPORT)]
+    for key in sorted(found, reverse=True):  # newest first (folders named by time)
+        try:
+            d = orjson.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        except Exception:
+            continue  # unreadable: not this prepare's (rebuild would refuse it anyway)
+        if isinstance(d, dict) and d.get("rebuild_nonce") == nonce:
+            return f"s3://{bucket}/{key[:-len(STATE_EXPORT)]}"
+    return None
+
+
+@dataclass(frozen=True)
+class Healed:
+    prepared: list[str]
+    rebuilt: list[RebuildReport]
+    problems: dict[str, str]
+
+
+def heal(r: Any, s3: Any, *, max_age_ms: int, by: str) -> Healed:
+    """One round of self-healing: prepare a rebuild for every fail-closed repository that
+    has none current, and apply a state export that carries its nonce when the service has
+    written one. What cannot go on is returned per repository (it stays fail-closed)."""
+    from tracker.state import fail_closed_repos
+
+    prepared: list[str] = []
+    rebuilt: list[RebuildReport] = []
+    problems: dict[str, str] = {}
+    flags = fail_closed_repos(r)
+    if "*" in flags:
+        return Healed([], [], {"*": "every repository is fail-closed (hd:failclosed): "
+                                    "a rebuild does not lift that flag"})
+    for repo, flag in sorted(flags.items()):
+        try:
+            p = pending(r, repo)
+            if not p.get("nonce") or p.get("losses", "") != str(flag.get("losses", "")):
+                prepare(r, repo)
+                prepared.append(repo)
+                continue
+            namespace = r.hget(RepoKeys(repo).meta, "namespace")
+            location = find_state_export(s3, namespace, p["nonce"]) if namespace else None
+            if location is not None:
+                rebuilt.append(rebuild(r, s3, repo, location, max_age_ms=max_age_ms, by=by))
+        except RebuildError as exc:
+            problems[repo] = str(exc)
+    return Healed(prepared, rebuilt, problems)
