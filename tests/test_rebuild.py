@@ -8,6 +8,7 @@ is the one the tracker writes (reason and loss counter).
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import orjson
@@ -286,3 +287,72 @@ def test_the_trackers_round_prepares_then_applies_the_export_the_service_wrote(w
     again = heal(w.r, w.s3, max_age_ms=MAX_AGE, by="test")
     assert again.prepared == ["r"]
     assert w.r.hget(RepoKeys("r").rebuild, "nonce") != nonce
+
+
+async def test_a_lost_broker_log_heals_by_itself_and_only_the_removed_object_goes(
+        settings, s3, bucket, tmp_path) -> None:
+    """End to end on Apache Kafka, Redis, MinIO: the tracker is stopped, a delete is published
+    and the broker's log is lost before it is applied; the restarted tracker fails the
+    repository closed and prepares a rebuild by itself; the service (here the test) exports
+    its state with the nonce; the tracker applies it, the flag lifts, and the reaper takes the
+    object whose delete was lost, and nothing else."""
+    from hardelete.clients import redis_sync
+    from hardelete.stack import kafka_server
+    from reaper.daemon import Reaper
+    from schemas import events as ev
+    from tests.test_tracker_safety import _lose_log, delete, repo_events, write
+    from tracker.daemon import running_tracker
+    from tracker.rebuild import ExportBranch, ExportEntry, StateExport
+    from tracker.state import fail_closed_reason
+    from tracker.testing import publish, redis_now, wait_horizon
+
+    server = kafka_server(tmp_path)
+    await asyncio.to_thread(server.start)
+    try:
+        s = settings.replace(kafka_bootstrap=f"127.0.0.1:{server.port}", topic_partitions=1,
+                             rebuild_interval_seconds=0.3)
+        ns = f"s3://{bucket}/repo0/"
+        for key in ("keep", "gone", "new"):
+            s3.put_object(Bucket=bucket, Key=f"repo0/data/{key}", Body=b"x")
+        async with running_tracker(s):
+            await wait_horizon(s, await publish(s, [*repo_events(ns),
+                                                    write("repo0", ns + "data/keep", "k1"),
+                                                    write("repo0", ns + "data/gone", "g1")]))
+        await publish(s, [delete("repo0", ns + "data/gone", "g1")])  # never applied ...
+        await asyncio.to_thread(_lose_log, server)  # ... lost with the log
+        r = redis_sync(s)
+        async with running_tracker(s, name="after-loss"):
+            await wait_horizon(s, await publish(s, [write("repo0", ns + "data/new", "n1")]),
+                               timeout=90)
+            assert fail_closed_reason(r, "repo0") is not None
+            deadline = time.monotonic() + 30
+            while not r.hget(RepoKeys("repo0").rebuild, "nonce"):
+                assert time.monotonic() < deadline, "the tracker prepared no rebuild"
+                await asyncio.sleep(0.1)
+            nonce = r.hget(RepoKeys("repo0").rebuild, "nonce")
+            export = StateExport(
+                "repo0", await redis_now(s), nonce,
+                {"main": ExportBranch(None, "t1", (), 1)}, {},
+                {"t1": ("open", (ExportEntry(ns + "data/keep", "k1", 1),
+                                 ExportEntry(ns + "data/new", "n1", 1)))}, {}, {})
+            write_export(s3, f"{ns}_hardelete/exports/state-1/", export)
+            while fail_closed_reason(r, "repo0") is not None:
+                assert time.monotonic() < deadline + 30, "the tracker did not rebuild"
+                await asyncio.sleep(0.1)
+            since = int(r.zscore(RepoKeys("repo0").unreferenced, ns + "data/gone"))
+            await wait_horizon(s, since + int(s.grace_for("repo0") * 1000) + 500)
+            await publish(s, [ev.AddressIssued(repository="repo0", address=ns + "data/i0",
+                                               ttl_seconds=60.0)])
+            reaper = Reaper(s)
+            try:
+                await reaper.run_once()
+            finally:
+                await reaper.close()
+        left = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket,
+                                                     Prefix="repo0/data/")["Contents"]}
+        assert left == {"repo0/data/keep", "repo0/data/new"}
+        incidents = [orjson.loads(i) for i in r.lrange(RepoKeys("repo0").incidents, 0, -1)]
+        assert [i["by"] for i in incidents if i["type"] == "rebuilt"] == ["tracker after-loss"]
+        r.close()
+    finally:
+        await asyncio.to_thread(server.stop)
