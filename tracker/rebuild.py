@@ -42,7 +42,14 @@ from typing import Any
 import orjson
 
 from schemas.address import canonical_address
-from schemas.layout import FAIL_CLOSED, LIVE_TOKEN_STATES, OutsideNamespace, RepoKeys, TokenState
+from schemas.layout import (
+    APPLIED,
+    FAIL_CLOSED,
+    LIVE_TOKEN_STATES,
+    OutsideNamespace,
+    RepoKeys,
+    TokenState,
+)
 from tracker.references import RepoState
 from tracker.state import ApplyScript, read_repo_state, redis_time_ms
 
@@ -456,6 +463,11 @@ def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
         compact = [[i, *e] for i, e in enumerate(events)]
         result = _apply(r, repo, compact)
         incidents += max(0, len(result) - 2)
+    # Redis Cluster: the marker a node that went back left in hd:applied's slot (it keeps the
+    # repository's objects even if the flag is lost with a node) goes with the flag, as a
+    # clear does: the mirror is proven again.
+    if '"regressed"' in str(r.hget(APPLIED, repo) or ""):
+        r.hdel(APPLIED, repo)
     return RebuildReport(repo, location, export.exported_at_ms, p.counts(), incidents)
 
 
