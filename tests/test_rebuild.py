@@ -356,3 +356,15 @@ async def test_a_lost_broker_log_heals_by_itself_and_only_the_removed_object_goe
         r.close()
     finally:
         await asyncio.to_thread(server.stop)
+
+
+def test_a_cluster_nodes_regressed_marker_goes_with_the_flag(w: World) -> None:
+    from schemas.layout import APPLIED
+
+    scenario(w)
+    w.r.hset(APPLIED, "r", orjson.dumps({"regressed": "a node went back"}).decode())
+    w.r.hset(APPLIED, "other", orjson.dumps({"0": "e:5"}).decode())
+    p = prepare(w.r, "r")
+    rebuild(w.r, w.s3, "r", export(w, "r", p.nonce), max_age_ms=MAX_AGE)
+    assert not w.r.hexists(APPLIED, "r")
+    assert w.r.hexists(APPLIED, "other")
