@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
+import tracker.rebuild as rb
 from hardelete.model import Model as M
 from schemas.layout import RepoKeys
 from tests.test_reconcile import BUCKET, World, make_world
@@ -153,6 +154,9 @@ def test_a_snapshot_token_the_export_no_longer_lists_is_dropped(w: World) -> Non
     call(w, M.reset_branch, "r", "dev")
     w.applied = len(w.model.events)
     lose_log(w, "r")
+    until = time.time() + 0.2  # d's upload window (50 ms) is over: 'unreferenced', not 'issued'
+    while time.time() < until:
+        time.sleep(0.02)
     p = prepare(w.r, "r")
     report = rebuild(w.r, w.s3, "r", export(w, "r", p.nonce), max_age_ms=MAX_AGE)
     assert report.counts["tokens_dropped"] == 1
@@ -368,3 +372,83 @@ def test_a_cluster_nodes_regressed_marker_goes_with_the_flag(w: World) -> None:
     rebuild(w.r, w.s3, "r", export(w, "r", p.nonce), max_age_ms=MAX_AGE)
     assert not w.r.hexists(APPLIED, "r")
     assert w.r.hexists(APPLIED, "other")
+
+
+class Crash(Exception):
+    pass
+
+
+def _gap_commit(w: World, ns: str) -> dict[str, Any]:
+    """s staged on main and applied; then main committed (c2) with the commit event lost."""
+    call(w, M.create_repository, "r", f"s3://{BUCKET}/{ns}/r/")
+    s = call(w, M.write, "r", "main", "s", 10).address
+    w.track(None)
+    c2 = call(w, M.commit, "r", "main").commit.id
+    w.applied = len(w.model.events)  # lost
+    lose_log(w, "r")
+    return {"s": s, "c2": c2}
+
+
+def test_a_rebuild_that_stops_between_chunks_and_is_retried_keeps_a_lost_commits_data(
+        w: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by an adversarial review: a chunk wrote the lost commit's record, the process died
+    before the chunk with its manifest's marks; the retry (same prepare, same export) counted
+    the commit as known, marked nothing, and dropped its token (absent from the export): s,
+    in retained commit c2, became unreferenced and reapable."""
+    h = _gap_commit(w, "atk1")
+    p = prepare(w.r, "r")
+    location = export(w, "r", p.nonce)
+    real = rb._apply
+    monkeypatch.setattr(rb, "CHUNK", 1)
+
+    def crashing(r: Any, repo: str, compact: list[list[Any]]) -> Any:
+        out = real(r, repo, compact)
+        if any(e[1] == 13 and e[2] == "commit" for e in compact):
+            raise Crash("rebuild process killed after the commit chunk")
+        return out
+
+    monkeypatch.setattr(rb, "_apply", crashing)
+    with pytest.raises(Crash):
+        rebuild(w.r, w.s3, "r", location, max_age_ms=MAX_AGE)
+    assert w.r.exists(RepoKeys("r").fail_closed)
+    monkeypatch.setattr(rb, "_apply", real)
+    monkeypatch.setattr(rb, "CHUNK", 2000)
+    rebuild(w.r, w.s3, "r", location, max_age_ms=MAX_AGE)  # the operator retries
+    assert not w.r.exists(RepoKeys("r").fail_closed)
+    assert state_of(w, "r", h["s"]) == "committed"
+    assert not reapable(w, "r", h["s"])
+
+
+def test_a_loss_between_chunks_then_a_new_prepare_keeps_a_lost_commits_data(
+        w: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same, through the documented path: a new loss makes chunk k+1 stale; the operator
+    prepares again and exports again."""
+    h = _gap_commit(w, "atk1b")
+    p = prepare(w.r, "r")
+    location = export(w, "r", p.nonce)
+    real = rb._apply
+    monkeypatch.setattr(rb, "CHUNK", 1)
+
+    def losing(r: Any, repo: str, compact: list[list[Any]]) -> Any:
+        out = real(r, repo, compact)
+        if any(e[1] == 13 and e[2] == "commit" for e in compact):
+            lose_log(w, "r")
+        return out
+
+    monkeypatch.setattr(rb, "_apply", losing)
+    with pytest.raises(rb.RebuildError, match="stale"):
+        rebuild(w.r, w.s3, "r", location, max_age_ms=MAX_AGE)
+    monkeypatch.setattr(rb, "_apply", real)
+    monkeypatch.setattr(rb, "CHUNK", 2000)
+    p2 = prepare(w.r, "r")
+    rebuild(w.r, w.s3, "r", export(w, "r", p2.nonce), max_age_ms=MAX_AGE)
+    assert state_of(w, "r", h["s"]) == "committed"
+    assert not reapable(w, "r", h["s"])
+
+
+def test_a_retired_repository_is_not_rebuilt(w: World) -> None:
+    scenario(w)
+    p = prepare(w.r, "r")
+    location = export(w, "r", p.nonce)
+    w.r.hset(RepoKeys("r").meta, "retired_at", "1")
+    refused(w, location, "retired")

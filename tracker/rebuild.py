@@ -73,16 +73,21 @@ class Snapshot:
     tokens: dict[str, str]  # token -> state: open, sealed or "unknown"
     branches: dict[str, int]  # branch -> ref version at the snapshot (-1: none recorded)
     tags: dict[str, int]
+    # Commits the mirror knew at the snapshot. "Unknown" is judged against these, never
+    # against the mirror at apply time: a retried rebuild (one that stopped between chunks)
+    # finds the commit records it wrote itself, and must still mark their manifests.
+    commits: frozenset[str] = frozenset()
 
     def to_json(self) -> bytes:
         return orjson.dumps({"refs": sorted(self.refs), "tokens": self.tokens,
-                             "branches": self.branches, "tags": self.tags})
+                             "branches": self.branches, "tags": self.tags,
+                             "commits": sorted(self.commits)})
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> Snapshot:
         d = orjson.loads(raw)
         return cls(frozenset(tuple(x) for x in d["refs"]), d["tokens"], d["branches"],
-                   d["tags"])
+                   d["tags"], frozenset(d["commits"]))
 
 
 def snapshot_of(state: RepoState) -> Snapshot:
@@ -98,7 +103,8 @@ def snapshot_of(state: RepoState) -> Snapshot:
     tokens.update({tok: "unknown" for _, _, tok in refs if state.token_state(tok) is None})
     return Snapshot(refs, tokens,
                     {b: state.ref_versions.get(f"b:{b}", -1) for b in state.branches},
-                    {t: state.ref_versions.get(f"t:{t}", -1) for t in state.tags})
+                    {t: state.ref_versions.get(f"t:{t}", -1) for t in state.tags},
+                    frozenset(state.commits))
 
 
 @dataclass(frozen=True)
@@ -315,12 +321,12 @@ class RebuildPlan:
                 "issued": len(self.issued)}
 
 
-def plan(snap: Snapshot, export: StateExport, known_commits: Iterable[str],
+def plan(snap: Snapshot, export: StateExport,
          manifests: Mapping[str, Iterable[str]]) -> RebuildPlan:
-    """What the rebuild changes. ``manifests``: the addresses of each commit the mirror does
-    not know (every one of them must be there: a commit whose manifest cannot be read keeps
-    the repository fail-closed)."""
-    known = set(known_commits)
+    """What the rebuild changes. ``manifests``: the addresses of each exported commit the
+    snapshot did not know (every one of them must be there: a commit whose manifest cannot be
+    read keeps the repository fail-closed)."""
+    known = snap.commits
     p = RebuildPlan()
     exported = {t: {(e.address, e.ref_id) for e in es} for t, (_, es) in export.tokens.items()}
     # Only what the snapshot held can be proven removed; and only within a token the export
@@ -353,12 +359,15 @@ def ops(p: RebuildPlan) -> Iterator[list[Any]]:
         yield [13, "tok", t, s]
     for a, ref, t, size in p.add_refs:
         yield [4, t, a, size, ref, "", "", "", "rebuilt"]
+    # The marks before the records (chunks are atomic and apply in order): a commit record
+    # the rebuild wrote means its manifest's addresses were marked (found by a review: a
+    # retry used to judge that commit known and mark nothing, then drop its token).
+    for a in p.committed:
+        yield [13, "comm", a]
     for c in p.commits:
         record = orjson.dumps({"parents": list(c.parents), "time": c.committed_at,
                                "branch": c.branch, "manifest": c.manifest}).decode()
         yield [13, "commit", c.id, record]
-    for a in p.committed:
-        yield [13, "comm", a]
     for b, v in p.branches:
         j = orjson.dumps({"head": v.head, "staging_token": v.staging_token,
                           "sealed_tokens": list(v.sealed_tokens)}).decode()
@@ -426,9 +435,12 @@ def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
     if losses != prepared.get("losses", ""):
         raise RebuildError(f"{repo}: the log was lost again since the rebuild was prepared; "
                            "prepare again")
-    namespace = r.hget(k.meta, "namespace")
+    namespace, retired = r.hmget(k.meta, ["namespace", "retired_at"])
     if not namespace:
         raise RebuildError(f"{repo}: the mirror has no namespace for it (repository unknown)")
+    if retired:
+        raise RebuildError(f"{repo} is retired: nothing of it changes, nothing to rebuild")
+    marker = r.hget(APPLIED, repo)  # Redis Cluster: a node that went back (see below)
     export = read_export(s3, location, namespace, repo)
     if export.nonce != prepared["nonce"]:
         raise RebuildError(f"state export {location}: its rebuild_nonce is not the prepared "
@@ -444,10 +456,9 @@ def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
         raise RebuildError(f"{repo}: the prepared snapshot is gone (Redis went back?); "
                            "prepare again")
     snap = Snapshot.from_json(raw)
-    known = set(r.hkeys(k.commits))
-    unknown = [c for cid, c in export.commits.items() if cid not in known]
+    unknown = [c for cid, c in export.commits.items() if cid not in snap.commits]
     manifests = {c.id: manifest_addresses(s3, namespace, c) for c in unknown}
-    p = plan(snap, export, known, manifests)
+    p = plan(snap, export, manifests)
     guard = [13, "guard", prepared["nonce"], losses]
     body = list(ops(p))
     incidents = 0
@@ -466,9 +477,14 @@ def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
     # Redis Cluster: the marker a node that went back left in hd:applied's slot (it keeps the
     # repository's objects even if the flag is lost with a node) goes with the flag, as a
     # clear does: the mirror is proven again.
-    if '"regressed"' in str(r.hget(APPLIED, repo) or ""):
-        r.hdel(APPLIED, repo)
+    # (Only the marker seen before the rebuild: one a new failover wrote since stays.)
+    if marker is not None and '"regressed"' in str(marker):
+        r.eval(_HDEL_IF_SAME, 1, APPLIED, repo, marker)
     return RebuildReport(repo, location, export.exported_at_ms, p.counts(), incidents)
+
+
+_HDEL_IF_SAME = """if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0"""
 
 
 def _apply(r: Any, repo: str, compact: list[list[Any]]) -> Any:
