@@ -1290,6 +1290,10 @@ class Soak:
             elif inc.type == "fail_closed" and lost:
                 # the log lost records Redis never applied: failing closed is the safe answer
                 inc.legitimate, inc.why = True, f"after {', '.join(lost)}"
+            elif inc.type == "rebuilt" and not inc.address:
+                # the record of a rebuild (an address would be an exported reference that
+                # landed on a reaped one: a live object lost, never legitimate)
+                inc.legitimate, inc.why = True, "rebuilt from the service's state export"
         # Without reconciler runs only the online path reclaims: its garbage is the target.
         garbage = (allowed if self.o.reconcile
                    else self.model.truth(now).online_garbage) & written
@@ -1314,6 +1318,8 @@ class Soak:
             live_deleted=live, late_deleted=late,
             beyond_contract=dict(sorted(self.beyond_contract.items())),
             objects_written=len(written),
+            rebuilds=sum(i.type == "rebuilt" and not i.address for i in incidents),
+            rebuild_exports=self.rebuild_exports,
             reclaimable=len(reclaimable), reclaimed=len(reclaimable) - len(left),
             garbage_left_sample=left[:10], fail_closed_repos=sorted(closed),
             fail_closed_garbage=closed_garbage, fail_closed_periods=self.fail_closed_periods,

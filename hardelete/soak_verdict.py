@@ -164,6 +164,8 @@ class SoakVerdict:
     phases_s: dict[str, float]
     elapsed_s: float
     workdir: str | None = None
+    rebuilds: int = 0  # fail-closed repositories rebuilt from the service's state export
+    rebuild_exports: int = 0  # state exports the service wrote for a prepared rebuild
 
     @property
     def reclaim_ratio(self) -> float:
@@ -247,6 +249,8 @@ def print_verdict(v: SoakVerdict, console: Console) -> None:
     t.add_row("fail-closed periods", str(len(v.fail_closed_periods)))
     legit = sum(i.legitimate for i in v.incidents)
     t.add_row("incidents (legitimate / not)", f"{legit} / {v.illegitimate_incidents}")
+    t.add_row("rebuilds of fail-closed repositories (service exports)",
+              f"{v.rebuilds} ({v.rebuild_exports})")
     t.add_row("dead-lettered events", str(v.dead_lettered))
     t.add_row("tracker caught up in the drain", "yes" if v.tracker_caught_up else "[red]no")
     t.add_row("longest tracker stall: horizon behind the Redis clock (s)",
