@@ -35,7 +35,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -354,6 +354,22 @@ class PipelinedService(ModelService):
             return
         self.manifests_written += 1
         await self._queue(self._put(commit.manifest, manifest_bytes(commit)))
+
+    async def all_stored(self, addresses: Iterable[str]) -> bool:
+        """Whether every address is in the store now (HEAD each)."""
+        await self.settle()
+        for address in addresses:
+            bucket, key = split_s3_uri(address)
+            try:
+                if self._fast(key):
+                    import obstore
+
+                    await obstore.head_async(self._store(bucket), key)
+                else:
+                    await asyncio.to_thread(self.s3.head_object, Bucket=bucket, Key=key)
+            except Exception:
+                return False
+        return True
 
     async def list_namespace(self, repo: str) -> list[str]:
         r = self.model.repository(repo)
@@ -1074,8 +1090,18 @@ class Soak:
             self._failed(FaultKind.MARK_SWEEP_RACE, f"mark failed: {summary.get('error')}")
             return
         # Between the mark and the sweep: refs to old commits, and a copy committed on main.
+        # Only commits whose data is all still stored: an expired commit whose data an earlier
+        # sweep rightly took would otherwise come back "live" in the model with its data gone
+        # (a branch at an expired commit after its collection: the retention contract's loss,
+        # not a deletion of anything live; seen as a false alarm with seed 101).
         r = self.model.repository(repo)
-        old = [c for c in r.commit_ids if self.model.commits[c].entries][:3]
+        old = []
+        for c in r.commit_ids:
+            entries = self.model.commits[c].entries
+            if entries and await self.service.all_stored(e.address for e in entries.values()):
+                old.append(c)
+                if len(old) == 3:
+                    break
         if old:
             self.counter += 1
             branch = f"soak-race-{self.counter}"
