@@ -115,11 +115,12 @@ class prepare_:  # a CLI command (module:attr in hardelete.cli)
 
     @staticmethod
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
+        from hardelete.clients import s3_client
         from tracker.rebuild import RebuildError, prepare
 
         r = _redis(settings)
         try:
-            p = prepare(r, args.repository)
+            p = prepare(r, s3_client(settings), args.repository)
         except RebuildError as exc:
             raise UserError(str(exc)) from None
         finally:

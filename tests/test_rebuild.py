@@ -18,7 +18,7 @@ import tracker.rebuild as rb
 from hardelete.model import Model as M
 from schemas.layout import RepoKeys
 from tests.test_reconcile import BUCKET, World, make_world
-from tracker.rebuild import RebuildError, prepare, read_export, rebuild, write_export
+from tracker.rebuild import RebuildError, heal, prepare, read_export, rebuild, write_export
 from tracker.state import read_repo_state, redis_time_ms
 
 pytestmark = [pytest.mark.integration]
@@ -89,7 +89,7 @@ def test_a_rebuild_removes_only_what_the_service_removed_and_lifts_the_flag(w: W
     h = scenario(w)
     assert state_of(w, "r", h["g"]) == "staged"  # its delete was lost
     assert state_of(w, "r", h["x"]) == "none"  # its write and commit were lost
-    p = prepare(w.r, "r")
+    p = prepare(w.r, w.s3, "r")
     # after the snapshot, before the export: applied, and in the export
     z = call(w, M.write, "r", "main", "z", 10).address
     w.track(None)
@@ -135,7 +135,7 @@ def test_a_rebuild_removes_only_what_the_service_removed_and_lifts_the_flag(w: W
 
 def test_events_after_the_rebuild_apply_on_top(w: World) -> None:
     h = scenario(w)
-    p = prepare(w.r, "r")
+    p = prepare(w.r, w.s3, "r")
     location = export(w, "r", p.nonce)
     rebuild(w.r, w.s3, "r", location, max_age_ms=MAX_AGE)
     call(w, M.delete, "r", "feat", "y")
@@ -157,7 +157,7 @@ def test_a_snapshot_token_the_export_no_longer_lists_is_dropped(w: World) -> Non
     until = time.time() + 0.2  # d's upload window (50 ms) is over: 'unreferenced', not 'issued'
     while time.time() < until:
         time.sleep(0.02)
-    p = prepare(w.r, "r")
+    p = prepare(w.r, w.s3, "r")
     report = rebuild(w.r, w.s3, "r", export(w, "r", p.nonce), max_age_ms=MAX_AGE)
     assert report.counts["tokens_dropped"] == 1
     assert state_of(w, "r", d) == "unreferenced"
@@ -176,15 +176,15 @@ def refused(w: World, location: str, says: str, max_age_ms: int = MAX_AGE) -> No
 
 def test_an_export_taken_before_the_prepare_is_refused(w: World) -> None:
     scenario(w)
-    old = prepare(w.r, "r")
+    old = prepare(w.r, w.s3, "r")
     location = export(w, "r", old.nonce)
-    prepare(w.r, "r")  # a newer snapshot: the export does not prove it
+    prepare(w.r, w.s3, "r")  # a newer snapshot: the export does not prove it
     refused(w, location, "not the prepared one")
 
 
 def test_a_loss_after_the_prepare_makes_it_stale(w: World) -> None:
     scenario(w)
-    p = prepare(w.r, "r")
+    p = prepare(w.r, w.s3, "r")
     location = export(w, "r", p.nonce)
     lose_log(w, "r")
     refused(w, location, "lost again")
@@ -192,7 +192,7 @@ def test_a_loss_after_the_prepare_makes_it_stale(w: World) -> None:
 
 def test_bad_named_evidence_refuses_the_rebuild_with_one_line(w: World, tmp_path) -> None:
     scenario(w)
-    p = prepare(w.r, "r")
+    p = prepare(w.r, w.s3, "r")
     good = read_export(w.s3, export(w, "r", p.nonce), f"s3://{BUCKET}/rebuild/r/", "r")
     refused(w, str(tmp_path / "missing"), "cannot read")
     (tmp_path / "junk").mkdir()
@@ -226,7 +226,7 @@ def test_bad_named_evidence_refuses_the_rebuild_with_one_line(w: World, tmp_path
 
 def test_a_commit_whose_manifest_cannot_be_read_keeps_the_flag(w: World) -> None:
     h = scenario(w)
-    p = prepare(w.r, "r")
+    p = prepare(w.r, w.s3, "r")
     location = export(w, "r", p.nonce)
     manifest = w.model.commits[h["c2"]].manifest
     bucket, _, key = manifest[5:].partition("/")
@@ -238,7 +238,7 @@ def test_a_repository_that_is_not_fail_closed_has_nothing_to_rebuild(w: World) -
     call(w, M.create_repository, "r", f"s3://{BUCKET}/rebuild3/r/")
     w.track(None)
     with pytest.raises(RebuildError, match="not fail-closed"):
-        prepare(w.r, "r")
+        prepare(w.r, w.s3, "r")
 
 
 def test_no_event_carries_the_rebuild_op(w: World) -> None:
@@ -258,7 +258,7 @@ def test_the_script_refuses_a_plan_whose_snapshot_is_no_longer_the_prepared_one(
     from tracker.rebuild import _apply
 
     scenario(w)
-    p = prepare(w.r, "r")
+    p = prepare(w.r, w.s3, "r")
     lift = [13, "lift", orjson.dumps({"type": "rebuilt"}).decode()]
     for nonce, losses in (("another", p.losses), (p.nonce, "7")):
         with pytest.raises(RebuildError, match="stale"):
@@ -368,7 +368,7 @@ def test_a_cluster_nodes_regressed_marker_goes_with_the_flag(w: World) -> None:
     scenario(w)
     w.r.hset(APPLIED, "r", orjson.dumps({"regressed": "a node went back"}).decode())
     w.r.hset(APPLIED, "other", orjson.dumps({"0": "e:5"}).decode())
-    p = prepare(w.r, "r")
+    p = prepare(w.r, w.s3, "r")
     rebuild(w.r, w.s3, "r", export(w, "r", p.nonce), max_age_ms=MAX_AGE)
     assert not w.r.hexists(APPLIED, "r")
     assert w.r.hexists(APPLIED, "other")
@@ -396,7 +396,7 @@ def test_a_rebuild_that_stops_between_chunks_and_is_retried_keeps_a_lost_commits
     the commit as known, marked nothing, and dropped its token (absent from the export): s,
     in retained commit c2, became unreferenced and reapable."""
     h = _gap_commit(w, "atk1")
-    p = prepare(w.r, "r")
+    p = prepare(w.r, w.s3, "r")
     location = export(w, "r", p.nonce)
     real = rb._apply
     monkeypatch.setattr(rb, "CHUNK", 1)
@@ -424,7 +424,7 @@ def test_a_loss_between_chunks_then_a_new_prepare_keeps_a_lost_commits_data(
     """Same, through the documented path: a new loss makes chunk k+1 stale; the operator
     prepares again and exports again."""
     h = _gap_commit(w, "atk1b")
-    p = prepare(w.r, "r")
+    p = prepare(w.r, w.s3, "r")
     location = export(w, "r", p.nonce)
     real = rb._apply
     monkeypatch.setattr(rb, "CHUNK", 1)
@@ -440,7 +440,7 @@ def test_a_loss_between_chunks_then_a_new_prepare_keeps_a_lost_commits_data(
         rebuild(w.r, w.s3, "r", location, max_age_ms=MAX_AGE)
     monkeypatch.setattr(rb, "_apply", real)
     monkeypatch.setattr(rb, "CHUNK", 2000)
-    p2 = prepare(w.r, "r")
+    p2 = prepare(w.r, w.s3, "r")
     rebuild(w.r, w.s3, "r", export(w, "r", p2.nonce), max_age_ms=MAX_AGE)
     assert state_of(w, "r", h["s"]) == "committed"
     assert not reapable(w, "r", h["s"])
@@ -448,7 +448,81 @@ def test_a_loss_between_chunks_then_a_new_prepare_keeps_a_lost_commits_data(
 
 def test_a_retired_repository_is_not_rebuilt(w: World) -> None:
     scenario(w)
-    p = prepare(w.r, "r")
+    p = prepare(w.r, w.s3, "r")
     location = export(w, "r", p.nonce)
     w.r.hset(RepoKeys("r").meta, "retired_at", "1")
     refused(w, location, "retired")
+
+
+def _slot_copy(r: Any, repo: str) -> dict[str, bytes]:
+    """What a replica of the repository's slot holds now (every hd:{repo}:* key)."""
+    tag = RepoKeys(repo).tag
+    return {k: r.dump(k) for k in r.scan_iter(match=tag.replace("{", "\\{").replace("}", "\\}")
+                                               + ":*")}
+
+
+def _fail_over_to(r: Any, repo: str, copy: dict[str, bytes]) -> None:
+    """The slot's node fails over to the replica holding ``copy`` (the other slots stay)."""
+    for k in list(_slot_copy(r, repo)):
+        r.delete(k)
+    for k, v in copy.items():
+        r.restore(k, 0, v)
+
+
+def test_a_resurrected_old_prepare_is_not_healed_with_its_old_export(w: World) -> None:
+    """Found by an adversarial review: a Redis Cluster node failing over to a lagging replica
+    (only the repository's slot goes back) brought back an older prepare, whose export,
+    still in _hardelete/exports/, lifted the flag over a later loss it predates."""
+    call(w, M.create_repository, "r", f"s3://{BUCKET}/atk6/r/")
+    s = call(w, M.write, "r", "main", "s", 10).address
+    w.track(None)
+    lose_log(w, "r")                                       # loss 1 (losses=1)
+    first = heal(w.r, w.s3, max_age_ms=MAX_AGE, by="A")    # the tracker prepares P1
+    assert first.prepared == ["r"]
+    n1 = w.r.hget(RepoKeys("r").rebuild, "nonce")
+    export(w, "r", n1)                                     # the service exports E1 (nonce N1)
+    replica = _slot_copy(w.r, "r")                         # the replica is this far behind
+
+    # Before the next heal round: the log is lost again, with main's commit c5 (x, s) in it.
+    x = call(w, M.write, "r", "main", "x", 10).address
+    c5 = call(w, M.commit, "r", "main").commit.id
+    w.applied = len(w.model.events)                        # lost: never applied
+    lose_log(w, "r")                                       # loss 2 (losses=2)
+    again = heal(w.r, w.s3, max_age_ms=MAX_AGE, by="A")    # P2 (N2): E1 is stale, rightly
+    assert again.prepared == ["r"]
+
+    _fail_over_to(w.r, "r", replica)                       # the slot goes back: losses=1, N1
+    healed = heal(w.r, w.s3, max_age_ms=MAX_AGE, by="B")   # next round of any tracker
+
+    st = read_repo_state(w.r, "r")
+    lifted = not w.r.exists(RepoKeys("r").fail_closed)
+    # The safe outcomes: still fail-closed, or a mirror that knows c5 (main's head, retained).
+    assert not lifted or c5 in st.commits, (
+        f"flag lifted by {healed.rebuilt} with E1 (taken before loss 2): the mirror misses "
+        f"retained commit {c5} (main's head {st.branches['main'].head}), x is "
+        f"{state_of(w, 'r', x)!r}, s is {state_of(w, 'r', s)!r}: the reconciler takes x")
+
+
+def test_a_lift_lost_with_a_failover_is_not_redone_with_the_old_export(w: World) -> None:
+    """Same, the other order: E1 was applied (lift), the repository lived on (c5 committed,
+    applied), then the slot failed over to a replica from before the lift."""
+    call(w, M.create_repository, "r", f"s3://{BUCKET}/atk6b/r/")
+    call(w, M.write, "r", "main", "s", 10)
+    w.track(None)
+    lose_log(w, "r")
+    heal(w.r, w.s3, max_age_ms=MAX_AGE, by="A")
+    export(w, "r", w.r.hget(RepoKeys("r").rebuild, "nonce"))
+    replica = _slot_copy(w.r, "r")
+    done = heal(w.r, w.s3, max_age_ms=MAX_AGE, by="A")
+    assert done.rebuilt and not w.r.exists(RepoKeys("r").fail_closed)
+    x = call(w, M.write, "r", "main", "x", 10).address
+    c5 = call(w, M.commit, "r", "main").commit.id
+    w.track(None)                                          # applied on the old primary
+    assert state_of(w, "r", x) == "committed"
+    _fail_over_to(w.r, "r", replica)                       # ... lost with its node
+    heal(w.r, w.s3, max_age_ms=MAX_AGE, by="B")
+    st = read_repo_state(w.r, "r")
+    lifted = not w.r.exists(RepoKeys("r").fail_closed)
+    assert not lifted or c5 in st.commits, (
+        f"flag lifted again with the old export: mirror misses retained commit {c5}; x is "
+        f"{state_of(w, 'r', x)!r}")

@@ -41,6 +41,7 @@ from typing import Any
 
 import orjson
 
+from hardelete.deletes import applied_regression
 from schemas.address import canonical_address
 from schemas.layout import (
     APPLIED,
@@ -120,11 +121,43 @@ class Prepared:
                 "losses": self.losses, "snapshot_refs": self.refs}
 
 
-def prepare(r: Any, repo: str) -> Prepared:
+MARKER = "_hardelete/rebuild/nonce"  # in the namespace: the current prepare, out of Redis
+
+
+def _marker(namespace: str) -> tuple[str, str]:
+    bucket, _, prefix = namespace[5:].partition("/")
+    return bucket, prefix + MARKER
+
+
+def _read_marker(s3: Any, namespace: str) -> str | None:
+    bucket, key = _marker(namespace)
+    try:
+        return str(s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode())
+    except Exception as exc:
+        if "NoSuchKey" in str(exc) or "404" in str(exc):
+            return None
+        raise RebuildError(f"the rebuild marker s3://{bucket}/{key} cannot be read "
+                           f"({type(exc).__name__}: {exc})") from None
+
+
+def _write_marker(s3: Any, namespace: str, value: str) -> None:
+    bucket, key = _marker(namespace)
+    s3.put_object(Bucket=bucket, Key=key, Body=value.encode())
+
+
+def prepare(r: Any, s3: Any, repo: str) -> Prepared:
     """Snapshot the mirror of a fail-closed ``repo`` and mint the nonce its service's export
-    must carry (a new prepare makes every earlier nonce stale)."""
+    must carry (a new prepare makes every earlier nonce stale).
+
+    The nonce is also written to the namespace (``_hardelete/rebuild/nonce``), which does not
+    go back with Redis: a Redis (or a cluster node) restored from an older copy brings back an
+    older prepare, whose export must not lift the flag over a loss it predates, nor lift it a
+    second time (found by an adversarial review); a rebuild requires both to agree."""
     k = RepoKeys(repo)
     losses = _flag_losses(r, repo)
+    namespace = r.hget(k.meta, "namespace")
+    if not namespace:
+        raise RebuildError(f"{repo}: the mirror has no namespace for it (repository unknown)")
     r.delete(k.rebuild)  # an earlier nonce is stale from here on
     state = read_repo_state(r, repo)
     snap = snapshot_of(state)
@@ -133,6 +166,7 @@ def prepare(r: Any, repo: str) -> Prepared:
                            "prepare again")
     nonce = secrets.token_hex(16)
     now = redis_time_ms(r)
+    _write_marker(s3, namespace, nonce)
     r.set(k.rebuild_snapshot, snap.to_json())
     # Written last: a nonce exists only once its snapshot is complete.
     r.hset(k.rebuild, mapping={"nonce": nonce, "at_ms": str(now), "losses": losses})
@@ -441,6 +475,14 @@ def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
     if retired:
         raise RebuildError(f"{repo} is retired: nothing of it changes, nothing to rebuild")
     marker = r.hget(APPLIED, repo)  # Redis Cluster: a node that went back (see below)
+    current = _read_marker(s3, namespace)
+    if current != prepared["nonce"]:
+        raise RebuildError(f"{repo}: the prepared rebuild is not the current one "
+                           f"(_hardelete/rebuild/nonce is {current!r}): Redis went back to an "
+                           "older prepare, or it was used; prepare again")
+    regression = applied_regression(marker, r.hgetall(k.applied))
+    if regression is not None and '"regressed"' not in str(marker):
+        raise RebuildError(f"{repo}: {regression}; prepare again once the tracker resumed")
     export = read_export(s3, location, namespace, repo)
     if export.nonce != prepared["nonce"]:
         raise RebuildError(f"state export {location}: its rebuild_nonce is not the prepared "
@@ -480,6 +522,7 @@ def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
     # (Only the marker seen before the rebuild: one a new failover wrote since stays.)
     if marker is not None and '"regressed"' in str(marker):
         r.eval(_HDEL_IF_SAME, 1, APPLIED, repo, marker)
+    _write_marker(s3, namespace, f"used:{prepared['nonce']}")  # never lifts again
     return RebuildReport(repo, location, export.exported_at_ms, p.counts(), incidents)
 
 
@@ -548,11 +591,12 @@ def heal(r: Any, s3: Any, *, max_age_ms: int, by: str) -> Healed:
     for repo, flag in sorted(flags.items()):
         try:
             p = pending(r, repo)
-            if not p.get("nonce") or p.get("losses", "") != str(flag.get("losses", "")):
-                prepare(r, repo)
+            namespace = r.hget(RepoKeys(repo).meta, "namespace")
+            if (not p.get("nonce") or p.get("losses", "") != str(flag.get("losses", ""))
+                    or (namespace and _read_marker(s3, namespace) != p["nonce"])):
+                prepare(r, s3, repo)
                 prepared.append(repo)
                 continue
-            namespace = r.hget(RepoKeys(repo).meta, "namespace")
             location = find_state_export(s3, namespace, p["nonce"]) if namespace else None
             if location is not None:
                 rebuilt.append(rebuild(r, s3, repo, location, max_age_ms=max_age_ms, by=by))
