@@ -1270,26 +1270,11 @@ class Soak:
         applied them every dead letter's claim is lifted (`dlq resolve`). Without the replay a
         resolve would let go what only the dead-lettered events reference; without the
         resolve their holds would keep whole namespaces, and reclaim could not be judged."""
-        ids = await asyncio.to_thread(self._dead_lettered_ids)
-        ids.update(e.event_id for block in self.misdirected for e in block)
-        # The model's own events among them, in the model's order (the fix is the key: an
-        # event dead-lettered for any reason, its dead letter lost with a broker log or not,
-        # is named by its hold's claim). Crafted ones (malformed, oversized) are not replayed.
-        replay = [e for e in self.model.events if e.event_id in ids]
-        await self._publish(replay)
-        self.dlq_replayed = len(replay)
+        for block in self.misdirected:
+            await self._publish(block)
+            self.dlq_replayed += len(block)
         await self._await_trackers(self.o.drain_timeout)
         self.dlq_resolved = await asyncio.to_thread(self._resolve_dead_letters)
-
-    def _dead_lettered_ids(self) -> set[str]:
-        from hardelete.holds import DLQ, list_holds
-
-        r = redis_sync(self.settings)
-        try:
-            return {str(c.get("event_id")) for h in list_holds(r, source=DLQ)
-                    for c in h.claims.values() if isinstance(c, dict) and c.get("event_id")}
-        finally:
-            r.close()
 
     def _resolve_dead_letters(self) -> int:
         from hardelete.holds import DLQ, list_holds, remove_hold
