@@ -444,9 +444,6 @@ class Soak:
         self.tasks: list[asyncio.Task[Any]] = []
         self.fail_closed: dict[str, FailClosedPeriod] = {}
         self.fail_closed_periods: list[FailClosedPeriod] = []
-        self.misdirected: list[list[Event]] = []  # miskeyed blocks, dead-lettered
-        self.dlq_replayed = 0
-        self.dlq_resolved = 0
         self.exported: set[str] = set()  # rebuild nonces the service exported its state for
         self.rebuild_exports = 0
         self.phases: dict[str, float] = {}
@@ -980,7 +977,6 @@ class Soak:
             await self.flush()
             block = self.diverted.pop(repo, [])
             await self._publish(block, key=other.encode() if other != repo else b"")
-            self.misdirected.append(block)  # the operator replays it at the drain
             self._injected(FaultKind.MISKEYED)
 
         self._background(go(), "miskeyed")
@@ -1222,7 +1218,6 @@ class Soak:
                 t.cancel()
             self.sup.check()
             await self.flush()
-            await self._play_dlq_operator()
             caught_up = await self._await_trackers(o.drain_timeout)
             # Upload tokens expire and grace passes; then the reapers take the online garbage.
             deadline = time.monotonic() + o.drain_timeout
@@ -1262,34 +1257,6 @@ class Soak:
                     await self._reconcile(ReconcileKind.MARK_SWEEP, repo, o.ops,
                                           retry_lease=True, label="final mark_sweep (next night)")
         return caught_up
-
-    async def _play_dlq_operator(self) -> None:
-        """The operator's part for dead letters, after the load: each one came from a fault the
-        soak injected. The miskeyed blocks are the service's real events: they are published
-        again under their own key (`dlq replay` of the fixed event), and once the trackers
-        applied them every dead letter's claim is lifted (`dlq resolve`). Without the replay a
-        resolve would let go what only the dead-lettered events reference; without the
-        resolve their holds would keep whole namespaces, and reclaim could not be judged."""
-        for block in self.misdirected:
-            await self._publish(block)
-            self.dlq_replayed += len(block)
-        await self._await_trackers(self.o.drain_timeout)
-        self.dlq_resolved = await asyncio.to_thread(self._resolve_dead_letters)
-
-    def _resolve_dead_letters(self) -> int:
-        from hardelete.holds import DLQ, list_holds, remove_hold
-
-        r = redis_sync(self.settings)
-        n = 0
-        try:
-            for h in list_holds(r, source=DLQ):
-                if h.sources() <= {DLQ}:  # an operator's or a restore's claim stays
-                    remove_hold(r, h.target, repo=h.repository, prefix=h.kind == "prefix",
-                                force=True)
-                    n += 1
-        finally:
-            r.close()
-        return n
 
     async def _await_trackers(self, timeout: float) -> bool:
         from tracker.state import aredis_time_ms, atracker_horizon_ms
@@ -1385,7 +1352,6 @@ class Soak:
             objects_written=len(written),
             rebuilds=sum(i.type == "rebuilt" and not i.address for i in incidents),
             rebuild_exports=self.rebuild_exports,
-            dlq_replayed=self.dlq_replayed, dlq_resolved=self.dlq_resolved,
             reclaimable=len(reclaimable), reclaimed=len(reclaimable) - len(left),
             garbage_left_sample=left[:10], fail_closed_repos=sorted(closed),
             fail_closed_garbage=closed_garbage, fail_closed_periods=self.fail_closed_periods,
