@@ -165,7 +165,9 @@ def soak_settings(base: Settings, o: SoakOptions) -> Settings:
         lease_seconds=o.lease_seconds, session_timeout_ms=6_000, heartbeat_interval_ms=1_000,
         tracker_poll_ms=50, reaper_poll_seconds=0.2, metrics_port=0, log_format="json",
         kafka_bootstrap="", redis_url="", s3_endpoint_url="", redis_cluster=False,
-        quarantine_days=0.0, repository_grace="", rebuild_interval_seconds=1.0)
+        quarantine_days=0.0, repository_grace="",
+        # The rebuild is experimental (off by default): HARDELETE_SOAK_REBUILD=1 turns it on.
+        rebuild_interval_seconds=1.0 if os.environ.get("HARDELETE_SOAK_REBUILD") == "1" else 0.0)
 
 
 # --- CLI -----------------------------------------------------------------------------------

@@ -71,11 +71,12 @@ class Status:
 def rebuild_needs(repo: str, nonce: str | None) -> str:
     """What a fail-closed repository needs to delete again (tracker/rebuild.py)."""
     if not nonce:
-        return (f"a rebuild: `hardelete rebuild prepare {repo}` (the tracker prepares one by "
-                "itself), then the service's state export")
+        return (f"a rebuild: `hardelete rebuild prepare {repo}` (or the tracker, with "
+                "rebuild_interval_seconds > 0), then the service's state export")
     return (f"the service's whole-state export with rebuild_nonce {nonce} (format 2, "
-            "schemas/README.md), under the namespace's _hardelete/exports/ (the tracker "
-            f"applies it by itself) or `hardelete rebuild apply {repo} --export LOCATION`")
+            "schemas/README.md), under the namespace's _hardelete/exports/ (applied by the "
+            f"tracker when rebuild_interval_seconds > 0) or `hardelete rebuild apply {repo} "
+            "--export LOCATION`")
 
 
 def collect_status(r: Any, retired_retention_days: float = 7.0) -> Status:
