@@ -631,7 +631,10 @@ class Soak:
                 await self._apply(op)
                 if (n % o.flush_every == 0 or n == total - 1
                         or time.monotonic() - last_flush > o.flush_interval):
-                    await self.flush(wait=False)
+                    # Acks awaited per batch: with them in flight (wait=False) the safety
+                    # soak (seed 2) reported live deletions in 1 of 3 runs; not yet explained
+                    # (RELIABILITY.md), so the load keeps the slower order it was proven with.
+                    await self.flush(wait=True)
                     last_flush = time.monotonic()
                 if i > 0 and i % check_every == 0:
                     await self.flush()
