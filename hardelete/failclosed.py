@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import getpass
 import socket
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import orjson
 
@@ -22,6 +23,8 @@ from hardelete.clients import redis_sync
 from hardelete.settings import Settings
 from schemas.layout import APPLIED, FAIL_CLOSED, INCIDENTS, RepoKeys
 from tracker.state import fail_closed_repos, redis_time_ms
+
+T = TypeVar("T")
 
 
 def who() -> str:
@@ -115,16 +118,9 @@ class prepare_:  # a CLI command (module:attr in hardelete.cli)
 
     @staticmethod
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
-        from hardelete.clients import s3_client
-        from tracker.rebuild import RebuildError, prepare
+        from tracker.rebuild import prepare
 
-        r = _redis(settings)
-        try:
-            p = prepare(r, s3_client(settings), args.repository)
-        except RebuildError as exc:
-            raise UserError(str(exc)) from None
-        finally:
-            r.close()
+        p = _rebuilding(settings, lambda r, s3: prepare(r, s3, args.repository))
         if args.json:
             print(orjson.dumps(p.as_dict(), option=orjson.OPT_INDENT_2).decode())
         else:
@@ -148,18 +144,11 @@ class apply_:
 
     @staticmethod
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
-        from hardelete.clients import s3_client
-        from tracker.rebuild import RebuildError, rebuild
+        from tracker.rebuild import rebuild
 
-        r = _redis(settings)
-        try:
-            report = rebuild(r, s3_client(settings), args.repository, args.export,
-                             max_age_ms=int(settings.uncommitted_export_max_age_seconds
-                                            * 1000), by=who())
-        except RebuildError as exc:
-            raise UserError(str(exc)) from None
-        finally:
-            r.close()
+        max_age_ms = int(settings.uncommitted_export_max_age_seconds * 1000)
+        report = _rebuilding(settings, lambda r, s3: rebuild(
+            r, s3, args.repository, args.export, max_age_ms=max_age_ms, by=who()))
         if args.json:
             print(orjson.dumps(report.as_dict(), option=orjson.OPT_INDENT_2).decode())
         else:
@@ -172,7 +161,17 @@ class apply_:
         return 0
 
 
-def _redis(settings: Settings) -> Any:
+def _rebuilding(settings: Settings, step: Callable[[Any, Any], T]) -> T:
+    """One rebuild step with Redis and S3; what refuses it is a user's error, one line."""
+    from hardelete.clients import s3_client
+    from tracker.rebuild import RebuildError
+
     if not settings.redis_url:
         raise UserError("rebuild needs redis_url (HARDELETE_REDIS_URL)")
-    return redis_sync(settings)
+    r = redis_sync(settings)
+    try:
+        return step(r, s3_client(settings))
+    except RebuildError as exc:
+        raise UserError(str(exc)) from None
+    finally:
+        r.close()
