@@ -13,15 +13,15 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from hardelete import UserError
-from hardelete.logs import configure_logging
+from core.errors import UserError
+from core.logs import configure_logging
+from core.settings import ConfigError, Settings, load_settings
 from hardelete.services import ServiceError, check, describe_error, needs
-from hardelete.settings import ConfigError, Settings, load_settings
 
 # (command path, module implementing it, help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
-    (("demo",), "hardelete.demo", "run the model service (and daemons) on the embedded stack"),
-    (("soak",), "hardelete.soak", "a long randomized workload under injected faults, judged by "
+    (("demo",), "sim.demo", "run the model service (and daemons) on the embedded stack"),
+    (("soak",), "sim.soak", "a long randomized workload under injected faults, judged by "
                                   "the model's ground truth"),
     (("tracker", "run"), "tracker.daemon", "consume events into Redis reference state"),
     (("reaper", "run"), "reaper.daemon", "hard-delete addresses unreferenced past the grace"),
@@ -58,7 +58,6 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("health",), "hardelete.health", "exit 0 when a daemon is healthy (probes, healthchecks)"),
     (("schedule",), "hardelete.schedule",
      "run the reconciler daily, catching up a missed run, failures surfaced"),
-    (("bench",), "hardelete.bench", "benchmarks against raw limits (see BENCHMARKS.md)"),
 ]
 
 
@@ -90,14 +89,10 @@ class _Config:
 config = _Config
 
 
-def _load(target: str) -> ModuleType | type | None:
+def _load(target: str) -> ModuleType | type:
+    # Every command's module ships in this distribution: a missing one is a bug, not an option.
     module_name, _, attr = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            return None  # component not installed/built yet
-        raise
+    module = importlib.import_module(module_name)
     return getattr(module, attr) if attr else module
 
 
@@ -109,8 +104,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], objec
     impls: dict[tuple[str, ...], object] = {}
     for path, target, help_text in COMMANDS:
         impl = _load(target)
-        if impl is None:
-            continue
         subs = top
         if len(path) == 2:
             if path[0] not in groups:

@@ -28,10 +28,10 @@ from typing import Any
 
 import orjson
 
-from hardelete import UserError
-from hardelete.clients import topic_partitions
+from core.clients import topic_partitions
+from core.errors import UserError
+from core.settings import Settings
 from hardelete.holds import Hold, list_holds
-from hardelete.settings import Settings
 from schemas.holds import LEGACY_CLAIM, Removal, dlq_claim, remove_claims
 from schemas.layout import REFUSED, RepoKeys
 
@@ -244,7 +244,7 @@ async def publish_fixed(settings: Settings, data: bytes) -> Any:
     if event.TYPE == "repository_created":
         # The tracker's refusal of this event is final (hd:refused) for every redelivery; an
         # operator's replay asks it to judge the event again.
-        from hardelete.clients import redis_async
+        from core.clients import redis_async
 
         r = redis_async(settings)
         try:
@@ -279,7 +279,7 @@ def resolve(r: Any, dl: DeadLetter, *, wait_s: float = 0.0) -> list[tuple[Hold, 
     up to ``wait_s``): the fix replayed a moment ago is then in the mirror. Lifting the hold
     first left the address judged on a record without the replayed reference (found by an
     adversarial review); a :class:`UserError` says so and nothing is lifted."""
-    from tracker.state import redis_time_ms, tracker_horizon_ms
+    from core.clock import redis_time_ms, tracker_horizon_ms
 
     now = redis_time_ms(r)
     deadline = time.monotonic() + wait_s
@@ -396,7 +396,7 @@ class resolve_:
 
     @staticmethod
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
-        from hardelete.clients import redis_sync
+        from core.clients import redis_sync
 
         dl = asyncio.run(read_one(settings, args.id))
         r = redis_sync(settings)

@@ -18,11 +18,12 @@ from typing import Any, TypeVar
 
 import orjson
 
-from hardelete import UserError
-from hardelete.clients import redis_sync
-from hardelete.settings import Settings
+from core.clients import redis_sync
+from core.clock import redis_time_ms
+from core.errors import UserError
+from core.guards import fail_closed_repos
+from core.settings import Settings
 from schemas.layout import APPLIED, FAIL_CLOSED, INCIDENTS, RepoKeys
-from tracker.state import fail_closed_repos, redis_time_ms
 
 T = TypeVar("T")
 
@@ -163,7 +164,7 @@ class apply_:
 
 def _rebuilding(settings: Settings, step: Callable[[Any, Any], T]) -> T:
     """One rebuild step with Redis and S3; what refuses it is a user's error, one line."""
-    from hardelete.clients import s3_client
+    from core.clients import s3_client
     from tracker.rebuild import RebuildError
 
     if not settings.redis_url:

@@ -19,7 +19,8 @@ from typing import Any
 
 import orjson
 
-from hardelete.settings import Settings
+from core.clock import redis_time_ms
+from core.settings import Settings
 from schemas.layout import FAIL_CLOSED, PROGRESS, RECONCILER_SCHEDULE, REPOS, RepoKeys
 
 COMPONENTS = ("tracker", "reaper", "reconciler")
@@ -36,11 +37,6 @@ class Operations:
     fail_closed: dict[str, dict[str, Any]] = field(default_factory=dict)  # "*": every repository
 
 
-def _now_ms(r: Any) -> int:
-    sec, usec = r.time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
 def progress_age_s(r: Any) -> float | None:
     """Seconds since the newest progress any tracker claimed (None: never)."""
     newest = None
@@ -52,7 +48,7 @@ def progress_age_s(r: Any) -> float | None:
         newest = ms if newest is None else max(newest, ms)
     if newest is None:
         return None
-    return max(0.0, (_now_ms(r) - newest) / 1000)
+    return max(0.0, (redis_time_ms(r) - newest) / 1000)
 
 
 def _json(raw: Any) -> dict[str, Any]:
@@ -191,7 +187,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(settings: Settings, args: argparse.Namespace) -> int:
-    from hardelete.clients import redis_sync
+    from core.clients import redis_sync
 
     r = redis_sync(settings)
     try:

@@ -24,8 +24,9 @@ from typing import Any
 
 import orjson
 
-from hardelete import UserError
-from hardelete.settings import Settings
+from core.clock import redis_time_ms
+from core.errors import UserError
+from core.settings import Settings
 from schemas.address import canonical_uri
 from schemas.holds import (
     DLQ,
@@ -92,11 +93,6 @@ def held_by(address: str, holds: Mapping[str, str],
     return None
 
 
-def now_ms(r: Any) -> int:
-    sec, usec = r.time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
 def namespace_of(r: Any, repo: str) -> str:
     ns = r.hget(RepoKeys(repo).meta, "namespace")
     if not ns:
@@ -141,7 +137,7 @@ def add_hold(r: Any, target: str, reason: str, *, repo: str | None = None,
     target = canonical_target(target)
     repository, _ns = find_repository(r, target, repo)
     k = RepoKeys(repository)
-    at = now_ms(r)
+    at = redis_time_ms(r)
     claim = {**(detail or {}), "reason": reason, "source": source, "at_ms": at}
     add_claims(r, k.hold_prefixes if prefix else k.holds, [(target, claim_id, claim)],
                replace=True)
@@ -224,7 +220,7 @@ def when(ms: int | None) -> str:
 # --- CLI -----------------------------------------------------------------------------------------
 
 def _redis(settings: Settings) -> Any:
-    from hardelete.clients import redis_sync
+    from core.clients import redis_sync
 
     return redis_sync(settings)
 

@@ -16,9 +16,10 @@ from typing import Any
 
 import orjson
 
-from hardelete import UserError
-from hardelete.holds import namespace_of, now_ms, when
-from hardelete.settings import Settings
+from core.clock import redis_time_ms
+from core.errors import UserError
+from core.settings import Settings
+from hardelete.holds import namespace_of, when
 from schemas.layout import RepoKeys
 
 
@@ -84,7 +85,7 @@ def set_paused(r: Any, repo: str, reason: str, by: str | None = None) -> int:
     namespace_of(r, repo)
     if not reason.strip():
         raise UserError("pausing needs a reason (--reason)")
-    at = now_ms(r)
+    at = redis_time_ms(r)
     _pause_script(r, repo, "add", by or who(), reason, at)
     return at
 
@@ -105,7 +106,7 @@ def clear_paused(r: Any, repo: str, by: str | None = None, *, force: bool = Fals
 
 
 def _redis(settings: Settings) -> Any:
-    from hardelete.clients import redis_sync
+    from core.clients import redis_sync
 
     return redis_sync(settings)
 

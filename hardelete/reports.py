@@ -9,9 +9,9 @@ from typing import Any
 
 import orjson
 
-from hardelete import UserError
+from core.errors import UserError
+from core.settings import Settings
 from hardelete.holds import namespace_of
-from hardelete.settings import Settings
 from schemas.layout import REPOS
 
 
@@ -77,7 +77,7 @@ def find_summary(r: Any, s3: Any, run_id: str, repo: str | None) -> dict[str, An
 
 
 def _clients(settings: Settings) -> tuple[Any, Any]:
-    from hardelete.clients import redis_sync, s3_client
+    from core.clients import redis_sync, s3_client
 
     return redis_sync(settings), s3_client(settings)
 

@@ -21,9 +21,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from hardelete import UserError
-from hardelete.logs import get_logger
-from hardelete.settings import Settings
+from core.errors import UserError
+from core.logs import get_logger
+from core.settings import Settings
 from schemas.layout import RECONCILER_SCHEDULE
 
 log = get_logger("schedule")
@@ -114,7 +114,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(settings: Settings, args: argparse.Namespace) -> int:
-    from hardelete.clients import redis_sync
+    from core.clients import redis_sync
 
     at = parse_at(args.at)
     command = [c for c in args.command if c != "--"] or ["reconcile", "--all"]

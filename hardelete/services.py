@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from hardelete.settings import Settings
+from core.settings import Settings
 
 TIMEOUT_S = 2.0
 

@@ -16,10 +16,11 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from hardelete import UserError
-from hardelete.clients import redis_sync, s3_client
-from hardelete.deletes import read_gate
-from hardelete.settings import Settings
+from core.clients import redis_sync, s3_client
+from core.clock import horizon_from, redis_time_ms
+from core.errors import UserError
+from core.gate import read_gate
+from core.settings import Settings
 from schemas.layout import (
     FAIL_CLOSED,
     INCIDENTS,
@@ -31,7 +32,6 @@ from schemas.layout import (
 )
 from schemas.liveness import Keep, judge
 from schemas.records import decode_address, token_state
-from tracker.state import horizon_from, redis_time_ms
 
 
 def _when(ms: int | None) -> str:

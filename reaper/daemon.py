@@ -9,7 +9,7 @@ deletes nothing.
 
 Right before every delete request the reaper judges each claimed address again
 (``schemas.liveness.judge``, path ``online``, its own lease excepted) with the guards read from
-Redis at that moment (``hardelete.deletes.Gate``: namespace ownership, holds, fail-closed,
+Redis at that moment (``core.gate.Gate``: namespace ownership, holds, fail-closed,
 pause): whatever the judgment keeps is not sent, and is counted under its reason. A repository
 that is fail-closed (its own flag or the global one), paused or not the live owner of its
 namespace is skipped before anything is claimed.
@@ -31,10 +31,11 @@ import orjson
 from prometheus_client import Counter as PCounter
 from prometheus_client import Gauge, Histogram, start_http_server
 
-from hardelete.clients import redis_async, redis_sync, s3_client
-from hardelete.deletes import aread_evidence, aread_gate, client_attempts, keep_reasons
-from hardelete.logs import get_logger
-from hardelete.settings import Settings
+from core.clients import redis_async, redis_sync, s3_client
+from core.clock import atracker_horizon_ms
+from core.gate import aread_evidence, aread_gate, client_attempts, keep_reasons
+from core.logs import get_logger
+from core.settings import Settings
 from reaper.claims import ClaimBatch, ClaimStore
 from reaper.deleter import AddressRecheck, DeleteOutcome, S3Deleter
 from reaper.quarantine import purge_expired, purge_recheck, quarantine, quarantine_size
@@ -42,7 +43,6 @@ from schemas import reaper_auth
 from schemas.events import MAX_REAPED_PER_EVENT, AddressesReaped, new_id
 from schemas.layout import REPOS, RepoKeys
 from schemas.publisher import Publisher
-from tracker.state import atracker_horizon_ms
 
 log = get_logger(__name__)
 

@@ -1,4 +1,4 @@
-"""The reaper's bulk deleter: the one deleter core (``hardelete.deletes.delete_keys``) run in
+"""The reaper's bulk deleter: the one deleter core (``core.gate.delete_keys``) run in
 threads, several requests in flight.
 
 The outcome separates what the store *confirmed* deleted (listed under ``Deleted``) from what
@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hardelete.clients import split_s3_uri
-from hardelete.deletes import S3_MAX_KEYS, TRANSIENT_CODES, RetryPolicy, delete_keys
-from hardelete.logs import get_logger
+from core.clients import split_s3_uri
+from core.gate import S3_MAX_KEYS, TRANSIENT_CODES, RetryPolicy, delete_keys
+from core.logs import get_logger
 from schemas.layout import OutsideNamespace, namespace_key
 
 RETRYABLE = TRANSIENT_CODES

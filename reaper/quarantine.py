@@ -13,9 +13,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from hardelete import UserError
-from hardelete.clients import redis_async, s3_client, split_s3_uri
-from hardelete.deletes import (
+from core.clients import redis_async, s3_client, split_s3_uri
+from core.clock import aredis_time_ms
+from core.errors import UserError
+from core.gate import (
     S3_MAX_KEYS,
     Evidence,
     copy_key,
@@ -23,8 +24,8 @@ from hardelete.deletes import (
     keep_reasons,
     read_evidence,
 )
-from hardelete.logs import get_logger
-from hardelete.settings import Settings
+from core.logs import get_logger
+from core.settings import Settings
 from reaper.claims import ClaimStore
 from reaper.deleter import AddressRecheck, DeleteOutcome, S3Deleter
 from schemas.holds import RESTORE, RESTORE_CLAIM, aadd_claims, aremove_claims
@@ -97,7 +98,7 @@ def purge_recheck(r: Any, repo: str, namespace: str, grace_ms: int
     before each request."""
 
     def run(addresses: list[str]) -> dict[str, str]:
-        from tracker.state import tracker_horizon_ms
+        from core.clock import tracker_horizon_ms
 
         return purge_keeps(read_evidence(r, repo, addresses), repo, namespace,
                            horizon_ms=tracker_horizon_ms(r), grace_ms=grace_ms)
@@ -181,10 +182,10 @@ async def restore(settings: Settings, repo: str, address: str) -> str:
         # unreferenced); `hardelete hold remove` lets it go.
         # The hold is restore's own claim (schemas/holds.py): other claims on it are untouched.
         holds = RepoKeys(repo).holds
-        sec, usec = await redis.time()
+        now = await aredis_time_ms(redis)
         added = await aadd_claims(redis, holds, [(address, RESTORE_CLAIM, {
             "reason": "restored from quarantine", "source": RESTORE,
-            "at_ms": int(sec) * 1000 + int(usec) // 1000})])
+            "at_ms": now})])
         try:
             await asyncio.to_thread(copy_key, client, bucket, qkey, key)
         except ClientError as exc:

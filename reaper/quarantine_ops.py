@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 
-from hardelete import UserError
-from hardelete.clients import redis_sync, s3_client, split_s3_uri
-from hardelete.settings import Settings
+from core.clients import redis_sync, s3_client, split_s3_uri
+from core.errors import UserError
+from core.settings import Settings
 from reaper.quarantine import purge_expired, purge_recheck
 from schemas.layout import QUARANTINE_PREFIX, REPOS, RepoKeys
 

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from hardelete.clients import split_s3_uri
-from hardelete.settings import Settings
+from core.clients import split_s3_uri
+from core.settings import Settings
 from reconciler.errors import ReconcileError
 from reconciler.mark import KEYS_SCHEMA
 from reconciler.retention import (

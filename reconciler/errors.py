@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hardelete import UserError
+from core.errors import UserError
 
 
 class ReconcileError(RuntimeError):

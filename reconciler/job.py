@@ -32,10 +32,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from hardelete import UserError
-from hardelete.clients import redis_sync, s3_client
-from hardelete.logs import get_logger
-from hardelete.settings import Settings
+from core.clients import redis_sync, s3_client
+from core.clock import redis_time_ms
+from core.errors import UserError
+from core.logs import get_logger
+from core.settings import Settings
 from reconciler.blast_radius import judge_blast_radius
 from reconciler.committed import (
     export_df,
@@ -77,7 +78,6 @@ from reconciler.state import (
     fail_closed_reason,
     load_namespace,
     load_repo,
-    redis_now_ms,
     refs_fingerprint,
     retired_problem,
     tracker_watermark_ms,
@@ -308,7 +308,7 @@ class Run:
 
     def mark_and_sweep(self) -> dict[str, Any]:
         o = self.opts
-        now_ms = redis_now_ms(self.r)
+        now_ms = redis_time_ms(self.r)
         run_id = new_run_id(now_ms)
         self.summary = {
             "format": REPORT_FORMAT, "run_id": run_id, "repository": o.repo,
@@ -369,7 +369,7 @@ class Run:
                                f"{summary.get('format')}): it cannot be re-validated; run a "
                                "new mark")
         marked_at = summary.get("marked_at_ms") or 0
-        now_ms = redis_now_ms(self.r)
+        now_ms = redis_time_ms(self.r)
         age_h = (now_ms - int(marked_at)) / 3_600_000
         if age_h > self.opts.max_mark_age_hours:
             raise SweepRefused(f"the mark of run {run_id} is {age_h:.1f} h old (limit "
@@ -414,7 +414,7 @@ class Run:
         # 2. the tracker's records, exported before the commits are read
         t0 = time.monotonic()
         pre_state = load_repo(self.r, o.repo)
-        export_started = redis_now_ms(self.r)
+        export_started = redis_time_ms(self.r)
         s["tracker"]["export_started_ms"] = export_started
         # Grace binds the mark too (SPEC safety 2): an address unreferenced less than the grace
         # window before the tracker horizon is live. Without a known horizon (ignored), now.
@@ -521,7 +521,7 @@ class Run:
             marked = classified.filter(F.col("category").isin(*MARKED_CATEGORIES))
             parts = _write_mark(self.spark, self.settings, ns, run_id, marked)
         s["mark"] = {**tally.as_dict(), "parts": parts}
-        s["marked_at_ms"] = redis_now_ms(self.r)
+        s["marked_at_ms"] = redis_time_ms(self.r)
         timed("write_mark_s", t0)
         t0 = time.monotonic()
         with self.ui.phase("cross-check with the online state"):
@@ -584,7 +584,7 @@ class Run:
             # What happened before the sweep (since the mark: refs, commits, copies) must be
             # visible to its re-validation: wait (a little) for the tracker to have applied
             # everything the broker held when the sweep started.
-            target = redis_now_ms(self.r)
+            target = redis_time_ms(self.r)
             deadline = time.monotonic() + self.opts.tracker_wait_s
             watermark = tracker_watermark_ms(self.r)
             while (watermark is None or watermark < target) \
@@ -820,8 +820,8 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         raise UserError("reconcile needs the tracker's Redis: set redis_url "
                         "(HARDELETE_REDIS_URL)")
     if args.all:
-        from hardelete.clients import redis_sync
-        from tracker.state import repositories
+        from core.clients import redis_sync
+        from core.registry import repositories
 
         r = redis_sync(settings)
         try:
@@ -879,9 +879,8 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
 def _purge_due_retired(settings: Settings, summaries: list[dict[str, Any]], quiet: bool) -> int:
     """The nightly run also purges retired repositories whose retention is over (each a
     reported run through the gate, ``reconciler/retirement.py``); the failures."""
-    from hardelete.clients import redis_sync
+    from core.clients import redis_sync
     from reconciler.retirement import purge_due, purge_retired, retired_repositories
-    from tracker.state import redis_time_ms
 
     r = redis_sync(settings)
     try:

@@ -22,8 +22,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hardelete.clients import split_s3_uri
-from hardelete.settings import Settings
+from core.clients import split_s3_uri
+from core.settings import Settings
 from reconciler.mark import LISTING_SCHEMA
 from reconciler.s3io import Namespace, cached_s3, list_dirs, list_keys
 from reconciler.sparkio import distributed

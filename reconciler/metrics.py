@@ -14,8 +14,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, push_to_gateway, write_to_textfile
 
-from hardelete.logs import get_logger
-from hardelete.settings import Settings
+from core.logs import get_logger
+from core.settings import Settings
 
 log = get_logger("reconciler.metrics")
 JOB = "hardelete_reconciler"
@@ -106,7 +106,7 @@ def _store(settings: Settings, summary: dict[str, Any]) -> None:
     """Put the figures into the stored summary.json too (the run itself wrote it without)."""
     if not summary.get("namespace") or not summary.get("run_id"):
         return
-    from hardelete.clients import s3_client
+    from core.clients import s3_client
     from reconciler.report import write_summary
     from reconciler.s3io import Namespace
 

@@ -4,7 +4,7 @@ A ``repository_deleted`` retires a repository: nothing of it is deleted online f
 and its namespace **stays registered to it** (``hd:namespaces``) while any of its data is kept,
 so no new repository can be given that namespace and take the retired repository's committed
 objects for leaks. The data is kept for ``retired_retention_days`` (default 7), then purged by
-a reported run through the one gate (``hardelete.deletes``): every object of the namespace
+a reported run through the one gate (``core.gate``): every object of the namespace
 outside the reserved metadata prefixes, each request re-judged right before it is sent (the
 repository still retired and due, the namespace still registered to it, holds, pause,
 fail-closed). Only when the store lists nothing left is the namespace freed (and the purge
@@ -25,15 +25,16 @@ from typing import Any
 
 import orjson
 
-from hardelete import UserError
-from hardelete.clients import redis_sync, s3_client, split_s3_uri
-from hardelete.deletes import S3_MAX_KEYS, Gate, delete_keys, read_gate
-from hardelete.logs import get_logger
-from hardelete.settings import Settings
+from core.clients import redis_sync, s3_client, split_s3_uri
+from core.clock import redis_time_ms
+from core.errors import UserError
+from core.gate import S3_MAX_KEYS, Gate, delete_keys, read_gate
+from core.logs import get_logger
+from core.registry import free_namespace
+from core.settings import Settings
 from reconciler.report import iso
 from reconciler.s3io import put_json
 from schemas.layout import FAIL_CLOSED, NAMESPACES, RESERVED_PREFIXES, RETIRED, RepoKeys
-from tracker.state import free_namespace, redis_time_ms
 
 log = get_logger("reconciler.retirement")
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 
-from hardelete import UserError
-from hardelete.clients import s3_client, split_s3_uri
-from hardelete.settings import Settings
+from core.clients import s3_client, split_s3_uri
+from core.errors import UserError
+from core.settings import Settings
 from schemas.layout import REPORTS_PREFIX
 
 _CLIENTS: dict[tuple[Settings, bool], Any] = {}
@@ -31,7 +31,7 @@ def check_run_id(run_id: str) -> str:
 
 def cached_s3(settings: Settings, *, retries: bool = True) -> Any:
     """One boto3 client per settings per process (Spark reuses its Python workers);
-    ``retries=False``: the delete gate's (``hardelete.deletes``: it retries by itself)."""
+    ``retries=False``: the delete gate's (``core.gate``: it retries by itself)."""
     client = _CLIENTS.get((settings, retries))
     if client is None:
         client = _CLIENTS[(settings, retries)] = s3_client(settings, max_pool=16,

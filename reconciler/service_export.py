@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
-from hardelete.clients import split_s3_uri
-from hardelete.settings import Settings
+from core.clients import split_s3_uri
+from core.settings import Settings
 from reconciler.errors import ReconcileError
 from reconciler.mark import KEYS_SCHEMA
 from reconciler.s3io import Namespace, cached_s3, list_keys

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hardelete.settings import Settings
+from core.settings import Settings
 
 LOG4J = Path(__file__).with_name("log4j2.properties")
 

@@ -36,16 +36,10 @@ from schemas.layout import (
 from schemas.records import RecordError, decode_branch, decode_commit
 
 
-def redis_now_ms(r: Any) -> int:
-    """The Redis server clock (the one clock no publisher controls), in ms."""
-    sec, usec = r.time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
 def tracker_watermark_ms(r: Any) -> int | None:
     """Up to when (ms) the tracker has applied everything the broker held, over all partitions
     (the tracker's own definition); None when unknown."""
-    from tracker.state import tracker_horizon_ms
+    from core.clock import tracker_horizon_ms
 
     value: int | None = tracker_horizon_ms(r)
     return value

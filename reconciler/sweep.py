@@ -25,9 +25,10 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hardelete.clients import redis_sync
-from hardelete.deletes import RetryPolicy, delete_keys, keep_reasons, read_evidence
-from hardelete.settings import Settings
+from core.clients import redis_sync
+from core.clock import redis_time_ms
+from core.gate import RetryPolicy, delete_keys, keep_reasons, read_evidence
+from core.settings import Settings
 from reconciler.s3io import Namespace, cached_s3, put_parquet, read_parquet_rows
 from reconciler.state import refs_fingerprint
 from schemas.layout import RECONCILER_LEASE, OutsideNamespace, RepoKeys, namespace_key
@@ -83,7 +84,7 @@ def delete_batch(s3: Any, ns: Namespace, keys: list[str], *, attempts: int = 5,
 
     The final guard lives here: every key is checked against the namespace and the reserved
     prefixes before any request, and more than 1,000 keys is a programming error. The request
-    itself is the one deleter core (``hardelete.deletes.delete_keys``: confirmed only from the
+    itself is the one deleter core (``core.gate.delete_keys``: confirmed only from the
     store's ``Deleted`` entries); ``recheck`` (namespace-relative keys -> reason to keep, see
     :func:`recheck_for`) runs right before every request, retries included.
     """
@@ -138,7 +139,7 @@ def judge_rels(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutoff_ms: 
                now_ms: int, horizon_ms: int | None = None, grace_ms: int = 0,
                vouched: Container[str] = ()) -> dict[str, str]:
     """rel -> reason, for the rels that must be kept right now: the guards (holds,
-    fail-closed, pause, namespace ownership, ``hardelete.deletes.Gate``) and the tracker's
+    fail-closed, pause, namespace ownership, ``core.gate.Gate``) and the tracker's
     record judged again (``schemas.liveness.judge``, path ``reconciler``).
 
     ``vouched``: rels whose garbage verdict a fresh service export vouched for at the mark
@@ -170,8 +171,7 @@ def recheck_for(r: Any, repo: str, ns: Namespace, *, cutoff_ms: int,
     bounds (the mark's own reading, until the job passes the horizon it used)."""
 
     def run(rels: list[str]) -> dict[str, str]:
-        sec, usec = r.time()
-        now_ms = int(sec) * 1000 + int(usec) // 1000
+        now_ms = redis_time_ms(r)
         return judge_rels(r, repo, ns, rels, cutoff_ms=cutoff_ms, now_ms=now_ms,
                           horizon_ms=horizon_ms, grace_ms=grace_ms, vouched=vouched)
 
@@ -325,8 +325,7 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, repo: str, lease_id: str, ns: Na
         why_stop = _stop(r, repo, lease_id, refs)
         if why_stop is not None:
             raise why_stop
-        sec, usec = r.time()
-        now_ms = int(sec) * 1000 + int(usec) // 1000
+        now_ms = redis_time_ms(r)
         kept = judge_rels(r, repo, ns, list(info), cutoff_ms=cutoff_ms, now_ms=now_ms,
                           vouched=vouched)
         # Live now, the record included: a reference that came after the mark's snapshot

@@ -2,7 +2,7 @@
 
 A hold is the field of a repository's ``holds`` hash (address -> json) or ``hold_prefixes``
 hash (s3:// prefix -> json). The field exists while at least one party **claims** it; the delete
-paths only ask whether it exists (reaper/claims.lua, hardelete/deletes.py, the quarantine purge).
+paths only ask whether it exists (reaper/claims.lua, core/gate.py, the quarantine purge).
 Its value (see ``holds.lua``)::
 
     {"claims": {<claim id>: {"source", "reason", "at_ms", ...detail}},

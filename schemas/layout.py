@@ -27,7 +27,7 @@ LOG = f"{PREFIX}:log"
 # slot (its hash tag), so it goes back only with hd:log, which the tracker sees and replays
 # from. A repository's node that goes back in time (a failover to a stale replica) is seen
 # against it: by the tracker's next chunk after a restart, and by every delete path's gate
-# even when no event of the repository comes (hardelete.deletes.applied_regression).
+# even when no event of the repository comes (core.gate.applied_regression).
 APPLIED = f"{PREFIX}:applied{{{LOG}}}"
 INCIDENTS = f"{PREFIX}:incidents"  # list: json incidents not tied to one repository
 RECONCILER_LEASE = f"{PREFIX}:reconciler:lease:"  # + repo: string with run id, PX lease

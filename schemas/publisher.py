@@ -16,14 +16,30 @@ import asyncio
 import contextlib
 from collections.abc import Iterable
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from hardelete.settings import Settings
 from schemas.events import Event, encode
+
+
+class Topics(Protocol):
+    """Where the events go: what the publisher and the topic creation read (the runtime's
+    settings have these fields; the contract layer names only what it needs)."""
+
+    @property
+    def kafka_bootstrap(self) -> str: ...
+    @property
+    def events_topic(self) -> str: ...
+    @property
+    def dlq_topic(self) -> str: ...
+    @property
+    def topic_partitions(self) -> int: ...
+    @property
+    def topic_replication_factor(self) -> int: ...
+
 
 # CreateTopics errors that no retry mends (the request itself is wrong for this cluster).
 _REFUSALS = {17: "InvalidTopic", 29: "TopicAuthorizationFailed", 37: "InvalidPartitions",
@@ -47,7 +63,7 @@ def _topic_errors(response: Any) -> list[tuple[str, int, str]]:
     return out
 
 
-async def ensure_topics(settings: Settings, attempts: int = 20) -> None:
+async def ensure_topics(settings: Topics, attempts: int = 20) -> None:
     """Create the events and dead-letter topics if they do not exist (idempotent). A topic the
     broker refuses (replication above its broker count, say) is an error, not a topic left to
     auto-creation with the broker's defaults."""
@@ -90,7 +106,7 @@ async def ensure_topics(settings: Settings, attempts: int = 20) -> None:
 class Publisher:
     """Async, acks=all, keyed by repository."""
 
-    def __init__(self, settings: Settings, *, linger_ms: int = 5) -> None:
+    def __init__(self, settings: Topics, *, linger_ms: int = 5) -> None:
         self.topic = settings.events_topic
         self._producer = AIOKafkaProducer(
             bootstrap_servers=settings.kafka_bootstrap,

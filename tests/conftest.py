@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from hardelete.clients import redis_sync, s3_client
-from hardelete.settings import Settings, load_settings
-from hardelete.stack import Server, Stack, embedded_stack, reset_s3, start_redis_cluster
+from core.clients import redis_sync, s3_client
+from core.settings import Settings, load_settings
+from sim.stack import Server, Stack, embedded_stack, reset_s3, start_redis_cluster
 
 os.environ.setdefault("HARDELETE_LOG_FORMAT", "console")
 # pytest-xdist's workers export the runner's COLUMNS; the CLI subprocesses the tests start

@@ -18,7 +18,7 @@ reports a high watermark covering it"; Kafka guarantees it), so its horizon can 
 record. The suite's broker-restart test waits until the tracker has fetched from the restarted
 broker before it publishes (the cache is warm then), RELIABILITY.md has the details.
 
-Here S3 is moto behind the fault proxy (``hardelete.faultproxy``), which delivers unconditional
+Here S3 is moto behind the fault proxy (``sim.faultproxy``), which delivers unconditional
 reads of ``watermark.json`` late (as a loaded machine does), so the window is wide enough to
 hit on purpose.
 """
@@ -36,8 +36,8 @@ import boto3
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from hardelete.faultproxy import FaultProxy
-from hardelete.stack import moto_server, tansu_server
+from sim.faultproxy import FaultProxy
+from sim.stack import moto_server, tansu_server
 
 DELAY_S = 0.5  # how late an unconditional read of watermark.json arrives
 TOPIC = "events"

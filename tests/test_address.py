@@ -15,17 +15,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hardelete.model import Model
-from hardelete.settings import Settings
+from core.settings import Settings
 from reaper.daemon import Reaper
 from schemas import events as ev
 from schemas.address import address_forms, canonical_address, canonical_namespace, spelling
 from schemas.layout import INCIDENTS, RESERVED_PREFIXES, RepoKeys
 from schemas.publisher import Publisher, ensure_topics
+from sim.model import Model
+from sim.testing import dead_letters, publish, wait_horizon
 from tests.test_reaper import _service, _settings, listed
 from tracker import codec
 from tracker.daemon import running_tracker
-from tracker.testing import dead_letters, publish, wait_horizon
 
 NS = "s3://bucket/repo/"
 

@@ -43,7 +43,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from hardelete.deletes import Evidence, Gate
+from core.gate import Evidence, Gate
 from reaper.quarantine import purge_keeps
 from reconciler.retirement import Retired, guard_keeps, purge_due
 from schemas import events as ev
@@ -317,7 +317,7 @@ class Adversary(RuleBasedStateMachine):
         self.deletes += 1
 
     def _evidence(self, addresses: list[str]) -> Evidence:
-        """What the one evidence reader would read now (hardelete.deletes.read_evidence)."""
+        """What the one evidence reader would read now (core.gate.read_evidence)."""
         exact = {t: "held" for t in self.dlq_holds if not t.endswith("/")}
         exact.update(dict.fromkeys(self.holds, "held"))
         gate = Gate(registry=dict(self.world.namespaces),

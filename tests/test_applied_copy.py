@@ -10,9 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
-from hardelete.clients import redis_async
-from hardelete.deletes import applied_regression
-from hardelete.settings import Settings
+from core.clients import redis_async
+from core.gate import applied_regression
+from core.settings import Settings
 from schemas.layout import APPLIED, LOG, RepoKeys
 from tracker.daemon import Tracker, _Batch
 from tracker.state import APPLIED_MERGE_LUA
@@ -84,8 +84,8 @@ async def test_a_regressed_repository_stays_unproven_when_its_flag_is_lost_too(
     failover lost the flag too. The tracker had removed the repository from hd:applied, so its
     next chunk (guard ``*``) re-seeded the copy from the regressed node and nothing kept the
     repository. The copy now keeps a ``regressed`` marker until an operator clears it."""
-    from hardelete.clients import redis_sync
-    from hardelete.deletes import read_gate
+    from core.clients import redis_sync
+    from core.gate import read_gate
     from hardelete.failclosed import clear
 
     redis = redis_async(settings)

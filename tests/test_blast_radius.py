@@ -7,7 +7,7 @@ from statistics import median
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hardelete.settings import Settings
+from core.settings import Settings
 from reconciler.blast_radius import judge_blast_radius
 
 DEFAULTS = Settings()

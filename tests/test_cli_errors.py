@@ -13,10 +13,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from core.settings import Settings
 from hardelete.cli import main
 from hardelete.services import KAFKA, REDIS, S3, needs
-from hardelete.settings import Settings
-from hardelete.stack import free_port
+from sim.stack import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -189,7 +189,7 @@ def test_readme_running_it_covers_every_command() -> None:
 
 
 def test_library_log_lines_are_json_when_logs_are_json() -> None:
-    code = ("import logging; from hardelete.logs import configure_logging; "
+    code = ("import logging; from core.logs import configure_logging; "
             "configure_logging('json'); "
             "logging.getLogger('aiokafka').error('Unable connect to node %s', 1)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

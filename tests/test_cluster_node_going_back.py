@@ -2,7 +2,7 @@
 review; the cluster cases failed before): across a tracker restart, and for a quiet repository
 no event of which comes afterwards. The tracker keeps a copy of each repository's applied[] in
 another slot (``hd:applied``): its first chunk after a restart requires it, and every delete
-path's gate compares the repository's node against it (``hardelete.deletes.applied_regression``).
+path's gate compares the repository's node against it (``core.gate.applied_regression``).
 
 Before: the tracker resumed every partition from ``hd:log`` (another slot, another node, it did
 not move) and its first chunk per repository carried the in-slot guard ``*`` (nothing seen
@@ -21,13 +21,13 @@ import time
 import pytest
 import redis as redis_lib
 
-from hardelete.clients import redis_sync, s3_client
-from hardelete.settings import Settings
+from core.clients import redis_sync, s3_client
+from core.settings import Settings
 from reaper.daemon import Reaper
 from schemas import events as ev
 from schemas.layout import LOG, RepoKeys
+from sim.testing import publish, redis_now, wait_horizon
 from tracker.daemon import running_tracker
-from tracker.testing import publish, redis_now, wait_horizon
 
 pytestmark = pytest.mark.integration
 

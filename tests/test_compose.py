@@ -58,7 +58,7 @@ def test_compose_would_start_as_written() -> None:
     # the same versions as the embedded stack every test runs on
     from importlib.metadata import version
 
-    from hardelete.install import KAFKA_VERSION, MINIO_VERSION
+    from sim.install import KAFKA_VERSION, MINIO_VERSION
 
     assert services["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
     assert services["minio"]["build"]["args"]["MINIO_VERSION"] == MINIO_VERSION
@@ -74,7 +74,7 @@ def test_compose_would_start_as_written() -> None:
     assert env["HARDELETE_TOPIC_REPLICATION_FACTOR"] == "1"
     assert env["HARDELETE_METRICS_PORT"] == "9108"
     # every HARDELETE_* variable the services get is a setting (a misspelt one stops start-up)
-    from hardelete.settings import load_settings
+    from core.settings import load_settings
 
     for name in ("tracker", "reaper", "reconciler"):
         load_settings(env=services[name]["environment"])

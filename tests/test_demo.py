@@ -13,8 +13,8 @@ import orjson
 import pytest
 from rich.console import Console
 
-from hardelete.demo import DemoOptions, print_summary, run_demo, summary_json
-from hardelete.settings import Settings
+from core.settings import Settings
+from sim.demo import DemoOptions, print_summary, run_demo, summary_json
 
 pytestmark = pytest.mark.integration
 

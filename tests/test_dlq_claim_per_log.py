@@ -20,9 +20,9 @@ from typing import Any
 import orjson
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from hardelete.model import Model
 from schemas.events import encode
 from schemas.publisher import Publisher, ensure_topics
+from sim.model import Model
 from tests.test_operators import (  # noqa: F401  (fixtures)
     broken,
     claims,

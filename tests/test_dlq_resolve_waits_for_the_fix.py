@@ -13,15 +13,16 @@ import time
 
 import pytest
 
-from hardelete import UserError, dlq
-from hardelete.clients import redis_sync, s3_client
-from hardelete.settings import Settings
+from core.clients import redis_sync, s3_client
+from core.errors import UserError
+from core.settings import Settings
+from hardelete import dlq
 from reaper.daemon import Reaper
 from schemas import events as ev
 from schemas.layout import RepoKeys
 from schemas.publisher import Publisher
+from sim.testing import publish, redis_now, wait_horizon
 from tracker.daemon import running_tracker
-from tracker.testing import publish, redis_now, wait_horizon
 
 pytestmark = pytest.mark.integration
 

@@ -27,13 +27,13 @@ from typing import Any
 
 import pytest
 
-from hardelete.model import Model as M
 from reconciler.job import RunOptions, reconcile
 from schemas import events as ev
+from sim.model import Model as M
+from sim.testing import apply_lua, lua_batches
 from tests.test_reconcile import BUCKET, boundary, past_grace
 from tests.test_reconcile_safety import call, make
 from tracker import codec
-from tracker.testing import apply_lua, lua_batches
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from core.clock import redis_time_ms
 from hardelete.status import explain_address
 from reconciler.s3io import put_parquet
 from schemas.layout import REPOS, RepoKeys
@@ -21,7 +22,6 @@ from schemas.records import (
     encode_commit,
     encode_token,
 )
-from tracker.state import redis_time_ms
 
 pytestmark = pytest.mark.integration
 DAY_MS = 86_400_000

@@ -18,9 +18,9 @@ import asyncio
 
 import pytest
 
-from hardelete.model import Model as M
 from reconciler.job import RunOptions, reconcile
 from schemas.layout import RepoKeys
+from sim.model import Model as M
 from tests.test_reconcile import BUCKET, boundary, past_grace
 from tests.test_reconcile_safety import call, make
 

@@ -1,4 +1,4 @@
-"""One gate (``hardelete/deletes.py``): every S3 delete and quarantine copy of the product.
+"""One gate (``core/gate.py``): every S3 delete and quarantine copy of the product.
 
 Issue 19 finding: ``quarantine purge`` deleted the last copy of an object a commit references
 (it checked holds only) and deleted while the repository was paused or fail-closed; restore and
@@ -16,24 +16,21 @@ from typing import Any
 import orjson
 import pytest
 
-from hardelete.clients import s3_client
-from hardelete.deletes import client_attempts, delete_keys
-from hardelete.settings import Settings
+from core.clients import s3_client
+from core.gate import client_attempts, delete_keys
+from core.settings import Settings
 from reaper.daemon import Reaper
 from reaper.quarantine import purge_expired, purge_recheck
 from schemas import events as ev
 from schemas.layout import RepoKeys
 from schemas.publisher import ensure_topics
+from sim.testing import publish, wait_horizon
 from tests.test_reaper import _many_garbage, _settings, listed, wait_for
 from tracker.daemon import running_tracker
-from tracker.testing import publish, wait_horizon
 
 ROOT = Path(__file__).resolve().parents[1]
-GATE = ROOT / "hardelete" / "deletes.py"
+GATE = ROOT / "core" / "gate.py"
 REQUESTS = {"delete_object", "delete_objects", "copy_object"}
-# Measuring tools, not delete paths: the raw limit a benchmark compares against, on its own
-# bench bucket (BENCHMARKS.md); they never run against a repository.
-MEASURING = {ROOT / "reaper" / "bench.py"}
 
 
 def _calls(path: Path) -> list[tuple[int, str]]:
@@ -49,13 +46,13 @@ def _calls(path: Path) -> list[tuple[int, str]]:
 
 def test_no_module_but_the_gate_sends_a_delete_or_a_copy() -> None:
     offenders = []
-    for package in ("hardelete", "tracker", "reaper", "reconciler", "schemas"):
+    for package in ("schemas", "core", "tracker", "reaper", "reconciler", "hardelete"):
         for path in sorted((ROOT / package).rglob("*.py")):
-            if path == GATE or path in MEASURING:
+            if path == GATE:
                 continue
             offenders += [f"{path.relative_to(ROOT)}:{line} {what}"
                           for line, what in _calls(path)]
-    assert offenders == [], "S3 deletes and copies go through hardelete/deletes.py only"
+    assert offenders == [], "S3 deletes and copies go through core/gate.py only"
     assert {what for _, what in _calls(GATE)} == {"delete_objects", "copy_object"}  # (seen)
 
 

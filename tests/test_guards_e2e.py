@@ -15,8 +15,9 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from hardelete.clients import redis_async
-from hardelete.settings import Settings
+from core.clients import redis_async
+from core.clock import redis_time_ms
+from core.settings import Settings
 from reaper.claims import ClaimStore
 from reaper.daemon import Reaper
 from reconciler.s3io import Namespace, put_parquet
@@ -31,7 +32,6 @@ from schemas.layout import (
     RepoKeys,
 )
 from schemas.records import DecodedAddress, encode_address, encode_token
-from tracker.state import redis_time_ms
 
 pytestmark = pytest.mark.integration
 # Every check holds on one Redis and on a real three-node Redis Cluster (issue 19 item 9).

@@ -1,4 +1,4 @@
-"""hardelete/install.py: parallel processes install once; a missing tool is named."""
+"""sim/install.py: parallel processes install once; a missing tool is named."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hardelete import install
+from sim import install
 
 
 def _build_once(final: str, counter: str) -> None:
@@ -54,7 +54,7 @@ def test_missing_tools_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     with pytest.raises(install.InstallError, match=r"needs `go`.*HARDELETE_S3_ENDPOINT_URL"):
         install.install_minio()
     # The launcher says it as its own error (the demo prints it and exits).
-    from hardelete.stack import StackError, kafka_server
+    from sim.stack import StackError, kafka_server
 
     with pytest.raises(StackError, match=r"Java 17 or newer"):
         kafka_server(tmp_path)

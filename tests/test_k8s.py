@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hardelete.settings import load_settings
+from core.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy/k8s"

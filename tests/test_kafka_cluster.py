@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from hardelete.clients import redis_sync
-from hardelete.settings import Settings
-from hardelete.stack import bootstrap, kafka_cluster
+from core.clients import redis_sync
+from core.settings import Settings
 from schemas import events as ev
 from schemas.publisher import Publisher
+from sim.stack import bootstrap, kafka_cluster
+from sim.testing import publish, redis_now, wait_horizon
 from tracker.daemon import running_tracker
 from tracker.state import read_repo_state
-from tracker.testing import publish, redis_now, wait_horizon
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from schemas import events as ev
 from schemas.layout import RepoKeys, key_part
+from sim.testing import publish, wait_horizon
 from tracker.daemon import running_tracker
 from tracker.state import read_repo_state
-from tracker.testing import publish, wait_horizon
 
 ids = st.text(min_size=1, max_size=60)
 HOSTILE = ["victim}:a:x", "victim}", "{victim", "vic:tim", "victim%7D", "répo☃", "v" * 1024,

@@ -218,7 +218,7 @@ def test_records_verdict_is_the_judgment(rec, tokens, horizon, grace, claimed):
 
 
 def test_gate_guards_and_the_legacy_registry():
-    from hardelete.deletes import Gate
+    from core.gate import Gate
 
     ns, inner = "s3://b/p/", "s3://b/p/r/"
     legacy = Gate()

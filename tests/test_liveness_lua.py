@@ -18,14 +18,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hardelete.clients import redis_async
+from core.clients import redis_async
+from core.clock import redis_time_ms
 from reaper.claims import ClaimStore
 from schemas.layout import RepoKeys
 from schemas.liveness import Keep, judge
 from schemas.records import DecodedAddress, decode_address, encode_address
 from tests.test_liveness import records
 from tests.test_tracker_lua import chaos_events, run_both
-from tracker.state import redis_time_ms
 
 pytestmark = pytest.mark.integration
 

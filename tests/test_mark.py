@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from hardelete import UserError
+from core.errors import UserError
 from reconciler.committed import plan_retention
 from reconciler.errors import ReconcileError
 from reconciler.job import decide_cutoff, parse_cutoff

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from hardelete.clients import s3_client
-from hardelete.deletes import delete_keys
-from hardelete.settings import Settings
+from core.clients import s3_client
+from core.gate import delete_keys
+from core.settings import Settings
 from reconciler.listing import Unit, discover_units, list_unit
 from reconciler.s3io import Namespace
 

@@ -16,8 +16,12 @@ from aiokafka import AIOKafkaConsumer
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from hardelete.clients import split_s3_uri, topic_partitions
-from hardelete.model import (
+from core.clients import split_s3_uri, topic_partitions
+from core.settings import Settings
+from schemas import events as ev
+from schemas.layout import TokenState
+from schemas.publisher import Publisher, ensure_topics
+from sim.model import (
     DEFAULT_MIX,
     MANIFEST_COLUMNS,
     Category,
@@ -35,10 +39,6 @@ from hardelete.model import (
     seeded_ids,
     slice_id,
 )
-from hardelete.settings import Settings
-from schemas import events as ev
-from schemas.layout import TokenState
-from schemas.publisher import Publisher, ensure_topics
 
 NS = "s3://bucket/repo/"
 T0 = 1_700_000_000.0
@@ -703,7 +703,7 @@ async def test_model_service_call_and_store_check_detects_divergence(
 
 
 def test_the_services_uncommitted_list_and_the_grace_rule_of_the_garbage_oracle() -> None:
-    from hardelete.model import ManualClock, Model
+    from sim.model import ManualClock, Model
 
     clock = ManualClock(start=1_000.0, step=1.0)
     m = Model(clock=clock, upload_ttl_seconds=100)
@@ -763,7 +763,7 @@ def test_merge_base_walks_only_as_deep_as_needed_and_agrees_with_the_whole_walk(
         parent_picks: list[list[int]], ia: int, ib: int) -> None:
     """The bounded merge base (generation-ordered walk of a's ancestry) is the one a walk of
     a's whole history gives, on any commit graph."""
-    from hardelete.model import Commit
+    from sim.model import Commit
 
     m = Model()
     ids: list[str] = []

@@ -1,4 +1,4 @@
-"""The embedded S3 server with ``hardelete.moto_speedups`` answers as moto does.
+"""The embedded S3 server with ``sim.moto_speedups`` answers as moto does.
 
 Two real servers, one plain moto and one patched, get the same writes, overwrites, deletes
 and (in a versioned bucket) delete markers; every ListObjectsV2 query, paginated to the end,
@@ -21,9 +21,9 @@ import pytest
 # moto is a stand-in now (the embedded S3 server is MinIO): only in the 'standins' extra.
 pytest.importorskip("moto", reason="moto is in the 'standins' extra: pip install -e '.[standins]'")
 
-from hardelete.clients import s3_client
-from hardelete.settings import load_settings
-from hardelete.stack import Server, moto_server
+from core.clients import s3_client
+from core.settings import load_settings
+from sim.stack import Server, moto_server
 
 SEGMENTS = ["a", "ab", "a-b", "b", "c.d", "é", "z", "a b"]
 

@@ -17,19 +17,21 @@ from typing import Any
 import orjson
 import pytest
 
-from hardelete.clients import redis_async, redis_sync
-from hardelete.model import ManualClock, Model, ModelError, seeded_ids
-from hardelete.settings import Settings
+from core.clients import redis_async, redis_sync
+from core.clock import await_horizon
+from core.registry import register_namespace
+from core.settings import Settings
 from hardelete.status import collect_status, explain_address
 from reaper.daemon import Reaper
 from reconciler.retirement import purge_retired
 from schemas import events as ev
 from schemas.layout import INCIDENTS, NAMESPACES, REPOS, RETIRED, RepoKeys
 from schemas.namespaces import overlaps, registration_problem
+from sim.model import ManualClock, Model, ModelError, seeded_ids
+from sim.testing import dead_letters, publish
 from tracker.daemon import Tracker, running_tracker
 from tracker.references import World
-from tracker.state import await_horizon, read_repo_state, register_namespace
-from tracker.testing import dead_letters, publish
+from tracker.state import read_repo_state
 
 NOW = 1_000_000
 

@@ -18,11 +18,10 @@ from typing import Any
 import orjson
 import pytest
 
+from core.settings import Settings
 from hardelete.cli import main
 from hardelete.holds import add_hold, held_by
-from hardelete.model import Model, ModelService
 from hardelete.schedule import decide, last_slot
-from hardelete.settings import Settings
 from reaper.daemon import PassReport, Reaper
 from schemas.events import ObjectWritten, RepositoryCreated, RepositoryDeleted, encode
 from schemas.layout import (
@@ -34,9 +33,10 @@ from schemas.layout import (
     RepoKeys,
 )
 from schemas.publisher import Publisher, ensure_topics
+from sim.model import Model, ModelService
+from sim.testing import redis_now, wait_horizon
 from tracker.daemon import Tracker, running_tracker
 from tracker.state import parse_address
-from tracker.testing import redis_now, wait_horizon
 
 pytestmark = pytest.mark.integration
 
@@ -368,7 +368,7 @@ def test_one_operators_resume_leaves_anothers_pause(cli, capsys, redis_client):
     """A pause is a claim per operator, as a hold is (found by an adversarial review: B's pause
     overwrote A's, and A's resume lifted B's): the repository stays paused, which the gate,
     the claim script and status all read, until each resumes, or --force."""
-    from hardelete.deletes import read_gate
+    from core.gate import read_gate
 
     setup_repo(cli)
     assert run(capsys, "pause", "ops", "--reason", "incident 7", "--by", "alice")[0] == 0
@@ -409,7 +409,7 @@ def test_status_counts_dead_letters_and_shows_a_stale_tracker(cli, capsys, monke
 
 
 def test_health_tracker_metrics_endpoint(cli, capsys, monkeypatch):
-    from hardelete.stack import free_port
+    from sim.stack import free_port
 
     port = free_port()
     s = cli.replace(metrics_port=port)
@@ -578,7 +578,7 @@ def test_pause_keeps_what_the_tracker_marked_until_resume(cli, capsys, s3, redis
 
 
 def test_health_reaper_and_a_store_error_mid_command(cli, capsys, monkeypatch, s3):
-    from hardelete.stack import free_port
+    from sim.stack import free_port
 
     assert run(capsys, "health", "reaper") == (0, "reaper: healthy\n", "")
     monkeypatch.setenv("HARDELETE_METRICS_PORT", str(free_port()))

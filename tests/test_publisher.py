@@ -11,7 +11,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from hardelete.settings import Settings
+from core.settings import Settings
 from schemas.events import Event, ObjectDeleted, ObjectWritten, decode
 from schemas.publisher import Publisher, ensure_topics
 

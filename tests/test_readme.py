@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hardelete.settings import describe
+from core.settings import describe
 
 ROOT = Path(__file__).resolve().parents[1]
 

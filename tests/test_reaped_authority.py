@@ -13,9 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
-from hardelete.clients import redis_async, s3_client
-from hardelete.model import Model
-from hardelete.settings import Settings
+from core.clients import redis_async, s3_client
+from core.settings import Settings
 from reaper.claims import ClaimStore
 from reaper.daemon import Reaper
 from schemas import events as ev
@@ -24,11 +23,12 @@ from schemas.layout import INCIDENTS, REAPER_KEY, AddressState, RepoKeys, TokenS
 from schemas.liveness import judge, tombstone_keeps
 from schemas.publisher import Publisher, ensure_topics
 from schemas.records import DecodedAddress, decode_address
-from tests.faults import FaultProxy
+from sim.faultproxy import FaultProxy
+from sim.model import Model
+from sim.testing import dead_letters, publish, wait_horizon
 from tests.test_reaper import _service, _settings, _state_is, listed, wait_for
 from tracker.daemon import running_tracker
 from tracker.state import parse_address
-from tracker.testing import dead_letters, publish, wait_horizon
 
 pytestmark = pytest.mark.integration
 # Every check holds on one Redis and on a real three-node Redis Cluster (issue 19 item 9).

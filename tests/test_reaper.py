@@ -20,15 +20,15 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from hardelete.clients import redis_async, s3_client
-from hardelete.model import Model, ModelService, Workload
-from hardelete.settings import Settings
+from core.clients import redis_async, s3_client
+from core.settings import Settings
 from hardelete.status import collect_status, explain_address
 from reaper.claims import ClaimStore
 from reaper.daemon import Reaper
 from schemas.layout import AddressState, RepoKeys
 from schemas.publisher import Publisher, ensure_topics
-from tests.faults import FaultProxy
+from sim.faultproxy import FaultProxy
+from sim.model import Model, ModelService, Workload
 from tracker.daemon import running_tracker
 from tracker.state import parse_address
 

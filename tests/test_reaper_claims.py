@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from hardelete.clients import redis_async
+from core.clients import redis_async
 from reaper.claims import ClaimStore
 from tests.test_tracker_lua import chaos_events, run_both
 

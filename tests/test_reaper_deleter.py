@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from hardelete.clients import s3_client
+from core.clients import s3_client
 from reaper.deleter import S3Deleter
-from tests.faults import FaultProxy
+from sim.faultproxy import FaultProxy
 
 
 def _put_many(s3: Any, bucket: str, keys: list[str]) -> None:
@@ -64,10 +64,10 @@ async def test_deleting_twice_is_harmless(settings, s3, bucket):
     assert not second.failed
 
 
-# --- the one deleter core (hardelete.deletes) ---------------------------------------------------
+# --- the one deleter core (core.gate) ---------------------------------------------------
 
 def test_core_enforces_1000_keys_although_the_server_accepts_more(s3, bucket):
-    from hardelete.deletes import delete_keys
+    from core.gate import delete_keys
 
     keys = [f"repo/data/1/{i}" for i in range(1001)]
     with pytest.raises(ValueError, match="at most 1000"):
@@ -87,7 +87,7 @@ async def test_wrapper_splits_into_requests_of_at_most_1000(settings, s3, bucket
 
 def test_core_recheck_runs_before_every_request_and_a_failing_one_keeps_all(settings, s3,
                                                                             bucket):
-    from hardelete.deletes import RetryPolicy, delete_keys
+    from core.gate import RetryPolicy, delete_keys
 
     keys = [f"repo/data/1/{i}" for i in range(4)]
     _put_many(s3, bucket, keys)

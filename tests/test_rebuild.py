@@ -15,11 +15,12 @@ import orjson
 import pytest
 
 import tracker.rebuild as rb
-from hardelete.model import Model as M
+from core.clock import redis_time_ms
 from schemas.layout import RepoKeys
+from sim.model import Model as M
 from tests.test_reconcile import BUCKET, World, make_world
 from tracker.rebuild import RebuildError, heal, prepare, read_export, rebuild, write_export
-from tracker.state import read_repo_state, redis_time_ms
+from tracker.state import read_repo_state
 
 pytestmark = [pytest.mark.integration]
 
@@ -300,15 +301,15 @@ async def test_a_lost_broker_log_heals_by_itself_and_only_the_removed_object_goe
     repository closed and prepares a rebuild by itself; the service (here the test) exports
     its state with the nonce; the tracker applies it, the flag lifts, and the reaper takes the
     object whose delete was lost, and nothing else."""
-    from hardelete.clients import redis_sync
-    from hardelete.stack import kafka_server
+    from core.clients import redis_sync
+    from core.guards import fail_closed_reason
     from reaper.daemon import Reaper
     from schemas import events as ev
+    from sim.stack import kafka_server
+    from sim.testing import publish, redis_now, wait_horizon
     from tests.test_tracker_safety import _lose_log, delete, repo_events, write
     from tracker.daemon import running_tracker
     from tracker.rebuild import ExportBranch, ExportEntry, StateExport
-    from tracker.state import fail_closed_reason
-    from tracker.testing import publish, redis_now, wait_horizon
 
     server = kafka_server(tmp_path)
     await asyncio.to_thread(server.start)

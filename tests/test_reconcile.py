@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from hardelete import UserError
-from hardelete.clients import split_s3_uri
-from hardelete.model import Model, ModelService, Workload, seeded_ids
+from core.clients import split_s3_uri
+from core.errors import UserError
 from reconciler.errors import LeaseBusy, SweepRefused
 from reconciler.job import RunOptions, reconcile
 from reconciler.report import read_summary
 from reconciler.retention import Commit, RetentionPolicy, retained_commits
 from reconciler.s3io import Namespace
 from schemas.layout import PROGRESS, PROGRESS_META, RECONCILER_LEASE, REPOS, RepoKeys
+from sim.model import Model, ModelService, Workload, seeded_ids
+from sim.testing import apply_lua, lua_batches
 from tracker import codec
-from tracker.testing import apply_lua, lua_batches
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -169,8 +169,8 @@ async def _reconcile_with_tracker(spark: Any, settings: Any, opts: RunOptions) -
     tracker horizon is past the grace window of everything applied so far."""
     import redis.asyncio as aredis
 
+    from core.clock import await_horizon
     from tracker.daemon import running_tracker
-    from tracker.state import await_horizon
 
     async with running_tracker(settings):
         r = aredis.Redis.from_url(settings.redis_url, decode_responses=True)
@@ -402,7 +402,7 @@ def test_sweep_only_from_a_dry_run_mark_the_lease_the_guard_and_the_crosscheck(
 
 def test_optimized_run_lists_only_new_slices_plus_the_previous_uncommitted_set(
         spark, rsettings, s3, redis_client):
-    from hardelete.model import Model as M
+    from sim.model import Model as M
 
     w = make_world(rsettings, s3, redis_client)
     # The middle of the hour: "S3 + 60 s" below must stay in S3's slice (an hour-long slice;

@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from hardelete.cli import main
-from hardelete.model import Model, ModelService
 from hardelete.status import explain_address
+from sim.model import Model, ModelService
 from tests.test_reconcile import World, boundary
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

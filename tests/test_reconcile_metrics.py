@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hardelete.settings import load_settings
-from hardelete.stack import free_port
+from core.settings import load_settings
 from reconciler.metrics import figures, publish, registry_for
+from sim.stack import free_port
 
 SUMMARY = {
     "repository": "r", "run_id": "", "now_ms": 1_700_000_000_000, "success": True,

@@ -16,12 +16,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hardelete import UserError
-from hardelete.clients import split_s3_uri
-from hardelete.model import Model as M
+from core.clients import split_s3_uri
+from core.errors import UserError
 from reconciler.job import Run, RunOptions, reconcile
 from reconciler.s3io import Namespace
 from schemas.layout import NAMESPACES, REPOS, RETIRED, RepoKeys
+from sim.model import Model as M
 from tests.test_reconcile import BUCKET, World, boundary, make_world, past_grace
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hardelete.model import ManualClock, Model, ModelError, Workload, run_workload, seeded_ids
 from schemas import events as ev
 from schemas.layout import AddressState, TokenState
+from sim.gen import workload
+from sim.model import ManualClock, Model, ModelError, Workload, run_workload, seeded_ids
+from sim.testing import canonical
 from tracker import codec
 from tracker import references as refs_module
-from tracker.gen import workload
 from tracker.references import RepoState, World, live_refs
-from tracker.testing import canonical
 
 NOW = 1_000_000
 

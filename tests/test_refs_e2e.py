@@ -13,8 +13,8 @@ import pytest
 from schemas import events as ev
 from schemas.layout import RepoKeys
 from schemas.publisher import Publisher, ensure_topics
+from sim.testing import dead_letters
 from tracker.daemon import Tracker
-from tracker.testing import dead_letters
 
 pytestmark = pytest.mark.integration
 

@@ -11,17 +11,17 @@ from typing import Any
 import orjson
 import pytest
 
-from hardelete import UserError
-from hardelete.model import Model
-from hardelete.settings import Settings
+from core.errors import UserError
+from core.settings import Settings
 from reconciler.job import RunOptions, reconcile
 from reconciler.retirement import DAY_MS, Retired, purge_due, purge_retired
 from schemas.layout import INCIDENTS, NAMESPACES, RETIRED
 from schemas.publisher import Publisher, ensure_topics
+from sim.model import Model
+from sim.testing import publish, wait_horizon
 from tests.test_operators import cli, run  # noqa: F401 - the fixture
 from tests.test_reaper import _service, listed
 from tracker.daemon import running_tracker
-from tracker.testing import publish, wait_horizon
 
 
 def test_purge_is_due_only_after_the_retention_or_a_release() -> None:

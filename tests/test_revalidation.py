@@ -17,10 +17,16 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from hardelete.model import (
+from reconciler.committed import plan_retention
+from reconciler.mark import Listed, compute_mark
+from reconciler.records import verdict
+from reconciler.retention import Commit, RetentionPolicy, retained_commits
+from reconciler.s3io import Namespace
+from reconciler.state import CommitRecord, RepoState, record_digest, retention_fingerprint
+from sim.model import (
     Commit as MCommit,
 )
-from hardelete.model import (
+from sim.model import (
     ManualClock,
     Model,
     ModelError,
@@ -28,12 +34,6 @@ from hardelete.model import (
     run_workload,
     seeded_ids,
 )
-from reconciler.committed import plan_retention
-from reconciler.mark import Listed, compute_mark
-from reconciler.records import verdict
-from reconciler.retention import Commit, RetentionPolicy, retained_commits
-from reconciler.s3io import Namespace
-from reconciler.state import CommitRecord, RepoState, record_digest, retention_fingerprint
 from tracker.references import AddressRecord, World
 
 DAY = 86_400.0

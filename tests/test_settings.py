@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hardelete.settings import ConfigError, describe, load_settings
+from core.settings import ConfigError, describe, load_settings
 
 
 def test_defaults_are_safe() -> None:
@@ -69,7 +69,7 @@ def test_describe_lists_every_env_var() -> None:
 def test_every_setting_is_documented() -> None:
     from dataclasses import fields
 
-    from hardelete.settings import DOCS, Settings
+    from core.settings import DOCS, Settings
 
     assert {f.name for f in fields(Settings)} == set(DOCS)
 

@@ -15,9 +15,9 @@ import sys
 import pytest
 from rich.console import Console
 
-from hardelete.soak import SoakOptions, run_soak
-from hardelete.soak_plan import FAILS_CLOSED, STALLS, SURVIVED, FaultKind
-from hardelete.soak_verdict import print_verdict
+from sim.soak import SoakOptions, run_soak
+from sim.soak_plan import FAILS_CLOSED, STALLS, SURVIVED, FaultKind
+from sim.soak_verdict import print_verdict
 from tests.conftest import base_settings
 
 # The claim's grace check: only addresses unreferenced since before horizon - grace may be

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hardelete.soak_plan import (
+from sim.soak_plan import (
     ALL_FAULTS,
     NEEDS_FIX,
     SURVIVED,

@@ -21,8 +21,8 @@ from typing import Any
 import orjson
 import pytest
 
-from hardelete.model import Model, ModelService
-from hardelete.stack import free_port
+from sim.model import Model, ModelService
+from sim.stack import free_port
 from tests.test_reconcile import World, boundary
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -11,9 +11,9 @@ import pytest
 import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from hardelete.clients import s3_client
-from hardelete.settings import load_settings
-from hardelete.stack import (
+from core.clients import s3_client
+from core.settings import load_settings
+from sim.stack import (
     KafkaServer,
     StackError,
     embedded_stack,
@@ -112,7 +112,7 @@ def test_external_service_is_used_not_started(tmp_path: Path) -> None:
 def test_a_taken_port_moves_the_server_on_first_start(tmp_path: Path) -> None:
     import socket
 
-    from hardelete.stack import free_port, minio_server
+    from sim.stack import free_port, minio_server
 
     taken = free_port()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as blocker:
@@ -127,7 +127,7 @@ def test_a_taken_port_moves_the_server_on_first_start(tmp_path: Path) -> None:
 
 
 def test_free_ports_avoid_the_ephemeral_range() -> None:
-    from hardelete.stack import _ephemeral_low, free_port
+    from sim.stack import _ephemeral_low, free_port
 
     assert all(free_port() < _ephemeral_low() for _ in range(20))
 
@@ -160,7 +160,7 @@ def test_an_unknown_redis_allocator_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_the_stand_ins_only_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hardelete.stack import STACK_ENV, standins
+    from sim.stack import STACK_ENV, standins
 
     monkeypatch.delenv(STACK_ENV, raising=False)
     assert not standins()

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from hardelete.model import Model as M
 from reconciler.job import RunOptions, reconcile
-from tests.faults import FaultProxy
+from sim.faultproxy import FaultProxy
+from sim.model import Model as M
 from tests.test_reconcile import BUCKET, boundary
 from tests.test_reconcile_safety import call, history, make
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from schemas import events as ev
 from schemas.layout import OutsideNamespace, namespace_key
+from sim.gen import workload
 from tracker import codec
-from tracker.gen import workload
 
 SAMPLES = workload(5, 400, repos=2)
 NASTY = [None, True, False, 0, -1, 1.5, float(2**60), "", "x", "s3://b/r/data/x", [], ["a"],

@@ -16,22 +16,18 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from hardelete.clients import redis_async, redis_sync
-from hardelete.settings import Settings
-from hardelete.stack import free_port, start_redis_cluster
+from core.clients import redis_async, redis_sync
+from core.clock import aredis_time_ms, await_horizon, tracker_horizon_ms
+from core.registry import repositories
+from core.settings import Settings
 from schemas import events as ev
 from schemas.layout import PROGRESS, PROGRESS_META
 from schemas.publisher import Publisher, ensure_topics
+from sim.gen import workload
+from sim.stack import free_port, start_redis_cluster
+from sim.testing import publish, pure_world, timeless, wait_horizon
 from tracker.daemon import Tracker, running_tracker
-from tracker.gen import workload
-from tracker.state import (
-    aredis_time_ms,
-    await_horizon,
-    read_repo_state,
-    repositories,
-    tracker_horizon_ms,
-)
-from tracker.testing import publish, pure_world, timeless, wait_horizon
+from tracker.state import read_repo_state
 
 pytestmark = pytest.mark.integration
 
@@ -127,13 +123,13 @@ async def test_horizon_follows_the_clock_closely_while_idle(settings: Settings) 
 
 
 async def _horizon(r):
-    from tracker.state import atracker_horizon_ms
+    from core.clock import atracker_horizon_ms
 
     return await atracker_horizon_ms(r)
 
 
 def test_horizon_requires_every_partition() -> None:
-    from tracker.state import horizon_from
+    from core.clock import horizon_from
 
     assert horizon_from({}, {"0": "5"}) is None
     assert horizon_from({"partitions": "2"}, {"0": "5"}) is None

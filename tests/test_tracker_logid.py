@@ -15,14 +15,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from core.clock import horizon_from
+from core.guards import fail_closed_reason, fail_closed_repos
+from core.settings import Settings
 from hardelete.failclosed import clear
-from hardelete.settings import Settings
 from hardelete.status import collect_status
 from schemas.layout import FAIL_CLOSED, INCIDENTS, REPOS, RepoKeys
 from tracker import codec
 from tracker.daemon import dlq_message
 from tracker.logid import NOT_FETCHED, LogRecord, decide
-from tracker.state import fail_closed_reason, fail_closed_repos, horizon_from
 
 E = "fresh"
 

@@ -12,10 +12,20 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from core.clock import redis_time_ms
 from schemas import events as ev
 from schemas.layout import NAMESPACES as REGISTRY
 from schemas.layout import REF_DEDUPE_WINDOW, RepoKeys
 from schemas.layout import REPOS as REPO_SET
+from sim.gen import workload
+from sim.testing import (
+    LuaTracker,
+    apply_lua,
+    canonical,
+    lua_batches,
+    reap,
+    refused_incidents,
+)
 from tests.test_references import (
     NOW,
     apply_all,
@@ -24,17 +34,8 @@ from tests.test_references import (
     sticky_only_difference,
 )
 from tracker import codec
-from tracker.gen import workload
 from tracker.references import World
-from tracker.state import read_repo_state, redis_time_ms
-from tracker.testing import (
-    LuaTracker,
-    apply_lua,
-    canonical,
-    lua_batches,
-    reap,
-    refused_incidents,
-)
+from tracker.state import read_repo_state
 
 pytestmark = pytest.mark.integration
 

@@ -28,21 +28,18 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from hardelete.clients import redis_sync
-from hardelete.settings import Settings
-from hardelete.stack import KafkaServer, kafka_server, redis_server
+from core.clients import redis_sync
+from core.clock import tracker_horizon_ms
+from core.guards import fail_closed_reason, holds
+from core.settings import Settings
 from reaper.daemon import Reaper
 from schemas import events as ev
 from schemas.layout import FAIL_CLOSED, PROGRESS_META, RepoKeys
 from schemas.publisher import Publisher, ensure_topics
+from sim.stack import KafkaServer, kafka_server, redis_server
+from sim.testing import publish, redis_now, wait_horizon
 from tracker.daemon import running_tracker
-from tracker.state import (
-    fail_closed_reason,
-    holds,
-    read_repo_state,
-    tracker_horizon_ms,
-)
-from tracker.testing import publish, redis_now, wait_horizon
+from tracker.state import read_repo_state
 
 pytestmark = pytest.mark.integration
 # Every check holds on one Redis and on a real three-node Redis Cluster (issue 19 item 9).

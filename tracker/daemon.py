@@ -64,9 +64,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from hardelete import UserError
-from hardelete.clients import redis_async, redis_sync
-from hardelete.settings import Settings
+from core.clients import redis_async, redis_sync
+from core.clock import aredis_time_ms, atracker_horizon_ms
+from core.errors import UserError
+from core.registry import aregister_namespace
+from core.settings import Settings
 from schemas import reaper_auth
 from schemas.events import EventError
 from schemas.holds import DLQ, aadd_claims, dlq_claim
@@ -103,9 +105,6 @@ from tracker.state import (
     PROGRESS_LUA,
     ApplyScript,
     LogGuard,
-    aredis_time_ms,
-    aregister_namespace,
-    atracker_horizon_ms,
 )
 
 log = structlog.get_logger("tracker")
@@ -538,7 +537,7 @@ class Tracker:
     async def _heal_loop(self) -> None:
         """Self-healing (tracker/rebuild.py): a fail-closed repository gets a rebuild prepared,
         and is rebuilt once its service wrote a state export carrying the nonce."""
-        from hardelete.clients import s3_client
+        from core.clients import s3_client
         from tracker.rebuild import heal
 
         s = self.settings

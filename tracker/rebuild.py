@@ -41,7 +41,8 @@ from typing import Any
 
 import orjson
 
-from hardelete.deletes import applied_regression
+from core.clock import redis_time_ms
+from core.gate import applied_regression
 from schemas.address import canonical_address
 from schemas.layout import (
     APPLIED,
@@ -52,7 +53,7 @@ from schemas.layout import (
     TokenState,
 )
 from tracker.references import RepoState
-from tracker.state import ApplyScript, read_repo_state, redis_time_ms
+from tracker.state import ApplyScript, read_repo_state
 
 STATE_EXPORT = "state.json"  # the export's one file (format 2)
 FORMAT = 2
@@ -579,7 +580,7 @@ def heal(r: Any, s3: Any, *, max_age_ms: int, by: str) -> Healed:
     """One round of self-healing: prepare a rebuild for every fail-closed repository that
     has none current, and apply a state export that carries its nonce when the service has
     written one. What cannot go on is returned per repository (it stays fail-closed)."""
-    from tracker.state import fail_closed_repos
+    from core.guards import fail_closed_repos
 
     prepared: list[str] = []
     rebuilt: list[RebuildReport] = []

@@ -1,23 +1,17 @@
 """Reading and writing the tracker's Redis state (layout: ``schemas/layout.py``).
 
-For the reaper, the reconciler, ``status`` and the tests:
-
 - :func:`read_repo_state` / :func:`aread_repo_state`: one repository's records as the
   :mod:`tracker.references` dataclasses (the same shape the pure machine produces).
-- :func:`tracker_horizon_ms` / :func:`atracker_horizon_ms`: the Redis-clock time up to which the
-  tracker has applied everything the broker held, over *all* partitions of the events topic
-  (``None`` while any partition has no progress yet: then nothing may be reaped).
-- :func:`await_horizon`: wait (with a deadline) until the horizon passes a time.
 - :class:`ApplyScript`: loads ``apply.lua`` and applies batches (pipelined, NOSCRIPT-safe).
-- :func:`register_namespace` / :func:`free_namespace` (and ``a``-prefixed async versions): the
-  namespace registry ``hd:namespaces``, one atomic script call each.
+
+The clock and the horizon are in :mod:`core.clock`, the namespace registry in
+:mod:`core.registry`, the fail-closed flags and holds in :mod:`core.guards`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -28,16 +22,10 @@ import redis.asyncio as aredis
 from redis.exceptions import NoScriptError, ResponseError
 
 from schemas.layout import (
-    FAIL_CLOSED,
     LOG,
-    NAMESPACES,
-    PROGRESS,
-    PROGRESS_META,
-    REPOS,
     AddressState,
     RepoKeys,
 )
-from schemas.namespaces import conflict_reason
 from schemas.records import decode_address, decode_branch, decode_commit, decode_token
 from tracker.references import (
     AddressRecord,
@@ -137,65 +125,6 @@ return 0
 # inside another live repository's, or the repository owns another one; reports the first
 # conflict in namespace order. {1} registered (or already was), {0, namespace, owner} refused.
 # With ARGV[3] == "free": remove the namespace if ARGV[1] owns it (retirement).
-NAMESPACES_LUA = """
-local repo, ns = ARGV[1], ARGV[2]
-if ARGV[3] == 'free' then
-  if redis.call('HGET', KEYS[1], ns) == repo then redis.call('HDEL', KEYS[1], ns) end
-  return {1}
-end
-local function inside(a, b) return #a >= #b and string.sub(a, 1, #b) == b end
-local function before(a, b)  -- byte order, like Python's (Lua's < follows the locale)
-  for i = 1, math.min(#a, #b) do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
-  end
-  return #a < #b
-end
-local h = redis.call('HGETALL', KEYS[1])
-local found, owner
-for i = 1, #h, 2 do
-  local other, who = h[i], h[i + 1]
-  local clash
-  if who == repo then clash = other ~= ns else clash = inside(ns, other) or inside(other, ns) end
-  if clash and (found == nil or before(other, found)) then found, owner = other, who end
-end
-if found then return {0, found, owner} end
-redis.call('HSET', KEYS[1], ns, repo)
-return {1}
-"""
-
-
-def _registered(repo: str, namespace: str, res: Any) -> str | None:
-    if int(res[0]) == 1:
-        return None
-    return conflict_reason(repo, namespace, str(res[1]), str(res[2]))
-
-
-def register_namespace(r: Any, repo: str, namespace: str) -> str | None:
-    """Register a repository's (canonical) namespace; the refusal reason, or None."""
-    return _registered(repo, namespace, r.eval(NAMESPACES_LUA, 1, NAMESPACES, repo, namespace,
-                                               "register"))
-
-
-async def aregister_namespace(r: Any, repo: str, namespace: str) -> str | None:
-    return _registered(repo, namespace, await r.eval(NAMESPACES_LUA, 1, NAMESPACES, repo,
-                                                     namespace, "register"))
-
-
-def free_namespace(r: Any, repo: str, namespace: str) -> None:
-    """A retired repository's namespace may be registered again (only if it still owns it)."""
-    r.eval(NAMESPACES_LUA, 1, NAMESPACES, repo, namespace, "free")
-
-
-async def afree_namespace(r: Any, repo: str, namespace: str) -> None:
-    await r.eval(NAMESPACES_LUA, 1, NAMESPACES, repo, namespace, "free")
-
-
-def namespace_registry(r: Any) -> dict[str, str]:
-    """``hd:namespaces``: live namespace -> repository (for ``ownership_problem``)."""
-    return dict(r.hgetall(NAMESPACES))
-
-
 def _sha(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
@@ -397,118 +326,3 @@ def read_repo_state(r: Any, repo: str) -> RepoState:
                      versions, (seen_order, seen), stats)
 
 
-def repositories(r: Any) -> set[str]:
-    """Repository ids the tracker has seen (``hd:repos``)."""
-    return set(r.smembers(REPOS))
-
-
-# --- time and progress -------------------------------------------------------------------------
-
-def redis_time_ms(r: Any) -> int:
-    sec, usec = r.time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
-async def aredis_time_ms(r: Any) -> int:
-    sec, usec = await r.time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
-def horizon_from(meta: dict[str, str], progress: dict[str, str]) -> int | None:
-    """min over every partition of the topic; None if the partition count is unknown or any
-    partition has no progress yet (a partition nobody tracks holds everything back).
-
-    Also at most ``verified_ms``: the Redis time before the last metadata request that found
-    this partition count. A claim "everything up to R is applied" is only as good as the
-    partition list it covers, so it cannot pass the last time that list was proven complete
-    (a tracker always writes both; meta written by hand without it is not capped).
-    """
-    try:
-        n = int(meta["partitions"])
-    except (KeyError, ValueError):
-        return None
-    values = []
-    if "verified_ms" in meta:
-        try:
-            values.append(int(meta["verified_ms"]))
-        except ValueError:
-            return None
-    for p in range(n):
-        v = progress.get(str(p))
-        if v is None:
-            return None
-        values.append(int(v))
-    return min(values) if n > 0 and values else None
-
-
-def tracker_horizon_ms(r: Any) -> int | None:
-    """Redis-clock ms up to which every partition's broker content has been applied."""
-    return horizon_from(r.hgetall(PROGRESS_META), r.hgetall(PROGRESS))
-
-
-async def atracker_horizon_ms(r: Any) -> int | None:
-    return horizon_from(await r.hgetall(PROGRESS_META), await r.hgetall(PROGRESS))
-
-
-async def await_horizon(r: Any, target_ms: int, timeout: float = 30.0,
-                        interval: float = 0.02) -> int:
-    """Wait until the tracker horizon reaches ``target_ms`` (async client); returns it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        h = await atracker_horizon_ms(r)
-        if h is not None and h >= target_ms:
-            return h
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"tracker horizon {h} did not reach {target_ms} in {timeout}s")
-        await asyncio.sleep(interval)
-
-
-# --- fail-closed state and holds (Safety I) ----------------------------------------------------
-
-def _reason(h: dict[str, str] | None, scope: str) -> str | None:
-    if not h:
-        return None
-    return f"{scope}: {h.get('reason') or 'fail-closed'}"
-
-
-def fail_closed_reason(r: Any, repo: str) -> str | None:
-    """Why the mirror of ``repo`` is not proven complete and current (nothing may be deleted
-    for it), or None. Checks the repository's flag and the global one."""
-    pipe = r.pipeline(transaction=False)
-    pipe.hgetall(RepoKeys(repo).fail_closed)
-    pipe.hgetall(FAIL_CLOSED)
-    own, glob = pipe.execute()
-    return _reason(own, "repository") or _reason(glob, "all repositories")
-
-
-async def afail_closed_reason(r: Any, repo: str) -> str | None:
-    """Async twin of :func:`fail_closed_reason` (two reads: works on Redis Cluster too)."""
-    own = await r.hgetall(RepoKeys(repo).fail_closed)
-    glob = await r.hgetall(FAIL_CLOSED) if not own else None
-    return _reason(own, "repository") or _reason(glob, "all repositories")
-
-
-def fail_closed_repos(r: Any) -> dict[str, dict[str, str]]:
-    """Every fail-closed repository -> its flag (reason, at_ms, detail); key "*": global."""
-    out: dict[str, dict[str, str]] = {}
-    glob = r.hgetall(FAIL_CLOSED)
-    if glob:
-        out["*"] = glob
-    repos = sorted(r.smembers(REPOS))
-    pipe = r.pipeline(transaction=False)
-    for repo in repos:
-        pipe.hgetall(RepoKeys(repo).fail_closed)
-    for repo, h in zip(repos, pipe.execute(), strict=True):
-        if h:
-            out[repo] = h
-    return out
-
-
-def holds(r: Any, repo: str) -> dict[str, dict[str, Any]]:
-    """Held addresses of ``repo`` -> {claims, reason, source, at_ms} (delete paths keep
-    them; schemas/holds.py)."""
-    return {a: orjson.loads(v) for a, v in r.hgetall(RepoKeys(repo).holds).items()}
-
-
-async def aholds(r: Any, repo: str) -> dict[str, dict[str, Any]]:
-    return {a: orjson.loads(v) for a, v in (await r.hgetall(RepoKeys(repo).holds)).items()}

@@ -1,9 +1,9 @@
 """Tracker throughput against the raw consume limit of the same broker, in one run.
 
-    .venv/bin/python -m tracker.bench --events 200000
+    .venv/bin/python -m sim.bench_tracker --events 200000
 
 Starts the embedded stack (Apache Kafka + Redis), publishes N events of a realistic mix
-(``tracker.gen.workload``), then measures (1) a raw aiokafka loop that only iterates the
+(``sim.gen.workload``), then measures (1) a raw aiokafka loop that only iterates the
 records and (2) the tracker applying them end to end into Redis (decode, admission, Lua apply,
 offset commits, progress). The tracker's clock starts once its partitions are assigned (the
 group join is a fixed cost, reported separately). Prints events/s for both and the ratio.
@@ -20,12 +20,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
-from hardelete.clients import redis_sync, topic_partitions
-from hardelete.settings import Settings, load_settings
-from hardelete.stack import REDIS_MALLOCS, embedded_stack
+from core.clients import redis_sync, topic_partitions
+from core.settings import Settings, load_settings
 from schemas.publisher import Publisher, ensure_topics
+from sim.gen import workload
+from sim.stack import REDIS_MALLOCS, embedded_stack
 from tracker.daemon import Tracker, tune_gc
-from tracker.gen import workload
 
 
 async def _publish(settings: Settings, events: list[Any]) -> float:
@@ -116,14 +116,14 @@ async def bench(settings: Settings, n: int, repos: int, seed: int) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tracker.bench", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m sim.bench_tracker", description=__doc__)
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--repos", type=int, default=32)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--batch", type=int, default=10_000, help="tracker_batch_max")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--redis-malloc", choices=REDIS_MALLOCS, default="mimalloc",
-                    help="allocator of the embedded Redis (see hardelete.stack)")
+                    help="allocator of the embedded Redis (see sim.stack)")
     ap.add_argument("--default-gc", action="store_true",
                     help="keep Python's default GC thresholds (not the tracker process's)")
     args = ap.parse_args(argv)
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     base = load_settings(env={}, topic_partitions=args.partitions,
                          tracker_batch_max=args.batch, session_timeout_ms=3000,
                          heartbeat_interval_ms=1000, tracker_poll_ms=50, log_level="warning")
-    from hardelete.logs import configure_logging
+    from core.logs import configure_logging
 
     configure_logging("console", "warning")
     with embedded_stack(base, s3=False, redis_malloc=args.redis_malloc) as stack:

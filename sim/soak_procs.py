@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hardelete.clients import redis_sync
-from hardelete.faultproxy import FaultProxy
-from hardelete.logs import get_logger
-from hardelete.settings import ENV_PREFIX, Settings
-from hardelete.stack import (
+from core.clients import redis_sync
+from core.logs import get_logger
+from core.settings import ENV_PREFIX, Settings
+from sim.faultproxy import FaultProxy
+from sim.stack import (
     KafkaServer,
     Server,
     kafka_server,

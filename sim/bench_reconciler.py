@@ -1,9 +1,9 @@
 """Reconciler benchmark: wall time and peak memory of a mark (and optionally the sweep) as the
 namespace grows, next to the raw limit measured in the same run.
 
-    python -m reconciler.bench --objects 100000             # live listing of MinIO + raw listing
-    python -m reconciler.bench --objects 100000 --sweep     # ... and delete the garbage
-    python -m reconciler.bench --objects 1000000 --inventory
+    python -m sim.bench_reconciler --objects 100000  # live listing of MinIO + raw listing
+    python -m sim.bench_reconciler --objects 100000 --sweep  # ... and delete the garbage
+    python -m sim.bench_reconciler --objects 1000000 --inventory
 
 The namespace holds ``data/<slice>/<id>`` objects in slices of ``--per-slice``; by id: 50% are
 in commit manifests (retained), 10% staged in a live token (Redis), 10% unreferenced (Redis
@@ -191,7 +191,7 @@ def fill_redis(redis_url: str, n: int, per_manifest: int, per_slice: int) -> Non
 def _store(endpoint: str) -> Any:
     from obstore.store import S3Store
 
-    from hardelete.settings import load_settings
+    from core.settings import load_settings
 
     st = load_settings(env={})
     return S3Store(BUCKET, endpoint=endpoint, region=st.s3_region,
@@ -206,8 +206,8 @@ def fill_minio(endpoint: str, n: int, per_manifest: int, per_slice: int, objects
 
     import obstore
 
-    from hardelete.clients import s3_client
-    from hardelete.settings import load_settings
+    from core.clients import s3_client
+    from core.settings import load_settings
 
     s3_client(load_settings(env={}, s3_endpoint_url=endpoint)).create_bucket(Bucket=BUCKET)
     store = _store(endpoint)
@@ -264,8 +264,8 @@ def raw_bar(endpoint: str, inventory_dir: str) -> dict[str, Any]:
     else:
         import obstore
 
-        from hardelete.clients import s3_client
-        from hardelete.settings import load_settings
+        from core.clients import s3_client
+        from core.settings import load_settings
         from reconciler.listing import raw_listing_count
         from reconciler.s3io import Namespace
 
@@ -287,7 +287,7 @@ def raw_bar(endpoint: str, inventory_dir: str) -> dict[str, Any]:
 
 
 def _child(args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "reconciler.bench", *args],
+    return subprocess.Popen([sys.executable, "-m", "sim.bench_reconciler", *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
@@ -295,10 +295,10 @@ def _child(args: list[str]) -> subprocess.Popen[str]:
 
 def bench(n: int, *, inventory: bool, sweep: bool, per_slice: int, per_manifest: int,
           files: int) -> dict[str, Any]:
-    from hardelete.settings import load_settings
-    from hardelete.stack import minio_server, redis_server
+    from core.settings import load_settings
     from reconciler.job import RunOptions, reconcile
     from reconciler.spark import get_spark
+    from sim.stack import minio_server, redis_server
 
     work = Path(tempfile.mkdtemp(prefix="hardelete-bench-"))
     redis = redis_server(work)
@@ -308,20 +308,20 @@ def bench(n: int, *, inventory: bool, sweep: bool, per_slice: int, per_manifest:
     endpoint = f"http://127.0.0.1:{minio.port}"
     try:
         t0 = time.monotonic()
-        subprocess.run([sys.executable, "-m", "reconciler.bench", "_fill", endpoint, str(n),
+        subprocess.run([sys.executable, "-m", "sim.bench_reconciler", "_fill", endpoint, str(n),
                         str(per_manifest), str(per_slice), "0" if inventory else "1"],
                        check=True)
         inv_dir = str(work / "inventory")
         if inventory:
-            subprocess.run([sys.executable, "-m", "reconciler.bench", "_inventory", inv_dir,
+            subprocess.run([sys.executable, "-m", "sim.bench_reconciler", "_inventory", inv_dir,
                             str(n), str(per_slice), str(files)], check=True)
-        subprocess.run([sys.executable, "-m", "reconciler.bench", "_redis",
+        subprocess.run([sys.executable, "-m", "sim.bench_reconciler", "_redis",
                         f"redis://127.0.0.1:{redis.port}/0", str(n), str(per_manifest),
                         str(per_slice)], check=True)
         prepare_s = time.monotonic() - t0
         # the raw bar: the same namespace (or inventory), one process, before the run
         raw = orjson.loads(subprocess.run(
-            [sys.executable, "-m", "reconciler.bench", "_raw", endpoint,
+            [sys.executable, "-m", "sim.bench_reconciler", "_raw", endpoint,
              inv_dir if inventory else ""], check=True, capture_output=True, text=True).stdout)
         settings = load_settings(env={}, redis_url=f"redis://127.0.0.1:{redis.port}/0",
                                  s3_endpoint_url=endpoint,
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "_redis":
         fill_redis(argv[1], int(argv[2]), int(argv[3]), int(argv[4]))
         return 0
-    parser = argparse.ArgumentParser(prog="python -m reconciler.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m sim.bench_reconciler", description=__doc__)
     parser.add_argument("--objects", type=int, default=100_000)
     parser.add_argument("--inventory", action="store_true",
                         help="list from generated inventory files instead of S3")

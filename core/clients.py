@@ -9,7 +9,7 @@ import redis
 import redis.asyncio as aredis
 from botocore.config import Config
 
-from hardelete.settings import Settings
+from core.settings import Settings
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -19,7 +19,7 @@ def s3_client(settings: Settings, max_pool: int = 32, *, retries: bool = True) -
     """A boto3 S3 client; also used inside Spark tasks (settings are picklable).
 
     ``retries=False``: botocore never retries (one attempt per request): the delete gate's
-    client (``hardelete.deletes``), which re-judges before each of its own retries."""
+    client (``core.gate``), which re-judges before each of its own retries."""
     client: S3Client = boto3.client(
         "s3",
         endpoint_url=settings.s3_endpoint_url or None,

@@ -1,7 +1,7 @@
 """``hardelete demo``: run the model service on the embedded stack and show what it did.
 
 Starts Apache Kafka, Redis and MinIO (or uses the ones the settings point at), creates the topics,
-runs a seeded workload through :class:`hardelete.model.ModelService` (real objects, Parquet
+runs a seeded workload through :class:`sim.model.ModelService` (real objects, Parquet
 manifests and events), then prints a summary and checks the model's ground truth against a
 direct listing of the store.
 
@@ -38,10 +38,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from hardelete import UserError
-from hardelete.clients import redis_async, s3_client
-from hardelete.logs import get_logger
-from hardelete.model import (
+from core.clients import redis_async, s3_client
+from core.clock import aredis_time_ms, await_horizon
+from core.errors import UserError
+from core.logs import get_logger
+from core.settings import Settings
+from reaper.daemon import Reaper
+from reconciler.mark import KEPT_CATEGORIES
+from schemas.publisher import Publisher, ensure_topics
+from sim.model import (
     PUBLISH_MODES,
     Category,
     Model,
@@ -51,16 +56,11 @@ from hardelete.model import (
     Workload,
     WorkloadSummary,
 )
-from hardelete.settings import Settings
-from hardelete.stack import StackError, embedded_stack
-from reaper.daemon import Reaper
-from reconciler.mark import KEPT_CATEGORIES
-from schemas.publisher import Publisher, ensure_topics
+from sim.stack import StackError, embedded_stack
 from tracker.daemon import Tracker
-from tracker.state import aredis_time_ms, await_horizon
 
 if TYPE_CHECKING:
-    from hardelete.model import Op
+    from sim.model import Op
 
 log = get_logger(__name__)
 

@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec
 
 import orjson
 
-from hardelete.clients import split_s3_uri
-from hardelete.logs import get_logger
-from hardelete.settings import Settings
+from core.clients import split_s3_uri
+from core.logs import get_logger
+from core.settings import Settings
 from schemas import upload_tokens
 from schemas.events import (
     AddressIssued,

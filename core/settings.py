@@ -64,7 +64,7 @@ def _opt(check: Callable[[Any], str | None] | None = None, doc: str = "") -> dic
 
 @dataclass(frozen=True)
 class Settings:
-    # --- where the real parts are (empty: start the embedded stack, see hardelete.stack) ---
+    # --- where the real parts are (empty: start the embedded stack, see sim.stack) ---
     kafka_bootstrap: str = field(default="", metadata=_opt(doc="host:port[,host:port]"))
     redis_url: str = field(
         default="", metadata=_opt(_url("redis://", "rediss://", "unix://"), "Redis URL")

@@ -1,7 +1,7 @@
 """Reaper throughput against a raw boto3 ``delete_objects`` loop on the same S3 server, in one
 run; and the unreferenced-to-deleted latency with a live tracker.
 
-    .venv/bin/python -m reaper.bench --objects 20000
+    .venv/bin/python -m sim.bench_reaper --objects 20000
 
 Phase 1 (throughput): 2N objects are PUT into the embedded S3 server (MinIO). N are deleted by a raw
 sequential ``delete_objects`` loop (1,000 keys per request, one client): the physical limit.
@@ -30,19 +30,19 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from hardelete.clients import redis_sync, s3_client
-from hardelete.logs import configure_logging
-from hardelete.model import Model, ModelService
-from hardelete.settings import Settings, load_settings
-from hardelete.stack import embedded_stack
+from core.clients import redis_sync, s3_client
+from core.clock import redis_time_ms
+from core.logs import configure_logging
+from core.settings import Settings, load_settings
 from reaper.daemon import Reaper
 from schemas import events as ev
 from schemas.layout import PROGRESS, PROGRESS_META, REPOS
 from schemas.publisher import Publisher, ensure_topics
+from sim.model import Model, ModelService
+from sim.stack import embedded_stack
+from sim.testing import apply_lua, lua_batches
 from tracker import codec
 from tracker.daemon import Tracker
-from tracker.state import redis_time_ms
-from tracker.testing import apply_lua, lua_batches
 
 
 def _put_all(s3: Any, bucket: str, keys: list[str], progress: Progress) -> None:

@@ -12,7 +12,7 @@ Both go into a cache outside the source tree, keyed by version and shared by eve
 
 An install is built in a private directory and renamed into place, under a file lock: parallel
 processes (pytest workers) install once, the others wait for it. Progress goes to stderr.
-``python -m hardelete.install`` installs both (``./dev`` runs it before the tests and the demo).
+``python -m sim.install`` installs both (``./dev`` runs it before the tests and the demo).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _say(msg: str) -> None:
 
 
 def _pom() -> bytes:
-    return resources.files("hardelete").joinpath("kafka-pom.xml").read_bytes()
+    return resources.files("sim").joinpath("kafka-pom.xml").read_bytes()
 
 
 def kafka_dir() -> Path:
@@ -227,7 +227,7 @@ def install_minio() -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m hardelete.install",
+        prog="python -m sim.install",
         description="Install the embedded stack's Apache Kafka and MinIO into the cache.")
     parser.add_argument("--check", action="store_true",
                         help="only say what is installed; exit 1 if something is missing")

@@ -1,4 +1,4 @@
-"""Benchmark: the embedded S3 server, plain moto against ``hardelete.moto_speedups``.
+"""Benchmark: the embedded S3 server, plain moto against ``sim.moto_speedups``.
 
     ./dev bench s3 --objects 50000
 
@@ -21,9 +21,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hardelete.clients import s3_client
-from hardelete.settings import load_settings
-from hardelete.stack import moto_server
+from core.clients import s3_client
+from core.settings import load_settings
+from sim.stack import moto_server
 
 BUCKET = "bench-s3"
 PREFIXES = 8

@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from core.clock import aredis_time_ms, redis_time_ms
 from schemas.address import canonical_namespace
 from schemas.layout import (
     APPLIED,
@@ -245,15 +246,10 @@ def _evidence_from(gate: Gate, raw: list[Any], addresses: list[str]
     return records, claimed, tokens
 
 
-def _ms(t: Any) -> int:
-    sec, usec = t
-    return int(sec) * 1000 + int(usec) // 1000
-
-
 def read_evidence(r: Any, repo: str, addresses: Iterable[str]) -> Evidence:
     """Read the evidence now (synchronous client; Redis Cluster too)."""
     addrs = list(dict.fromkeys(addresses))
-    now = _ms(r.time())  # before the records: a clock read later would judge them older
+    now = redis_time_ms(r)  # before the records: a clock read later would judge them older
     gate = read_gate(r, repo, addrs)
     pipe = r.pipeline(transaction=False)
     _evidence_calls(pipe, repo, addrs)
@@ -266,7 +262,7 @@ def read_evidence(r: Any, repo: str, addresses: Iterable[str]) -> Evidence:
 async def aread_evidence(r: Any, repo: str, addresses: Iterable[str]) -> Evidence:
     """Read the evidence now (async client)."""
     addrs = list(dict.fromkeys(addresses))
-    now = _ms(await r.time())  # before the records (see read_evidence)
+    now = await aredis_time_ms(r)  # before the records (see read_evidence)
     gate = await aread_gate(r, repo, addrs)
     pipe = r.pipeline(transaction=False)
     _evidence_calls(pipe, repo, addrs)
@@ -450,4 +446,4 @@ def _no_retries(s3: Any) -> None:
     # re-check this module runs before every request (retries included).
     if client_attempts(s3) != 1:
         raise ValueError("the delete gate needs an S3 client that does not retry by itself "
-                         "(hardelete.clients.s3_client(..., retries=False))")
+                         "(core.clients.s3_client(..., retries=False))")

@@ -18,9 +18,9 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from hardelete.model import Model
-from hardelete.soak_plan import NEEDS_FIX, FaultKind
 from reconciler.retention import Commit, RetentionPolicy, retained_commits
+from sim.model import Model
+from sim.soak_plan import NEEDS_FIX, FaultKind
 
 RECLAIM_TARGET = 0.999
 

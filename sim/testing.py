@@ -11,19 +11,16 @@ from typing import Any
 
 import orjson
 
-from hardelete.clients import redis_async
-from hardelete.settings import Settings
+from core.clients import redis_async
+from core.clock import aredis_time_ms, await_horizon
+from core.registry import register_namespace
+from core.settings import Settings
 from schemas import events as ev
 from schemas.layout import INCIDENTS, REFUSED, REPOS, RETIRED, AddressState, RepoKeys
 from schemas.publisher import Publisher, ensure_topics
 from tracker import codec
 from tracker.references import RefusedRepository, RepoState, World
-from tracker.state import (
-    ApplyScript,
-    aredis_time_ms,
-    await_horizon,
-    register_namespace,
-)
+from tracker.state import ApplyScript
 
 
 async def publish(settings: Settings, events: Iterable[ev.Event]) -> int:

@@ -7,10 +7,10 @@ and two reapers as separate OS processes (kill -9 is real), and reconciler runs 
 local Spark session scheduled during the load (mark+sweep, dry run, sweep-only of an earlier
 mark; a killed run is a subprocess).
 
-:func:`hardelete.soak_plan.plan` decides, from the seed alone, which fault and which reconciler
+:func:`sim.soak_plan.plan` decides, from the seed alone, which fault and which reconciler
 run happen before which operation; this module only carries the steps out and keeps the
 evidence. Every ``check_every`` operations, and at the end, the namespaces are listed: an object
-the model wrote that is gone while the model's oracle (:func:`hardelete.soak_verdict.may_be_gone`)
+the model wrote that is gone while the model's oracle (:func:`sim.soak_verdict.may_be_gone`)
 says it is live is a *live object deleted*. At the end the faults stop, the trackers catch up,
 the reapers drain and a final reconciler run per repository takes the rest; what is left of
 the model's reclaimable garbage is the recovery figure.
@@ -44,54 +44,16 @@ from typing import Any
 import orjson
 from rich.console import Console
 
-from hardelete import UserError
-from hardelete.clients import (
+from core.clients import (
     redis_async,
     redis_sync,
     s3_client,
     split_s3_uri,
     topic_partitions,
 )
-from hardelete.logs import get_logger
-from hardelete.model import (
-    Model,
-    ModelError,
-    ModelService,
-    Op,
-    Workload,
-    manifest_bytes,
-    seeded_ids,
-)
-from hardelete.settings import Settings
-from hardelete.soak_plan import (
-    FAILS_CLOSED,
-    SURVIVED,
-    FaultKind,
-    ReconcileKind,
-    Step,
-    default_rates,
-    parse_faults,
-    plan,
-)
-from hardelete.soak_procs import (
-    Daemon,
-    SoakServers,
-    Supervisor,
-    make_daemons,
-    settings_env,
-    start_servers,
-)
-from hardelete.soak_verdict import (
-    FailClosedPeriod,
-    IncidentRecord,
-    LiveDeletion,
-    ReconcileRun,
-    SoakVerdict,
-    event_history,
-    may_be_gone,
-    print_verdict,
-    why_live,
-)
+from core.errors import UserError
+from core.logs import get_logger
+from core.settings import Settings
 from schemas.events import (
     BranchCreated,
     Event,
@@ -102,6 +64,44 @@ from schemas.events import (
 )
 from schemas.layout import FAIL_CLOSED, LOG, REPOS, RepoKeys
 from schemas.publisher import ensure_topics
+from sim.model import (
+    Model,
+    ModelError,
+    ModelService,
+    Op,
+    Workload,
+    manifest_bytes,
+    seeded_ids,
+)
+from sim.soak_plan import (
+    FAILS_CLOSED,
+    SURVIVED,
+    FaultKind,
+    ReconcileKind,
+    Step,
+    default_rates,
+    parse_faults,
+    plan,
+)
+from sim.soak_procs import (
+    Daemon,
+    SoakServers,
+    Supervisor,
+    make_daemons,
+    settings_env,
+    start_servers,
+)
+from sim.soak_verdict import (
+    FailClosedPeriod,
+    IncidentRecord,
+    LiveDeletion,
+    ReconcileRun,
+    SoakVerdict,
+    event_history,
+    may_be_gone,
+    print_verdict,
+    why_live,
+)
 
 log = get_logger(__name__)
 
@@ -134,6 +134,9 @@ class SoakOptions:
     retention_days: float = 7.0
     drain_timeout: float = 90.0
     keep_workdir: bool = False
+    # The rebuild of fail-closed repositories (tracker/rebuild.py) is experimental: off unless
+    # asked for; the soak then plays the service's part (the state export).
+    rebuild: bool = False
     # The command that starts a reaper daemon (``... reaper run`` is appended). Tests point it
     # at a wrapper that patches a safety check, to prove the soak catches the damage; there is
     # no production switch for that.
@@ -166,8 +169,7 @@ def soak_settings(base: Settings, o: SoakOptions) -> Settings:
         tracker_poll_ms=50, reaper_poll_seconds=0.2, metrics_port=0, log_format="json",
         kafka_bootstrap="", redis_url="", s3_endpoint_url="", redis_cluster=False,
         quarantine_days=0.0, repository_grace="",
-        # The rebuild is experimental (off by default): HARDELETE_SOAK_REBUILD=1 turns it on.
-        rebuild_interval_seconds=1.0 if os.environ.get("HARDELETE_SOAK_REBUILD") == "1" else 0.0)
+        rebuild_interval_seconds=1.0 if o.rebuild else 0.0)
 
 
 # --- CLI -----------------------------------------------------------------------------------
@@ -201,6 +203,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "2,500 up to 5*10^4 operations, then a twentieth of the run)")
     parser.add_argument("--keep-workdir", action="store_true",
                         help="keep the servers' data and the daemons' logs")
+    parser.add_argument("--rebuild", action="store_true",
+                        help="let the trackers rebuild fail-closed repositories from the "
+                             "model's state export (experimental)")
     parser.add_argument("--plan", action="store_true",
                         help="print the fault schedule for the seed and exit")
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
@@ -225,7 +230,7 @@ def options_from_args(args: argparse.Namespace) -> SoakOptions:
                        reconcile=not args.no_reconcile, grace_seconds=args.grace,
                        check_every=args.check_every, keep_workdir=args.keep_workdir,
                        reconciles_per_1000_ops=args.reconciles_per_1000,
-                       flush_every=args.flush_every)
+                       flush_every=args.flush_every, rebuild=args.rebuild)
 
 
 _NEEDS_SPARK = frozenset({FaultKind.KILL_RECONCILER, FaultKind.MARK_SWEEP_RACE})
@@ -684,7 +689,7 @@ class Soak:
     async def _poll_horizon(self, r: Any) -> None:
         """The longest the trackers' proven progress trailed the Redis clock (a stall holds
         reaping back: safe, but nothing is reclaimed meanwhile)."""
-        from tracker.state import aredis_time_ms, atracker_horizon_ms
+        from core.clock import aredis_time_ms, atracker_horizon_ms
 
         now = await aredis_time_ms(r)
         horizon = await atracker_horizon_ms(r)
@@ -1069,7 +1074,7 @@ class Soak:
         """Until the trackers have published progress and (if given) know ``repo`` (a Redis
         rollback or restart can take both away until they have replayed): a mark before that
         fails closed, rightly, and the race would not be injected."""
-        from tracker.state import atracker_horizon_ms
+        from core.clock import atracker_horizon_ms
 
         r = redis_async(self.settings)
         deadline = time.monotonic() + timeout
@@ -1264,7 +1269,7 @@ class Soak:
         return caught_up
 
     async def _await_trackers(self, timeout: float) -> bool:
-        from tracker.state import aredis_time_ms, atracker_horizon_ms
+        from core.clock import aredis_time_ms, atracker_horizon_ms
 
         deadline = time.monotonic() + timeout
         target = None

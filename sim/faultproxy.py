@@ -12,7 +12,7 @@ signs it). One whose body the proxy rewrites (keys taken out of a ``DeleteObject
 again with the proxy's credentials, the S3 server's, as the client would have signed it: MinIO,
 like S3, checks every signature and every body's hash.
 
-(The fault tests import it through tests/faults.py.)
+(The fault tests import it through sim/faultproxy.py.)
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ fields are the same. Everything else (objects, versions, markers, tokens, errors
 own code. The equivalence with moto is a test (``tests/test_moto_speedups.py``: the same
 pages and the same response bytes as an unpatched server).
 
-Run as ``python -m hardelete.moto_speedups -H 127.0.0.1 -p PORT`` (moto_server's arguments).
+Run as ``python -m sim.moto_speedups -H 127.0.0.1 -p PORT`` (moto_server's arguments).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Pure and seeded: :func:`plan` is a function of its arguments only (no clock, no I/O), so a soak
 is repeatable by its seed and the schedule is tested alone (tests/test_soak_plan.py). The
-harness (:mod:`hardelete.soak`) executes the steps; it decides nothing about *when*.
+harness (:mod:`sim.soak`) executes the steps; it decides nothing about *when*.
 
 Fault kinds come in two groups:
 

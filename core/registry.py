@@ -1,0 +1,72 @@
+"""The repositories the trackers have seen and the namespace registry ``hd:namespaces`` (one
+atomic script call each; ``a``-prefixed functions are the async versions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas.layout import NAMESPACES, REPOS
+from schemas.namespaces import conflict_reason
+
+NAMESPACES_LUA = """
+local repo, ns = ARGV[1], ARGV[2]
+if ARGV[3] == 'free' then
+  if redis.call('HGET', KEYS[1], ns) == repo then redis.call('HDEL', KEYS[1], ns) end
+  return {1}
+end
+local function inside(a, b) return #a >= #b and string.sub(a, 1, #b) == b end
+local function before(a, b)  -- byte order, like Python's (Lua's < follows the locale)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+local h = redis.call('HGETALL', KEYS[1])
+local found, owner
+for i = 1, #h, 2 do
+  local other, who = h[i], h[i + 1]
+  local clash
+  if who == repo then clash = other ~= ns else clash = inside(ns, other) or inside(other, ns) end
+  if clash and (found == nil or before(other, found)) then found, owner = other, who end
+end
+if found then return {0, found, owner} end
+redis.call('HSET', KEYS[1], ns, repo)
+return {1}
+"""
+
+
+def _registered(repo: str, namespace: str, res: Any) -> str | None:
+    if int(res[0]) == 1:
+        return None
+    return conflict_reason(repo, namespace, str(res[1]), str(res[2]))
+
+
+def register_namespace(r: Any, repo: str, namespace: str) -> str | None:
+    """Register a repository's (canonical) namespace; the refusal reason, or None."""
+    return _registered(repo, namespace, r.eval(NAMESPACES_LUA, 1, NAMESPACES, repo, namespace,
+                                               "register"))
+
+
+async def aregister_namespace(r: Any, repo: str, namespace: str) -> str | None:
+    return _registered(repo, namespace, await r.eval(NAMESPACES_LUA, 1, NAMESPACES, repo,
+                                                     namespace, "register"))
+
+
+def free_namespace(r: Any, repo: str, namespace: str) -> None:
+    """A retired repository's namespace may be registered again (only if it still owns it)."""
+    r.eval(NAMESPACES_LUA, 1, NAMESPACES, repo, namespace, "free")
+
+
+async def afree_namespace(r: Any, repo: str, namespace: str) -> None:
+    await r.eval(NAMESPACES_LUA, 1, NAMESPACES, repo, namespace, "free")
+
+
+def namespace_registry(r: Any) -> dict[str, str]:
+    """``hd:namespaces``: live namespace -> repository (for ``ownership_problem``)."""
+    return dict(r.hgetall(NAMESPACES))
+
+
+def repositories(r: Any) -> set[str]:
+    """Repository ids the tracker has seen (``hd:repos``)."""
+    return set(r.smembers(REPOS))
