@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from core.clock import aredis_time_ms, redis_time_ms
+from core.guards import fail_closed_text
 from schemas.address import canonical_namespace
 from schemas.layout import (
     APPLIED,
@@ -99,10 +100,9 @@ class Gate:
 
     def repo_problem(self, repo: str, namespace: str) -> tuple[str, str] | None:
         """(reason, detail) when nothing of the repository may be deleted now."""
-        if self.global_fail_closed:
-            return "fail_closed", f"all repositories fail-closed: {self.global_fail_closed}"
-        if self.repo_fail_closed:
-            return "fail_closed", f"repository fail-closed: {self.repo_fail_closed}"
+        fail = fail_closed_text(self.global_fail_closed, self.repo_fail_closed)
+        if fail is not None:
+            return "fail_closed", fail
         if self.paused:
             return "paused", f"repository paused: {self.paused}"
         if self.registry and self.registry.get(self._registered(namespace)) != repo:
@@ -121,7 +121,7 @@ class Gate:
                 not_owner = None
             except OutsideNamespace as exc:
                 not_owner = str(exc)
-        fail = self.global_fail_closed or self.repo_fail_closed
+        fail = fail_closed_text(self.global_fail_closed, self.repo_fail_closed)
         held = self.holds.get(address)
         if held is None:
             for prefix, reason in self.hold_prefixes.items():

@@ -10,27 +10,34 @@ import orjson
 from schemas.layout import FAIL_CLOSED, REPOS, RepoKeys
 
 
-def _reason(h: dict[str, str] | None, scope: str) -> str | None:
-    if not h:
-        return None
-    return f"{scope}: {h.get('reason') or 'fail-closed'}"
+def fail_closed_text(global_reason: str | None, repo_reason: str | None) -> str | None:
+    """The one wording and precedence of fail-closed (every reader and the gate use it): the
+    global flag first, since it covers the repository's."""
+    if global_reason is not None:
+        return f"all repositories: {global_reason or 'fail-closed'}"
+    if repo_reason is not None:
+        return f"repository: {repo_reason or 'fail-closed'}"
+    return None
+
+
+def _flag(h: dict[str, str] | None) -> str | None:
+    return None if not h else (h.get("reason") or "")
 
 
 def fail_closed_reason(r: Any, repo: str) -> str | None:
     """Why the mirror of ``repo`` is not proven complete and current (nothing may be deleted
-    for it), or None. Checks the repository's flag and the global one."""
-    pipe = r.pipeline(transaction=False)
-    pipe.hgetall(RepoKeys(repo).fail_closed)
-    pipe.hgetall(FAIL_CLOSED)
-    own, glob = pipe.execute()
-    return _reason(own, "repository") or _reason(glob, "all repositories")
+    for it), or None. Checks the global flag and the repository's (two reads: works on Redis
+    Cluster too)."""
+    glob = r.hgetall(FAIL_CLOSED)
+    own = r.hgetall(RepoKeys(repo).fail_closed) if not glob else None
+    return fail_closed_text(_flag(glob), _flag(own))
 
 
 async def afail_closed_reason(r: Any, repo: str) -> str | None:
-    """Async twin of :func:`fail_closed_reason` (two reads: works on Redis Cluster too)."""
-    own = await r.hgetall(RepoKeys(repo).fail_closed)
-    glob = await r.hgetall(FAIL_CLOSED) if not own else None
-    return _reason(own, "repository") or _reason(glob, "all repositories")
+    """Async twin of :func:`fail_closed_reason`."""
+    glob = await r.hgetall(FAIL_CLOSED)
+    own = await r.hgetall(RepoKeys(repo).fail_closed) if not glob else None
+    return fail_closed_text(_flag(glob), _flag(own))
 
 
 def fail_closed_repos(r: Any) -> dict[str, dict[str, str]]:

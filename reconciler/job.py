@@ -35,6 +35,7 @@ from typing import Any
 from core.clients import redis_sync, s3_client
 from core.clock import redis_time_ms
 from core.errors import UserError
+from core.guards import fail_closed_reason
 from core.logs import get_logger
 from core.settings import Settings
 from reconciler.blast_radius import judge_blast_radius
@@ -75,7 +76,6 @@ from reconciler.sparkio import distributed
 from reconciler.state import (
     Lease,
     export_addresses,
-    fail_closed_reason,
     load_namespace,
     load_repo,
     refs_fingerprint,

@@ -24,7 +24,6 @@ from reconciler.retention import Commit, RetentionPolicy
 from reconciler.s3io import Namespace, put_parquet
 from schemas.address import address_forms, canonical_namespace
 from schemas.layout import (
-    FAIL_CLOSED,
     NAMESPACES,
     RECONCILER_LEASE,
     REF_ADD,
@@ -210,18 +209,6 @@ def record_digest(fields: dict[str, str] | None,
     h.update(orjson.dumps(sorted(fields.items())))
     h.update(orjson.dumps([(t, token_states.get(t)) for t in tokens]))
     return h.hexdigest()
-
-
-def fail_closed_reason(r: Any, repo: str) -> str | None:
-    """Why the mirror of ``repo`` is not proven complete (Safety I), or None.
-
-    Reads the layout's keys directly: the global ``FAIL_CLOSED`` hash and the repository's
-    ``fail_closed`` hash (present = fail-closed)."""
-    for key, scope in ((FAIL_CLOSED, "every repository"), (RepoKeys(repo).fail_closed, repo)):
-        rec = r.hgetall(key)
-        if rec:
-            return f"{scope}: {rec.get('reason') or 'fail-closed'}"
-    return None
 
 
 def retired_problem(r: Any, repo: str, namespace: Namespace) -> str | None:

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from core.clock import horizon_from
+from core.gate import read_gate
 from core.guards import fail_closed_reason, fail_closed_repos
 from core.settings import Settings
 from hardelete.failclosed import clear
@@ -170,6 +171,11 @@ def test_fail_closed_readers_clear_and_status(redis_client: Any) -> None:
     assert fail_closed_reason(r, "b") is None
     r.hset(FAIL_CLOSED, mapping={"reason": "redis lost everything", "at_ms": "2"})
     assert fail_closed_reason(r, "b") == "all repositories: redis lost everything"
+    # One precedence for every reader and the gate: the global flag covers the repository's.
+    assert fail_closed_reason(r, "a") == "all repositories: redis lost everything"
+    gate = read_gate(r, "a", [])
+    assert gate.repo_problem("a", "s3://b/a/") == (
+        "fail_closed", "all repositories: redis lost everything")
     assert set(fail_closed_repos(r)) == {"*", "a"}
     st = collect_status(r)
     assert st.fail_closed_all == "redis lost everything"
