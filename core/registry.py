@@ -1,11 +1,16 @@
-"""The repositories the trackers have seen and the namespace registry ``hd:namespaces`` (one
-atomic script call each; ``a``-prefixed functions are the async versions)."""
+"""The repositories the trackers have seen, their namespaces, and the namespace registry
+``hd:namespaces`` (one atomic script call each; ``a``-prefixed functions are the async
+versions). :func:`find_owner` is the one answer to "which repository owns this address", for
+the operator commands as for the gate: the registry the delete paths check, not a scan of
+repository metadata in whatever order."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from schemas.layout import NAMESPACES, REPOS
+from schemas.address import canonical_namespace, canonical_uri
+from schemas.layout import NAMESPACES, REPOS, OutsideNamespace, RepoKeys
 from schemas.namespaces import conflict_reason
 
 NAMESPACES_LUA = """
@@ -70,3 +75,47 @@ def namespace_registry(r: Any) -> dict[str, str]:
 def repositories(r: Any) -> set[str]:
     """Repository ids the tracker has seen (``hd:repos``)."""
     return set(r.smembers(REPOS))
+
+
+def repo_namespace(r: Any, repo: str) -> str | None:
+    """The namespace a repository's metadata names (as its ``repository_created`` spelled it),
+    or None for a repository the tracker has not seen."""
+    ns = r.hget(RepoKeys(repo).meta, "namespace")
+    return str(ns) if ns else None
+
+
+async def arepo_namespace(r: Any, repo: str) -> str | None:
+    ns = await r.hget(RepoKeys(repo).meta, "namespace")
+    return str(ns) if ns else None
+
+
+def owner_of(registry: Mapping[str, str], address: str) -> tuple[str, str] | None:
+    """(repository, namespace) of the registered namespace containing the canonical
+    ``address``, or None. Pure. Registered namespaces never overlap (the registration script
+    refuses it); the longest wins should a hand-edited registry hold two."""
+    found = [(ns, repo) for ns, repo in registry.items() if address.startswith(ns)]
+    if not found:
+        return None
+    ns, repo = max(found, key=lambda f: len(f[0]))
+    return repo, ns
+
+
+def find_owner(r: Any, address: str) -> tuple[str, str] | None:
+    """(repository, canonical namespace) owning ``address`` (any spelling), or None. Without a
+    registry yet (a store written before it existed), the repositories' own namespaces in
+    canonical form stand in, as the gate's legacy check does."""
+    try:
+        address = canonical_uri(address)
+    except OutsideNamespace:
+        return None
+    spelled = namespace_registry(r)
+    if not spelled:
+        spelled = {ns: repo for repo in sorted(repositories(r))
+                   if (ns := repo_namespace(r, repo))}
+    registry = {}
+    for ns, repo in spelled.items():
+        try:
+            registry[canonical_namespace(ns)] = repo
+        except OutsideNamespace:
+            continue
+    return owner_of(registry, address)

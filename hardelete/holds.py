@@ -26,6 +26,7 @@ import orjson
 
 from core.clock import redis_time_ms
 from core.errors import UserError
+from core.registry import find_owner, repo_namespace
 from core.settings import Settings
 from schemas.address import canonical_uri
 from schemas.holds import (
@@ -94,10 +95,10 @@ def held_by(address: str, holds: Mapping[str, str],
 
 
 def namespace_of(r: Any, repo: str) -> str:
-    ns = r.hget(RepoKeys(repo).meta, "namespace")
+    ns = repo_namespace(r, repo)
     if not ns:
         raise UserError(f"unknown repository {repo!r} (the tracker has not seen it)")
-    return str(ns)
+    return ns
 
 
 def canonical_target(target: str) -> str:
@@ -112,16 +113,15 @@ def canonical_target(target: str) -> str:
 def find_repository(r: Any, target: str, repo: str | None = None) -> tuple[str, str]:
     """(repository, namespace) whose namespace contains ``target``; a clear error otherwise."""
     target = canonical_target(target)
-    candidates = [repo] if repo else sorted(r.smembers(REPOS))
-    for candidate in candidates:
-        ns = r.hget(RepoKeys(candidate).meta, "namespace")
-        if ns and target.startswith(ns):
-            return candidate, str(ns)
-    if repo:
+    owner = find_owner(r, target)
+    if repo and (owner is None or owner[0] != repo):
         raise UserError(f"{target} is not inside the namespace of repository {repo!r} "
-                        f"({namespace_of(r, repo)})")
-    raise UserError(f"{target} is inside no tracked repository's namespace "
-                    "(hardelete never deletes it)")
+                        f"({namespace_of(r, repo)})"
+                        + (f": repository {owner[0]!r} owns it" if owner else ""))
+    if owner is None:
+        raise UserError(f"{target} is inside no tracked repository's namespace "
+                        "(hardelete never deletes it)")
+    return owner
 
 
 def add_hold(r: Any, target: str, reason: str, *, repo: str | None = None,

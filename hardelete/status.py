@@ -20,6 +20,7 @@ from core.clients import redis_sync, s3_client
 from core.clock import horizon_from, redis_time_ms
 from core.errors import UserError
 from core.gate import read_gate
+from core.registry import find_owner, repo_namespace
 from core.settings import Settings
 from schemas.layout import (
     FAIL_CLOSED,
@@ -284,13 +285,8 @@ def explain_address(r: Any, settings: Settings, address: str,
     """Why an address is alive, when it may go, or why it was deleted: the one judgment
     (``schemas.liveness.judge``) over its record, with the guards read now, plus retention
     for a committed address and the reconciler's reports."""
-    repos = [repository] if repository else sorted(r.smembers(REPOS))
-    repo = None
-    for candidate in repos:
-        ns = r.hget(RepoKeys(candidate).meta, "namespace")
-        if ns and address.startswith(ns):
-            repo = candidate
-            break
+    owner = find_owner(r, address)
+    repo = owner[0] if owner is not None and repository in (None, owner[0]) else None
     if repo is None:
         for old, raw in sorted(r.hgetall(RETIRED).items()):
             ns = orjson.loads(raw).get("namespace", "")
@@ -303,7 +299,7 @@ def explain_address(r: Any, settings: Settings, address: str,
                            ["No tracked repository's namespace contains this address: "
                             "hardelete never deletes it."])
     k = RepoKeys(repo)
-    namespace = r.hget(k.meta, "namespace")
+    namespace = repo_namespace(r, repo) or ""
     h = r.hgetall(k.address(address))
     history: list[str] = []
     if s3 is not None:
@@ -367,7 +363,7 @@ def explain_address(r: Any, settings: Settings, address: str,
     if rec.state == "reaped":  # moved to quarantine rather than deleted?
         from reaper.quarantine_ops import restore_hint
 
-        lines += restore_hint(s3, settings, repo, r.hget(k.meta, "namespace"), address)
+        lines += restore_hint(s3, settings, repo, namespace, address)
     incidents = [orjson.loads(x) for x in r.lrange(k.incidents, -1000, -1)]
     for inc in incidents:
         if inc.get("address") == address:

@@ -35,13 +35,14 @@ from core.clients import redis_async, redis_sync, s3_client
 from core.clock import atracker_horizon_ms
 from core.gate import aread_evidence, aread_gate, client_attempts, keep_reasons
 from core.logs import get_logger
+from core.registry import arepo_namespace
 from core.settings import Settings
 from reaper.claims import ClaimBatch, ClaimStore
 from reaper.deleter import AddressRecheck, DeleteOutcome, S3Deleter
 from reaper.quarantine import purge_expired, purge_recheck, quarantine, quarantine_size
 from schemas import reaper_auth
 from schemas.events import MAX_REAPED_PER_EVENT, AddressesReaped, new_id
-from schemas.layout import REPOS, RepoKeys
+from schemas.layout import REPOS
 from schemas.publisher import Publisher
 
 log = get_logger(__name__)
@@ -177,9 +178,8 @@ class Reaper:
         return report
 
     async def _reap_repository(self, repo: str, horizon: int) -> RepoPass:
-        keys = RepoKeys(repo)
         result = RepoPass(repo)
-        namespace = await self.redis.hget(keys.meta, "namespace")
+        namespace = await arepo_namespace(self.redis, repo)
         if not namespace:
             self.log.warning("repository has no namespace; skipped", repository=repo)
             return result

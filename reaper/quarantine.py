@@ -25,6 +25,7 @@ from core.gate import (
     read_evidence,
 )
 from core.logs import get_logger
+from core.registry import arepo_namespace
 from core.settings import Settings
 from reaper.claims import ClaimStore
 from reaper.deleter import AddressRecheck, DeleteOutcome, S3Deleter
@@ -169,7 +170,7 @@ async def restore(settings: Settings, repo: str, address: str) -> str:
     redis = redis_async(settings)
     client = s3_client(settings, retries=False)  # the gate's client
     try:
-        namespace = await redis.hget(RepoKeys(repo).meta, "namespace")
+        namespace = await arepo_namespace(redis, repo)
         if not namespace:
             raise UserError(f"unknown repository {repo!r}")
         try:

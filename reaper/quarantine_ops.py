@@ -15,9 +15,10 @@ import orjson
 
 from core.clients import redis_sync, s3_client, split_s3_uri
 from core.errors import UserError
+from core.registry import repo_namespace
 from core.settings import Settings
 from reaper.quarantine import purge_expired, purge_recheck
-from schemas.layout import QUARANTINE_PREFIX, REPOS, RepoKeys
+from schemas.layout import QUARANTINE_PREFIX, REPOS
 
 
 @dataclass
@@ -34,7 +35,7 @@ def _namespaces(r: Any, repo: str | None) -> list[tuple[str, str]]:
     repos = [repo] if repo else sorted(r.smembers(REPOS))
     out = []
     for repository in repos:
-        ns = r.hget(RepoKeys(repository).meta, "namespace")
+        ns = repo_namespace(r, repository)
         if not ns:
             raise UserError(f"unknown repository {repository!r} (the tracker has not seen it)")
         out.append((repository, str(ns)))

@@ -43,6 +43,7 @@ import orjson
 
 from core.clock import redis_time_ms
 from core.gate import applied_regression
+from core.registry import repo_namespace
 from schemas.address import canonical_address
 from schemas.layout import (
     APPLIED,
@@ -156,7 +157,7 @@ def prepare(r: Any, s3: Any, repo: str) -> Prepared:
     second time (found by an adversarial review); a rebuild requires both to agree."""
     k = RepoKeys(repo)
     losses = _flag_losses(r, repo)
-    namespace = r.hget(k.meta, "namespace")
+    namespace = repo_namespace(r, repo)
     if not namespace:
         raise RebuildError(f"{repo}: the mirror has no namespace for it (repository unknown)")
     r.delete(k.rebuild)  # an earlier nonce is stale from here on
@@ -592,7 +593,7 @@ def heal(r: Any, s3: Any, *, max_age_ms: int, by: str) -> Healed:
     for repo, flag in sorted(flags.items()):
         try:
             p = pending(r, repo)
-            namespace = r.hget(RepoKeys(repo).meta, "namespace")
+            namespace = repo_namespace(r, repo)
             if (not p.get("nonce") or p.get("losses", "") != str(flag.get("losses", ""))
                     or (namespace and _read_marker(s3, namespace) != p["nonce"])):
                 prepare(r, s3, repo)
