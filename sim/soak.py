@@ -362,6 +362,12 @@ class PipelinedService(ModelService):
         self.manifests_written += 1
         await self._queue(self._put(commit.manifest, manifest_bytes(commit)))
 
+    async def write_state_export(self, repo: str, nonce: str,
+                                 location: str | None = None) -> str:
+        # A service exports only what it stored: no commit whose manifest is still in flight.
+        await self.settle()
+        return await super().write_state_export(repo, nonce, location)
+
     async def all_stored(self, addresses: Iterable[str]) -> bool:
         """Whether every address is in the store now (HEAD each)."""
         await self.settle()
