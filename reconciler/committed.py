@@ -31,7 +31,7 @@ from reconciler.retention import (
 )
 from reconciler.s3io import Namespace, cached_s3, read_parquet_rows
 from reconciler.sparkio import distributed
-from reconciler.state import RepoState
+from reconciler.state import CommittedState
 from schemas.address import address_forms
 from schemas.layout import OutsideNamespace
 
@@ -61,7 +61,7 @@ def manifest_location(ns: Namespace, manifest: str) -> tuple[str, str]:
     return ns.bucket, ns.key(manifest)
 
 
-def plan_retention(state: RepoState, now_s: float, *,
+def plan_retention(state: CommittedState, now_s: float, *,
                    expire_older_than_days: float | None = None,
                    mode: ExpirationMode = "seed",
                    delete_expired_refs: bool = False) -> RetentionPlan:

@@ -424,7 +424,7 @@ class Run:
         with self.ui.phase("export tracker state (uncommitted live set)"):
             export = export_addresses(
                 self.r, self.s3, o.repo, ns, report + "uncommitted/", cutoff_ms=cutoff_ms,
-                now_ms=now_ms, token_commits=pre_state.token_commits,
+                now_ms=now_ms,
                 commit_ids=set(pre_state.commits), grace_ms=grace_ms, horizon_ms=horizon,
                 progress=self.ui.count)
         s["uncommitted"] = {**export.as_dict(), "part_keys": export.parts}

@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from schemas.layout import TokenState
 from schemas.liveness import Guards, judge
 from schemas.records import decode_address
 from schemas.records import token_state as token_state  # re-exported: the one token codec
@@ -38,7 +37,6 @@ class Verdict:
 
 def verdict(fields: Mapping[str, str], *, token_states: Mapping[str, str | None],
             cutoff_ms: int, now_ms: int, claimed: bool = False,
-            token_commits: Mapping[str, str] | None = None,
             commit_ids: frozenset[str] | set[str] | None = None,
             horizon_ms: int | None = None, grace_ms: int = 0,
             held: str | None = None) -> Verdict:
@@ -47,7 +45,6 @@ def verdict(fields: Mapping[str, str], *, token_states: Mapping[str, str | None]
 
     ``token_states``: token -> state (``open``...), None/absent when the tracker has no state
     for it (kept: unknown tokens count as live). ``claimed``: the address is in the claims zset.
-    ``token_commits``: token -> commit id that committed it (when the commit records say).
     ``commit_ids``: known commit ids (to tell whether the ``committed`` flag names a commit).
     ``horizon_ms``/``grace_ms``: the tracker's proven progress and the repository's grace;
     given, an address unreferenced less than ``grace`` before the horizon is kept (``young``,
@@ -59,13 +56,6 @@ def verdict(fields: Mapping[str, str], *, token_states: Mapping[str, str | None]
     commit: str | None = None
     if flag and commit_ids is not None and flag in commit_ids:
         commit = flag
-    if commit is None and token_commits:
-        for token in rec.unremoved().values():
-            ts = token_states.get(token)
-            if ts is not None and ts.split(":", 1)[0] == TokenState.COMMITTED \
-                    and token in token_commits:
-                commit = token_commits[token]
-                break
     j = judge(rec, token_states, now_ms=now_ms, horizon_ms=horizon_ms, grace_ms=grace_ms,
               path="reconciler", cutoff_ms=cutoff_ms, claimed=claimed,
               guards=Guards(held=held))

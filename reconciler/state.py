@@ -13,7 +13,7 @@ import hashlib
 import math
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -32,7 +32,7 @@ from schemas.layout import (
     OutsideNamespace,
     RepoKeys,
 )
-from schemas.records import RecordError, decode_branch, decode_commit
+from schemas.records import CommitRecord, RecordError, decode_branch, decode_commit
 
 
 def tracker_watermark_ms(r: Any) -> int | None:
@@ -66,17 +66,7 @@ def commit_time_seconds(value: Any, what: str) -> float:
 
 
 @dataclass
-class CommitRecord:
-    id: str
-    parents: tuple[str, ...]
-    time: float
-    branch: str | None
-    manifest: str | None
-    tokens: tuple[str, ...] = ()
-
-
-@dataclass
-class RepoState:
+class CommittedState:
     """A repository's committed metadata as the tracker recorded it."""
 
     repo: str
@@ -96,10 +86,6 @@ class RepoState:
     def graph(self) -> dict[str, Commit]:
         return {cid: Commit(cid, c.parents, c.time) for cid, c in self.commits.items()}
 
-    @property
-    def token_commits(self) -> dict[str, str]:
-        return {t: c.id for c in self.commits.values() for t in c.tokens}
-
 
 def load_namespace(r: Any, repo: str) -> Namespace:
     keys = RepoKeys(repo)
@@ -113,7 +99,7 @@ def load_namespace(r: Any, repo: str) -> Namespace:
         raise ReconcileError(str(exc)) from None
 
 
-def load_repo(r: Any, repo: str) -> RepoState:
+def load_repo(r: Any, repo: str) -> CommittedState:
     """Read the repository's metadata, commit graph, branches and tags; raise if garbled."""
     keys = RepoKeys(repo)
     # One transaction: the fingerprint and the state are of the same moment.
@@ -153,10 +139,7 @@ def load_repo(r: Any, repo: str) -> RepoState:
     try:
         for cid, raw in raw_commits.items():
             c = decode_commit(raw, cid)
-            commits[cid] = CommitRecord(
-                id=cid, parents=c.parents,
-                time=commit_time_seconds(c.time, f"commit {cid!r} time"),
-                branch=c.branch or None, manifest=c.manifest or None)
+            commits[cid] = replace(c, time=commit_time_seconds(c.time, f"commit {cid!r} time"))
         for branch, raw in raw_branches.items():
             b = decode_branch(raw, branch)
             if b.head:
@@ -167,7 +150,7 @@ def load_repo(r: Any, repo: str) -> RepoState:
     except RecordError as exc:
         raise ReconcileError(str(exc)) from None
     tags = {str(k): str(v) for k, v in raw_tags.items()}
-    return RepoState(repo, namespace, meta.get("default_branch"), policy, expire, commits,
+    return CommittedState(repo, namespace, meta.get("default_branch"), policy, expire, commits,
                      heads, tags, staging, fingerprint)
 
 
@@ -285,7 +268,7 @@ def load_claims(r: Any, repo: str) -> set[str]:
 
 
 def export_addresses(r: Any, s3: Any, repo: str, namespace: Namespace, dest_prefix: str, *,
-                     cutoff_ms: int, now_ms: int, token_commits: dict[str, str],
+                     cutoff_ms: int, now_ms: int,
                      commit_ids: set[str], chunk_rows: int = 200_000,
                      grace_ms: int | None = None, horizon_ms: int | None = None,
                      progress: Any = None) -> ExportResult:
@@ -320,7 +303,7 @@ def export_addresses(r: Any, s3: Any, repo: str, namespace: Namespace, dest_pref
                 result.outside += 1
                 continue
             v = verdict(fields, token_states=token_states, cutoff_ms=cutoff_ms, now_ms=now_ms,
-                        claimed=address in claims, token_commits=token_commits,
+                        claimed=address in claims,
                         commit_ids=frozen_ids, grace_ms=grace_ms or 0, horizon_ms=horizon_ms)
             digest = record_digest(fields, token_states)
             result.addresses += 1

@@ -162,14 +162,20 @@ def encode_token(state: TokenState | str, ms: int) -> str:
 # --- branches and commits ----------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class BranchFields:
+class BranchRecord:
+    """A branch as the mirror records it (``RepoKeys.branches``; the one shape for every
+    reader and the pure machine)."""
+
     head: str | None
     staging_token: str
     sealed_tokens: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
-class CommitFields:
+class CommitRecord:
+    """A commit as the mirror records it (``RepoKeys.commits``; ``time`` in epoch seconds as
+    the event gave it, ``branch`` and ``manifest`` empty when unknown)."""
+
     parents: tuple[str, ...]
     time: float
     branch: str
@@ -186,30 +192,30 @@ def _json_object(kind: str, name: str, raw: Any) -> dict[str, Any]:
     return d
 
 
-def decode_branch(raw: Any, name: str = "?") -> BranchFields:
+def decode_branch(raw: Any, name: str = "?") -> BranchRecord:
     d = _json_object("branch", name, raw)
     try:
         head = d.get("head")
-        return BranchFields(None if head is None else str(head), str(d["staging_token"]),
+        return BranchRecord(None if head is None else str(head), str(d["staging_token"]),
                             tuple(str(t) for t in d.get("sealed_tokens") or ()))
     except (KeyError, TypeError):
         raise RecordError(f"branch {name!r}: missing staging_token") from None
 
 
-def encode_branch(b: BranchFields) -> str:
+def encode_branch(b: BranchRecord) -> str:
     return orjson.dumps({"head": b.head, "staging_token": b.staging_token,
                          "sealed_tokens": list(b.sealed_tokens)}).decode()
 
 
-def decode_commit(raw: Any, name: str = "?") -> CommitFields:
+def decode_commit(raw: Any, name: str = "?") -> CommitRecord:
     d = _json_object("commit", name, raw)
     try:
-        return CommitFields(tuple(str(p) for p in d.get("parents") or ()), float(d["time"]),
+        return CommitRecord(tuple(str(p) for p in d.get("parents") or ()), float(d["time"]),
                             str(d.get("branch") or ""), str(d.get("manifest") or ""))
     except (KeyError, TypeError, ValueError):
         raise RecordError(f"commit {name!r}: bad or missing time") from None
 
 
-def encode_commit(c: CommitFields) -> str:
+def encode_commit(c: CommitRecord) -> str:
     return orjson.dumps({"parents": list(c.parents), "time": c.time, "branch": c.branch,
                          "manifest": c.manifest}).decode()

@@ -14,8 +14,8 @@ from hardelete.status import explain_address
 from reconciler.s3io import put_parquet
 from schemas.layout import REPOS, RepoKeys
 from schemas.records import (
-    BranchFields,
-    CommitFields,
+    BranchRecord,
+    CommitRecord,
     DecodedAddress,
     encode_address,
     encode_branch,
@@ -44,10 +44,10 @@ def _committed_repo(r: Any, s3: Any, bucket: str) -> tuple[str, dict[str, str], 
         manifest = f"{ns}_hardelete/manifests/{cid}.parquet"
         put_parquet(s3, bucket, f"repo/_hardelete/manifests/{cid}.parquet",
                     {"address": [addrs[n] for n in listing[cid]]})
-        r.hset(k.commits, cid, encode_commit(CommitFields(parents[cid], t / 1000, "main",
+        r.hset(k.commits, cid, encode_commit(CommitRecord(parents[cid], t / 1000, "main",
                                                           manifest)))
         r.hset(k.tokens, f"tok-{cid}", encode_token("committed", t))
-    r.hset(k.branches, "main", encode_branch(BranchFields("c2", "tok-open")))
+    r.hset(k.branches, "main", encode_branch(BranchRecord("c2", "tok-open")))
     r.hset(k.tokens, "tok-open", encode_token("open", now))
     for cid, names in listing.items():
         for n in names:

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from reconciler.records import verdict
 from schemas.liveness import Guards, Keep, judge
 from schemas.records import (
-    BranchFields,
-    CommitFields,
+    BranchRecord,
+    CommitRecord,
     DecodedAddress,
     RecordError,
     decode_address,
@@ -154,9 +154,9 @@ def test_codec_tokens_branches_commits():
     assert token_state("open:5") == "open" and token_state(None) is None
     with pytest.raises(RecordError):
         decode_token("open")
-    b = BranchFields("c1", "t1", ("t0",))
+    b = BranchRecord("c1", "t1", ("t0",))
     assert decode_branch(encode_branch(b)) == b
-    c = CommitFields(("p",), 1.5, "main", "s3://b/m")
+    c = CommitRecord(("p",), 1.5, "main", "s3://b/m")
     assert decode_commit(encode_commit(c)) == c
     with pytest.raises(RecordError, match="branch 'x'"):
         decode_branch("{", "x")
@@ -234,6 +234,7 @@ def test_gate_guards_and_the_legacy_registry():
     held = Gate(holds={ns + "x": "legal"}, hold_prefixes={ns + "d/": "dlq"},
                 global_fail_closed="lost", paused="ops")
     g = held.guards("P", ns, ns + "d/1")
-    assert g.held == f"dlq (prefix {ns}d/)" and g.fail_closed == "lost" and g.paused == "ops"
+    assert g.held == f"dlq (prefix {ns}d/)" and g.fail_closed == "all repositories: lost"
+    assert g.paused == "ops"
     assert held.guards("P", ns, ns + "x").held == "legal"
     assert held.repo_problem("P", ns)[0] == "fail_closed"  # type: ignore[index]

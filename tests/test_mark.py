@@ -35,8 +35,9 @@ from reconciler.mark import (
 from reconciler.records import verdict
 from reconciler.retention import RetentionPolicy
 from reconciler.s3io import Namespace
-from reconciler.state import CommitRecord, RepoState
+from reconciler.state import CommittedState
 from reconciler.sweep import MAX_KEYS_PER_REQUEST, delete_batch, guard
+from schemas.records import CommitRecord
 
 CUTOFF = 1_000_000
 NS = Namespace("s3://bucket/repo/")
@@ -171,9 +172,6 @@ def test_verdict_committed_and_reaped():
     v = V({"+r1": "t1", "committed": "c7", "state": "committed"}, {"t1": "committed"},
           commit_ids={"c7"})
     assert v.commit == "c7"
-    v = V({"+r1": "t1", "committed": "1", "state": "committed"}, {"t1": "committed"},
-          token_commits={"t1": "c3"})
-    assert v.commit == "c3"
     # a committed address with a live ref in an open token (a shallow copy): live
     v = V({"+r1": "t1", "+r2": "t2", "committed": "1"}, {"t1": "committed", "t2": "open"})
     assert v.live
@@ -203,9 +201,13 @@ def test_cutoff_is_held_back_by_the_tracker_and_only_moves_earlier():
 
 # ------------------------------------------------------------------------ retention plan
 
+def commit(cid, parents, time, branch, manifest):
+    return cid, CommitRecord(parents, time, branch, manifest)
+
+
 def repo_state(commits, heads, tags=None, default_days=7.0):
-    return RepoState("r", NS, "main", RetentionPolicy(default_days), None,
-                     {c.id: c for c in commits}, heads, tags or {})
+    return CommittedState("r", NS, "main", RetentionPolicy(default_days), None,
+                     dict(commits), heads, tags or {})
 
 
 DAY = 86400.0
@@ -213,9 +215,9 @@ NOW = 1_700_000_000.0
 
 
 def test_plan_retention_reads_distinct_manifests_of_retained_commits():
-    commits = [CommitRecord("a", (), NOW - 30 * DAY, "main", "_hardelete/manifests/a.parquet"),
-               CommitRecord("b", ("a",), NOW - 20 * DAY, "main", "s3://bucket/repo/m/b"),
-               CommitRecord("c", ("b",), NOW - 1 * DAY, "main", "s3://bucket/repo/m/b")]
+    commits = [commit("a", (), NOW - 30 * DAY, "main", "_hardelete/manifests/a.parquet"),
+               commit("b", ("a",), NOW - 20 * DAY, "main", "s3://bucket/repo/m/b"),
+               commit("c", ("b",), NOW - 1 * DAY, "main", "s3://bucket/repo/m/b")]
     plan = plan_retention(repo_state(commits, {"main": "c"}), NOW)
     assert plan.retained == {"b", "c"}  # b: the head 7 days ago
     assert plan.manifests == [("bucket", "repo/m/b")]
@@ -229,14 +231,14 @@ def test_plan_retention_reads_distinct_manifests_of_retained_commits():
 
 
 def test_plan_retention_fails_on_unknown_retained_commit_or_missing_manifest():
-    commits = [CommitRecord("b", (), NOW - 1 * DAY, "main", None)]
+    commits = [commit("b", (), NOW - 1 * DAY, "main", "")]
     with pytest.raises(ReconcileError, match="no manifest"):
         plan_retention(repo_state(commits, {"main": "b"}), NOW)
-    commits = [CommitRecord("b", (), NOW - 1 * DAY, "main", "m/b")]
+    commits = [commit("b", (), NOW - 1 * DAY, "main", "m/b")]
     with pytest.raises(ReconcileError, match="unknown to the tracker"):
         plan_retention(repo_state(commits, {"main": "b", "dev": "zz"}), NOW)
     # a parent inside the retention window that the tracker never heard of
-    commits = [CommitRecord("b", ("a",), NOW - 1 * DAY, "main", "m/b")]
+    commits = [commit("b", ("a",), NOW - 1 * DAY, "main", "m/b")]
     with pytest.raises(ReconcileError, match="'a' is unknown"):
         plan_retention(repo_state(commits, {"main": "b"}), NOW)
 
@@ -358,10 +360,10 @@ def test_plan_retention_expiration_modes_on_seed001():
     from tests.test_retention import BRANCHES_001, PARENTS_001, TAGS_001
 
     t0 = NOW - 15 * 3600
-    commits = [CommitRecord(k, ps, t0 + 3600 * int(k), "main", f"m/{k}")
-               for k, ps in PARENTS_001.items()]
+    commits = {k: CommitRecord(ps, t0 + 3600 * int(k), "main", f"m/{k}")
+               for k, ps in PARENTS_001.items()}
     policy = RetentionPolicy(0.0, {b: math.inf for b in BRANCHES_001})
-    state = RepoState("r", NS, "main", policy, None, {c.id: c for c in commits},
+    state = CommittedState("r", NS, "main", policy, None, commits,
                       dict(BRANCHES_001), dict(TAGS_001))
     days = 7.5 / 24
     branch_side = {"0", "8", "9", "10", "11", "12", "13", "14"}

@@ -22,7 +22,7 @@ from reconciler.mark import Listed, compute_mark
 from reconciler.records import verdict
 from reconciler.retention import Commit, RetentionPolicy, retained_commits
 from reconciler.s3io import Namespace
-from reconciler.state import CommitRecord, RepoState, record_digest, retention_fingerprint
+from reconciler.state import CommittedState, record_digest, retention_fingerprint
 from sim.model import (
     Commit as MCommit,
 )
@@ -64,11 +64,10 @@ class Tracked:
         self.tokens = {t: s.value for t, (s, _) in self.st.tokens.items()}
         self.records = {a: record_hash(r) for a, r in self.st.addresses.items()}
 
-    def repo_state(self) -> RepoState:
+    def repo_state(self) -> CommittedState:
         st, meta = self.st, self.st.meta
         assert meta is not None
-        commits = {cid: CommitRecord(cid, c.parents, c.time, c.branch, c.manifest)
-                   for cid, c in st.commits.items()}
+        commits = dict(st.commits)
         raw = [{"retention": orjson.dumps([meta.default_retention_days,
                                            sorted(meta.branch_retention_days.items())])
                 .decode()},
@@ -77,7 +76,7 @@ class Tracked:
                {b: orjson.dumps([r.head, r.staging_token, list(r.sealed_tokens)]).decode()
                 for b, r in st.branches.items()},
                dict(st.tags)]
-        return RepoState(
+        return CommittedState(
             st.repository, self.ns, meta.default_branch,
             RetentionPolicy(meta.default_retention_days, meta.branch_retention_days), None,
             commits, {b: r.head for b, r in st.branches.items() if r.head}, dict(st.tags),

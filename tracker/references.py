@@ -61,6 +61,7 @@ from schemas.layout import (
     TokenState,
 )
 from schemas.namespaces import namespace_problem, registration_problem
+from schemas.records import BranchRecord, CommitRecord
 
 HELD_BY_REAPER = frozenset({AddressState.REAPING, AddressState.REAPED})
 
@@ -86,21 +87,6 @@ class RepoMeta:
     default_branch: str
     default_retention_days: float
     branch_retention_days: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class BranchRecord:
-    head: str | None
-    staging_token: str
-    sealed_tokens: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class CommitRecord:
-    parents: tuple[str, ...]
-    time: float
-    branch: str
-    manifest: str
 
 
 @dataclass(frozen=True, order=True)

@@ -29,8 +29,6 @@ from schemas.layout import (
 from schemas.records import decode_address, decode_branch, decode_commit, decode_token
 from tracker.references import (
     AddressRecord,
-    BranchRecord,
-    CommitRecord,
     Incident,
     RepoMeta,
     RepoState,
@@ -265,10 +263,10 @@ def _assemble(repo: str, meta: dict[str, str], addr_hashes: dict[str, dict[str, 
     st.tokens = {t: parse_token(v) for t, v in tokens.items()}
     for b, j in branches.items():
         bf = decode_branch(j, b)
-        st.branches[b] = BranchRecord(bf.head, bf.staging_token, bf.sealed_tokens)
+        st.branches[b] = bf
     for c, j in commits.items():
         cf = decode_commit(j, c)
-        st.commits[c] = CommitRecord(cf.parents, cf.time, cf.branch, cf.manifest)
+        st.commits[c] = cf
     st.tags = dict(tags)
     st.incidents = [_incident(j) for j in incidents]
     st.unreferenced = _pairs(unref)
