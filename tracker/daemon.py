@@ -94,6 +94,7 @@ from tracker.logid import (
     decide,
     epoch_cluster,
     fingerprint,
+    gone_partitions,
     log_field,
     new_epoch,
 )
@@ -525,6 +526,9 @@ class Tracker:
         parts = md.partitions_for_topic(topic)
         if not parts:
             return False
+        # Before the count is recorded: while it still names the gone partitions, their stale
+        # progress holds the horizon back, so no reaper acts before their repositories fail.
+        await self._fail_gone_partitions(set(parts))
         changed = await self._meta_script(keys=[PROGRESS_META],
                                           args=[topic, str(len(parts)), str(at)])
         if changed:
@@ -533,6 +537,26 @@ class Tracker:
             self._rejoin = True
         self._seen_count = len(parts)
         return True
+
+    async def _fail_gone_partitions(self, partitions: set[int]) -> None:
+        """Repositories that applied records from a partition the topic no longer has are
+        fail-closed (tracker/logid.py: gone_partitions), then its log record is dropped."""
+        topic = self.settings.events_topic
+        fields = await self._retrying(lambda: self._redis.hkeys(LOG))
+        gone = gone_partitions((str(f) for f in fields), topic, partitions)
+        if not gone:
+            return
+        now = await aredis_time_ms(self._redis)
+        for p in gone:
+            reason = (f"log reset or replaced: partition {p} of {topic} is gone (the topic has "
+                      f"{len(partitions)} partition(s) now); what was published to it and "
+                      "never applied is lost")
+            await self._fail_partition_repos(p, reason, now)
+            # Only once they are flagged: a tracker killed in between checks again.
+            await self._retrying(lambda: self._redis.hdel(LOG, log_field(topic, p)))  # noqa: B023
+            await self._retrying(lambda: self._redis.hdel(PROGRESS, str(p)))  # noqa: B023
+            self._logrec.pop(p, None)
+            self._epochs.pop(p, None)
 
     async def _heal_loop(self) -> None:
         """Self-healing (tracker/rebuild.py): a fail-closed repository gets a rebuild prepared,

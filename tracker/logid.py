@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,21 @@ def epoch_cluster(epoch: str) -> str | None:
 
 def log_field(topic: str, partition: int) -> str:
     return f"{topic}:{partition}"
+
+
+def gone_partitions(fields: Iterable[str], topic: str, partitions: Collection[int]) -> list[int]:
+    """Partitions ``hd:log`` has a record for that the topic no longer has. A topic re-created
+    with fewer partitions (a broker that lost its disk auto-creates it with its default count)
+    moves their repositories to other partitions: what was published to the gone ones and never
+    applied is lost, and no assignment will ever check them again."""
+    prefix = f"{topic}:"
+    out = []
+    for f in fields:
+        if f.startswith(prefix) and f[len(prefix):].isdigit():
+            p = int(f[len(prefix):])
+            if p not in partitions:
+                out.append(p)
+    return sorted(out)
 
 
 def fingerprint(record: Any) -> str:
