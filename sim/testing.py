@@ -14,13 +14,28 @@ import orjson
 from core.clients import redis_async
 from core.clock import aredis_time_ms, await_horizon
 from core.registry import register_namespace
-from core.settings import Settings
+from core.settings import Settings, load_settings
 from schemas import events as ev
 from schemas.layout import INCIDENTS, REFUSED, REPOS, RETIRED, AddressState, RepoKeys
 from schemas.publisher import Publisher, ensure_topics
 from tracker import codec
 from tracker.references import RefusedRepository, RepoState, World
 from tracker.state import ApplyScript
+
+
+def base_settings(**overrides: Any) -> Settings:
+    """Settings for tests: short timeouts, tiny grace (explicitly allowed as unsafe)."""
+    defaults: dict[str, Any] = {
+        "session_timeout_ms": 3000,
+        "heartbeat_interval_ms": 1000,
+        "grace_seconds": 1.0,
+        "allow_unsafe_grace": True,
+        "lease_seconds": 5.0,
+        "tracker_poll_ms": 50,
+        "reaper_poll_seconds": 0.1,
+    }
+    defaults.update(overrides)
+    return load_settings(env={}, **defaults)
 
 
 async def publish(settings: Settings, events: Iterable[ev.Event]) -> int:
