@@ -4,7 +4,9 @@ running tracker and wait for its horizon."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -48,8 +50,6 @@ async def publish(settings: Settings, events: Iterable[ev.Event]) -> int:
 
 async def dead_letters(settings: Settings, n: int, timeout: float = 30.0) -> dict[str, str]:
     """event_id -> reason of the first ``n`` dead letters (waits up to ``timeout``)."""
-    import time
-
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(settings.dlq_topic, bootstrap_servers=settings.kafka_bootstrap,
@@ -228,3 +228,19 @@ def encode_all(events: Iterable[ev.Event]) -> list[bytes]:
 
 def dumps(obj: Any) -> bytes:
     return orjson.dumps(obj)
+
+
+def listed(s3: Any, bucket: str) -> set[str]:
+    out: set[str] = set()
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        out.update(f"s3://{bucket}/{o['Key']}" for o in page.get("Contents", []))
+    return out
+
+
+async def wait_for(cond: Any, timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll an async condition until true or the deadline."""
+    deadline = time.monotonic() + timeout
+    while not await cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)

@@ -18,9 +18,9 @@ from reconciler.retirement import DAY_MS, Retired, purge_due, purge_retired
 from schemas.layout import INCIDENTS, NAMESPACES, RETIRED
 from schemas.publisher import Publisher, ensure_topics
 from sim.model import Model
-from sim.testing import publish, wait_horizon
+from sim.reaping import _service
+from sim.testing import listed, publish, wait_horizon
 from tests.test_operators import cli, run  # noqa: F401 - the fixture
-from tests.test_reaper import _service, listed
 from tracker.daemon import running_tracker
 
 
