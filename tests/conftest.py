@@ -123,6 +123,20 @@ def bucket(s3: Any) -> str:
     return name
 
 
+@pytest.fixture
+def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The CLI's environment points at the test's servers and topics."""
+    for key, value in {
+        "KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "REDIS_URL": settings.redis_url,
+        "S3_ENDPOINT_URL": settings.s3_endpoint_url, "EVENTS_TOPIC": settings.events_topic,
+        "DLQ_TOPIC": settings.dlq_topic, "CONSUMER_GROUP": settings.consumer_group,
+        "GRACE_SECONDS": "1", "ALLOW_UNSAFE_GRACE": "true", "LOG_LEVEL": "error",
+    }.items():
+        monkeypatch.setenv(f"HARDELETE_{key}", value)
+    monkeypatch.setenv("COLUMNS", "1000")
+    return settings
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local Spark session per test worker (about 5 s to start)."""
