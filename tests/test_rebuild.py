@@ -18,7 +18,7 @@ import tracker.rebuild as rb
 from core.clock import redis_time_ms
 from schemas.layout import RepoKeys
 from sim.model import Model as M
-from tests.test_reconcile import BUCKET, World, make_world
+from sim.worlds import BUCKET, World, make_world
 from tracker.rebuild import RebuildError, heal, prepare, read_export, rebuild, write_export
 from tracker.state import read_repo_state
 
