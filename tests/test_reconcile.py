@@ -23,6 +23,7 @@ from sim.worlds import BUCKET, Clock, World, boundary, make_world, past_grace
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
+
 def expected_garbage(w: World, repo: str, now_ms: int, objects: set[str],
                      horizon_ms: int | None = None) -> set[str]:
     """The model's reconciler garbage, with retention computed at the run's clock and the

@@ -25,6 +25,7 @@ from sim.worlds import BUCKET, World, boundary, call, history, make, past_grace
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
+
 @pytest.fixture
 def rsettings(settings):
     return settings.replace(reconcile_min_age_seconds=0.0)
