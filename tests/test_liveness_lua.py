@@ -25,7 +25,7 @@ from schemas.layout import RepoKeys
 from schemas.liveness import Keep, judge
 from schemas.records import DecodedAddress, decode_address, encode_address
 from sim.event_chaos import chaos_events, run_both
-from tests.test_liveness import records
+from sim.strategies import records
 
 pytestmark = pytest.mark.integration
 
