@@ -1,6 +1,9 @@
-"""Helpers for tests (tracker, reaper, reconciler): drive the pure machine and the Lua script
-with the same events, compare states with or without arrival-time timestamps, and publish to a
-running tracker and wait for its horizon."""
+"""Helpers for tests (tracker, reaper, reconciler): the tests' settings, drive the pure machine
+and the Lua script with the same events, compare states with or without arrival-time
+timestamps, publish to a running tracker and wait for its horizon, list a bucket and poll a
+condition. (Helpers of one concept live beside this module: sim/worlds.py, sim/event_chaos.py,
+sim/operations.py, sim/reaping.py, sim/log_loss.py, sim/strategies.py,
+sim/retention_examples.py.)"""
 
 from __future__ import annotations
 
