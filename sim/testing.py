@@ -1,10 +1,15 @@
-"""Helpers for tests (tracker, reaper, reconciler): drive the pure machine and the Lua script
-with the same events, compare states with or without arrival-time timestamps, and publish to a
-running tracker and wait for its horizon."""
+"""Helpers for tests (tracker, reaper, reconciler): the tests' settings, drive the pure machine
+and the Lua script with the same events, compare states with or without arrival-time
+timestamps, publish to a running tracker and wait for its horizon, list a bucket and poll a
+condition. (Helpers of one concept live beside this module: sim/worlds.py, sim/event_chaos.py,
+sim/operations.py, sim/reaping.py, sim/log_loss.py, sim/strategies.py,
+sim/retention_examples.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -14,13 +19,28 @@ import orjson
 from core.clients import redis_async
 from core.clock import aredis_time_ms, await_horizon
 from core.registry import register_namespace
-from core.settings import Settings
+from core.settings import Settings, load_settings
 from schemas import events as ev
 from schemas.layout import INCIDENTS, REFUSED, REPOS, RETIRED, AddressState, RepoKeys
 from schemas.publisher import Publisher, ensure_topics
 from tracker import codec
 from tracker.references import RefusedRepository, RepoState, World
 from tracker.state import ApplyScript
+
+
+def base_settings(**overrides: Any) -> Settings:
+    """Settings for tests: short timeouts, tiny grace (explicitly allowed as unsafe)."""
+    defaults: dict[str, Any] = {
+        "session_timeout_ms": 3000,
+        "heartbeat_interval_ms": 1000,
+        "grace_seconds": 1.0,
+        "allow_unsafe_grace": True,
+        "lease_seconds": 5.0,
+        "tracker_poll_ms": 50,
+        "reaper_poll_seconds": 0.1,
+    }
+    defaults.update(overrides)
+    return load_settings(env={}, **defaults)
 
 
 async def publish(settings: Settings, events: Iterable[ev.Event]) -> int:
@@ -33,8 +53,6 @@ async def publish(settings: Settings, events: Iterable[ev.Event]) -> int:
 
 async def dead_letters(settings: Settings, n: int, timeout: float = 30.0) -> dict[str, str]:
     """event_id -> reason of the first ``n`` dead letters (waits up to ``timeout``)."""
-    import time
-
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(settings.dlq_topic, bootstrap_servers=settings.kafka_bootstrap,
@@ -213,3 +231,19 @@ def encode_all(events: Iterable[ev.Event]) -> list[bytes]:
 
 def dumps(obj: Any) -> bytes:
     return orjson.dumps(obj)
+
+
+def listed(s3: Any, bucket: str) -> set[str]:
+    out: set[str] = set()
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        out.update(f"s3://{bucket}/{o['Key']}" for o in page.get("Contents", []))
+    return out
+
+
+async def wait_for(cond: Any, timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll an async condition until true or the deadline."""
+    deadline = time.monotonic() + timeout
+    while not await cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)

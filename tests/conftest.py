@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from core.clients import redis_sync, s3_client
-from core.settings import Settings, load_settings
+from core.settings import Settings
 from sim.stack import Server, Stack, embedded_stack, reset_s3, start_redis_cluster
+from sim.testing import base_settings
 
 os.environ.setdefault("HARDELETE_LOG_FORMAT", "console")
 # pytest-xdist's workers export the runner's COLUMNS; the CLI subprocesses the tests start
@@ -30,21 +31,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked ``slow`` first: the suite runs on parallel workers (pytest-xdist), and a
     long test started last would run alone at the end."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
-def base_settings(**overrides: Any) -> Settings:
-    """Settings for tests: short timeouts, tiny grace (explicitly allowed as unsafe)."""
-    defaults: dict[str, Any] = {
-        "session_timeout_ms": 3000,
-        "heartbeat_interval_ms": 1000,
-        "grace_seconds": 1.0,
-        "allow_unsafe_grace": True,
-        "lease_seconds": 5.0,
-        "tracker_poll_ms": 50,
-        "reaper_poll_seconds": 0.1,
-    }
-    defaults.update(overrides)
-    return load_settings(env={}, **defaults)
 
 
 @pytest.fixture(scope="session")
@@ -135,6 +121,20 @@ def bucket(s3: Any) -> str:
     name = f"bucket-{uuid.uuid4().hex[:8]}"
     s3.create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The CLI's environment points at the test's servers and topics."""
+    for key, value in {
+        "KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "REDIS_URL": settings.redis_url,
+        "S3_ENDPOINT_URL": settings.s3_endpoint_url, "EVENTS_TOPIC": settings.events_topic,
+        "DLQ_TOPIC": settings.dlq_topic, "CONSUMER_GROUP": settings.consumer_group,
+        "GRACE_SECONDS": "1", "ALLOW_UNSAFE_GRACE": "true", "LOG_LEVEL": "error",
+    }.items():
+        monkeypatch.setenv(f"HARDELETE_{key}", value)
+    monkeypatch.setenv("COLUMNS", "1000")
+    return settings
 
 
 @pytest.fixture(scope="session")

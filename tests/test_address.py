@@ -22,8 +22,8 @@ from schemas.address import address_forms, canonical_address, canonical_namespac
 from schemas.layout import INCIDENTS, RESERVED_PREFIXES, RepoKeys
 from schemas.publisher import Publisher, ensure_topics
 from sim.model import Model
-from sim.testing import dead_letters, publish, wait_horizon
-from tests.test_reaper import _service, _settings, listed
+from sim.reaping import _service, _settings
+from sim.testing import dead_letters, listed, publish, wait_horizon
 from tracker import codec
 from tracker.daemon import running_tracker
 

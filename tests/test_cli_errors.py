@@ -165,7 +165,7 @@ def test_operator_mistakes_without_traceback() -> None:
 
 def test_piped_output_is_full_width(settings, tmp_path: Path) -> None:
     """A table piped to a file keeps every cell whole (rich would cut it at 80 columns)."""
-    from tests.test_operators import setup_repo
+    from sim.operations import setup_repo
 
     setup_repo(settings)
     long = "s3://opsb/ns/" + "a-very-long-directory-name/" * 5 + "object"

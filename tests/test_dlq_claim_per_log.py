@@ -23,10 +23,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from schemas.events import encode
 from schemas.publisher import Publisher, ensure_topics
 from sim.model import Model
-from tests.test_operators import (  # noqa: F401  (fixtures)
+from sim.operations import (
     broken,
     claims,
-    cli,
     created,
     kept,
     make_garbage,
@@ -79,7 +78,7 @@ async def recreate_topic(s: Any) -> None:
 
 
 def test_resolving_a_stale_dead_letter_lifts_a_new_logs_hold_and_the_reaper_deletes(
-        cli, capsys, s3, redis_client):  # noqa: F811  (cli: the imported fixture)
+        cli, capsys, s3, redis_client):
     s = cli.replace(lease_seconds=1.0, upload_ttl_seconds=1.0, topic_partitions=1)
     s3.create_bucket(Bucket="dlqb")
     # --- the old log: repository 'old' and a dead letter at offset K

@@ -31,8 +31,7 @@ from reconciler.job import RunOptions, reconcile
 from schemas import events as ev
 from sim.model import Model as M
 from sim.testing import apply_lua, lua_batches
-from tests.test_reconcile import BUCKET, boundary, past_grace
-from tests.test_reconcile_safety import call, make
+from sim.worlds import BUCKET, boundary, call, make, past_grace
 from tracker import codec
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -21,8 +21,7 @@ import pytest
 from reconciler.job import RunOptions, reconcile
 from schemas.layout import RepoKeys
 from sim.model import Model as M
-from tests.test_reconcile import BUCKET, boundary, past_grace
-from tests.test_reconcile_safety import call, make
+from sim.worlds import BUCKET, boundary, call, make, past_grace
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

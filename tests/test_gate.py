@@ -24,8 +24,8 @@ from reaper.quarantine import purge_expired, purge_recheck
 from schemas import events as ev
 from schemas.layout import RepoKeys
 from schemas.publisher import ensure_topics
-from sim.testing import publish, wait_horizon
-from tests.test_reaper import _many_garbage, _settings, listed, wait_for
+from sim.reaping import _many_garbage, _settings
+from sim.testing import listed, publish, wait_for, wait_horizon
 from tracker.daemon import running_tracker
 
 ROOT = Path(__file__).resolve().parents[1]

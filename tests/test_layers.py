@@ -7,7 +7,8 @@ down, so a reader knows what a module can depend on from where it lives.
     floor 2  core/                             what every process shares (settings, gate, clock)
     floor 1  schemas/                          the contracts; imports nothing of the project
 
-Imports inside functions count too: a late import is still a dependency.
+Imports inside functions count too: a late import is still a dependency. Tests import the
+packages, never each other.
 """
 
 from __future__ import annotations
@@ -58,6 +59,15 @@ def test_the_check_sees_an_import_that_runs_back_up(tmp_path: Path) -> None:
     found = upward({"schemas": 1, "core": 2, "tracker": 3, "reaper": 3}, tmp_path)
     assert found == ["schemas/m.py:1 imports core.settings (floor 2 from floor 1)",
                      "tracker/m.py:2 imports reaper (floor 3 from floor 3)"]
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared fixtures live in conftest.py, shared helpers in sim/ (no test imports conftest)."""
+    found = [f"{path.relative_to(ROOT)}:{line} imports {module}"
+             for path in sorted((ROOT / "tests").rglob("*.py"))
+             for line, module in imported(path)
+             if module == "tests" or module.startswith("tests.")]
+    assert found == []
 
 
 def test_every_package_has_a_floor() -> None:

@@ -14,7 +14,6 @@ from schemas.liveness import Guards, Keep, judge
 from schemas.records import (
     BranchRecord,
     CommitRecord,
-    DecodedAddress,
     RecordError,
     decode_address,
     decode_branch,
@@ -26,6 +25,7 @@ from schemas.records import (
     encode_token,
     token_state,
 )
+from sim.strategies import TOKENS, records
 
 NOW, H, G = 100_000, 90_000, 5_000  # now, horizon, grace: the bound is 85_000
 
@@ -114,28 +114,8 @@ def test_reconciler_path():
 
 # --- random records -----------------------------------------------------------------------------
 
-REFS = ["r0", "r1", "r2"]
-TOKENS = ["t0", "t1", "t2"]
 TOKEN_STATES = st.sampled_from([None, "open", "sealed", "committed", "dropped", "weird",
                                 "open:17", "dropped:3"])
-TIMES = st.one_of(st.none(), st.integers(0, 20).map(lambda k: k * 10_000))
-
-
-@st.composite
-def records(draw: st.DrawFn) -> DecodedAddress:
-    adds = draw(st.dictionaries(st.sampled_from(REFS), st.sampled_from(TOKENS), max_size=3))
-    removes = draw(st.dictionaries(st.sampled_from(REFS), st.sampled_from(TOKENS), max_size=3))
-    flag = draw(st.sampled_from([None, None, "1", "c7"]))
-    return DecodedAddress(
-        adds=adds, removes=removes,
-        state=draw(st.sampled_from([None, "staged", "committed", "issued", "unreferenced",
-                                    "reaping", "reaped", "martian"])),
-        since=draw(TIMES), committed=flag is not None, committed_value=flag,
-        issued_until=draw(TIMES), size=draw(st.none() | st.integers(0, 10)),
-        lease_until=draw(TIMES), claimer=draw(st.sampled_from([None, "a", "b"])),
-        reaped_at=draw(TIMES))
-
-
 token_maps = st.dictionaries(st.sampled_from(TOKENS), TOKEN_STATES)
 horizons = st.one_of(st.none(), st.integers(0, 22).map(lambda k: k * 10_000))
 graces = st.sampled_from([0, 5_000, 10_000, 60_000])

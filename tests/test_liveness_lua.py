@@ -24,8 +24,8 @@ from reaper.claims import ClaimStore
 from schemas.layout import RepoKeys
 from schemas.liveness import Keep, judge
 from schemas.records import DecodedAddress, decode_address, encode_address
-from tests.test_liveness import records
-from tests.test_tracker_lua import chaos_events, run_both
+from sim.event_chaos import chaos_events, run_both
+from sim.strategies import records
 
 pytestmark = pytest.mark.integration
 

@@ -357,7 +357,7 @@ def test_spark_classification_agrees_with_the_pure_one(spark, seed):
 def test_plan_retention_expiration_modes_on_seed001():
     # seed 001's history (commit k is k hours after the first), expiring older than 7.5 h;
     # retention keeps branch ancestries forever and nothing dangling
-    from tests.test_retention import BRANCHES_001, PARENTS_001, TAGS_001
+    from sim.retention_examples import BRANCHES_001, PARENTS_001, TAGS_001
 
     t0 = NOW - 15 * 3600
     commits = {k: CommitRecord(ps, t0 + 3600 * int(k), "main", f"m/{k}")

@@ -25,8 +25,8 @@ from schemas.publisher import Publisher, ensure_topics
 from schemas.records import DecodedAddress, decode_address
 from sim.faultproxy import FaultProxy
 from sim.model import Model
-from sim.testing import dead_letters, publish, wait_horizon
-from tests.test_reaper import _service, _settings, _state_is, listed, wait_for
+from sim.reaping import _service, _settings, _state_is
+from sim.testing import dead_letters, listed, publish, wait_for, wait_horizon
 from tracker.daemon import running_tracker
 from tracker.state import parse_address
 

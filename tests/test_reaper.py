@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import Any
 
 import orjson
@@ -29,36 +28,12 @@ from schemas.layout import AddressState, RepoKeys
 from schemas.publisher import Publisher, ensure_topics
 from sim.faultproxy import FaultProxy
 from sim.model import Model, ModelService, Workload
+from sim.reaping import _many_garbage, _service, _settings, _state_is
+from sim.testing import listed, wait_for
 from tracker.daemon import running_tracker
 from tracker.state import parse_address
 
 pytestmark = pytest.mark.integration
-
-
-def listed(s3: Any, bucket: str) -> set[str]:
-    out: set[str] = set()
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-        out.update(f"s3://{bucket}/{o['Key']}" for o in page.get("Contents", []))
-    return out
-
-
-async def wait_for(cond: Any, timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll an async condition until true or the deadline."""
-    deadline = time.monotonic() + timeout
-    while not await cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-def _settings(settings: Settings, **kw: Any) -> Settings:
-    values: dict[str, Any] = {"upload_ttl_seconds": 1.0, "grace_seconds": 1.0,
-                              "lease_seconds": 2.0}
-    return settings.replace(**{**values, **kw})
-
-
-async def _service(s: Settings, s3: Any, pub: Publisher) -> ModelService:
-    return ModelService(s, s3, pub, model=Model.from_settings(s))
 
 
 async def test_reaps_online_garbage_and_never_anything_live(settings, s3):
@@ -147,15 +122,6 @@ async def test_stopped_tracker_holds_the_reaper_back(settings, s3):
         finally:
             await reaper.close()
     assert keep in listed(s3, "held")
-
-
-async def _state_is(s: Settings, repo: str, address: str, *states: AddressState) -> bool:
-    r = redis_async(s)
-    try:
-        h = await r.hgetall(RepoKeys(repo).address(address))
-    finally:
-        await r.aclose()
-    return bool(h) and parse_address(h).state in states
 
 
 # Garbage whose upload token has not expired yet stays `issued` until then (claimable after).
@@ -353,19 +319,6 @@ async def test_dry_run_deletes_nothing(settings, s3):
         assert await ClaimStore(r).complete("repo", []) == 0
     finally:
         await r.aclose()
-
-
-async def _many_garbage(s: Settings, s3: Any, bucket: str, n: int) -> tuple[list[str], str]:
-    async with Publisher(s) as pub:
-        svc = await _service(s, s3, pub)
-        await svc.call(Model.create_repository, "repo", f"s3://{bucket}/repo/")
-        keep = (await svc.call(Model.write, "repo", "main", "keep", 3)).address
-        garbage = []
-        for i in range(n):
-            garbage.append((await svc.call(Model.write, "repo", "main", f"g{i}", 3)).address)
-            await svc.call(Model.delete, "repo", "main", f"g{i}")
-    assert keep
-    return [a for a in garbage if a], keep
 
 
 async def test_two_reapers_never_delete_twice(settings, s3):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from core.clients import redis_async
 from reaper.claims import ClaimStore
-from tests.test_tracker_lua import chaos_events, run_both
+from sim.event_chaos import chaos_events, run_both
 
 pytestmark = pytest.mark.integration
 # Every check holds on one Redis and on a real three-node Redis Cluster (issue 19 item 9).

@@ -18,7 +18,7 @@ import tracker.rebuild as rb
 from core.clock import redis_time_ms
 from schemas.layout import RepoKeys
 from sim.model import Model as M
-from tests.test_reconcile import BUCKET, World, make_world
+from sim.worlds import BUCKET, World, make_world
 from tracker.rebuild import RebuildError, heal, prepare, read_export, rebuild, write_export
 from tracker.state import read_repo_state
 
@@ -305,9 +305,9 @@ async def test_a_lost_broker_log_heals_by_itself_and_only_the_removed_object_goe
     from core.guards import fail_closed_reason
     from reaper.daemon import Reaper
     from schemas import events as ev
+    from sim.log_loss import _lose_log, delete, repo_events, write
     from sim.stack import kafka_server
     from sim.testing import publish, redis_now, wait_horizon
-    from tests.test_tracker_safety import _lose_log, delete, repo_events, write
     from tracker.daemon import running_tracker
     from tracker.rebuild import ExportBranch, ExportEntry, StateExport
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -18,98 +17,11 @@ from reconciler.job import RunOptions, reconcile
 from reconciler.report import read_summary
 from reconciler.retention import Commit, RetentionPolicy, retained_commits
 from reconciler.s3io import Namespace
-from schemas.layout import PROGRESS, PROGRESS_META, RECONCILER_LEASE, REPOS, RepoKeys
+from schemas.layout import PROGRESS, RECONCILER_LEASE, RepoKeys
 from sim.model import Model, ModelService, Workload, seeded_ids
-from sim.testing import apply_lua, lua_batches
-from tracker import codec
+from sim.worlds import BUCKET, Clock, World, boundary, make_world, past_grace
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-
-BUCKET = "recon"
-
-
-class Clock:
-    """The model's clock: settable, moves on a little at every call."""
-
-    def __init__(self, start: float) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        self.now += 0.001
-        return self.now
-
-
-@dataclass
-class World:
-    settings: Any
-    s3: Any
-    r: Any
-    clock: Clock
-    model: Model
-    svc: ModelService
-    gate: codec.Gate = field(default_factory=codec.Gate)
-    applied: int = 0
-
-    def track(self, now_ms: int | None) -> None:
-        """Apply the model's new events with the tracker's script (tracker clock now_ms)."""
-        events = self.model.events[self.applied:]
-        batch, rejected = lua_batches(events, self.gate, first_offset=self.applied)
-        assert not rejected
-        apply_lua(self.r, batch, now_ms)
-        self.applied += len(events)
-        if batch:  # the daemon registers repositories beside the per-repository script
-            self.r.sadd(REPOS, *batch)
-        # a tracker that is caught up and keeps up (its progress moves on as time passes)
-        self.r.hset(PROGRESS_META, mapping={"topic": "t", "partitions": "1"})
-        sec, _ = self.r.time()
-        self.r.hset(PROGRESS, "0", str((int(sec) + 86_400) * 1000))
-
-    def run(self, ops: Any) -> None:
-        asyncio.run(_run(self.svc, ops))
-
-    def keys(self, repo: str) -> set[str]:
-        ns = Namespace(self.model.repository(repo).storage_namespace)
-        out = set()
-        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=ns.bucket,
-                                                                        Prefix=ns.prefix):
-            out.update(f"s3://{ns.bucket}/{o['Key']}" for o in page.get("Contents", ()))
-        return out
-
-    def data(self, repo: str) -> set[str]:
-        ns = self.model.repository(repo).storage_namespace
-        return {k for k in self.keys(repo) if k.startswith(ns + "data/")}
-
-
-async def _run(svc: ModelService, ops: Any) -> None:
-    if isinstance(ops, Workload):
-        await svc.run_workload(ops)
-        return
-    for fn, args in ops:
-        await svc.call(fn, *args)
-
-
-def boundary() -> int:
-    """A cutoff after everything written so far (the store keeps whole seconds), and wait
-    until the wall clock passes it so that later writes are not older than it."""
-    cutoff = (int(time.time()) + 1) * 1000
-    while time.time() * 1000 < cutoff + 5:
-        time.sleep(0.02)
-    return cutoff
-
-
-def past_grace(settings: Any, repo: str = "") -> None:
-    """Wait until the grace window of everything the tracker applied so far has passed (the
-    reconciler never marks an address unreferenced for less than the grace window)."""
-    until = time.time() + settings.grace_for(repo) + 0.2
-    while time.time() < until:
-        time.sleep(0.02)
-
-
-def make_world(settings: Any, s3: Any, r: Any, seed: int = 7) -> World:
-    clock = Clock(time.time() - 2 * 3600)
-    model = Model(clock=clock, upload_ttl_seconds=60, new_id=seeded_ids(seed),
-                  upload_secret=settings.upload_token_secret)
-    return World(settings, s3, r, clock, model, ModelService(settings, s3, None, model=model))
 
 
 def expected_garbage(w: World, repo: str, now_ms: int, objects: set[str],

@@ -10,7 +10,7 @@ import pytest
 from hardelete.cli import main
 from hardelete.status import explain_address
 from sim.model import Model, ModelService
-from tests.test_reconcile import World, boundary
+from sim.worlds import World, boundary
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
-import time
 from typing import Any
 from urllib.parse import quote, quote_plus
 
@@ -22,42 +21,14 @@ from reconciler.job import Run, RunOptions, reconcile
 from reconciler.s3io import Namespace
 from schemas.layout import NAMESPACES, REPOS, RETIRED, RepoKeys
 from sim.model import Model as M
-from tests.test_reconcile import BUCKET, World, boundary, make_world, past_grace
+from sim.worlds import BUCKET, World, boundary, call, history, make, past_grace
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
-
-DAY = 86_400.0
 
 
 @pytest.fixture
 def rsettings(settings):
     return settings.replace(reconcile_min_age_seconds=0.0)
-
-
-def make(rsettings: Any, s3: Any, r: Any) -> World:
-    w = make_world(rsettings, s3, r)
-    w.model.upload_ttl_seconds = 0.05  # upload protection ends at once: not what is tested
-    return w
-
-
-def call(w: World, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    return asyncio.run(w.svc.call(fn, *args, **kwargs))
-
-
-def history(w: World, ns: str) -> dict[str, Any]:
-    """main: C1..C4 a day apart, ten to seven days ago, each replacing the one path of the
-    last; retention one day, so C1..C3 are expired and P1..P3 are committed garbage."""
-    now = time.time()
-    call(w, M.create_repository, "r", ns, default_retention_days=1.0)
-    commits, addrs = [], []
-    for i in range(4):
-        if i:
-            call(w, M.delete, "r", "main", f"p{i}")
-        addrs.append(call(w, M.write, "r", "main", f"p{i + 1}", 10).address)
-        commits.append(call(w, M.commit, "r", "main", at=now - (10 - i) * DAY).commit.id)
-    w.track(None)
-    past_grace(w.settings)
-    return {"commits": commits, "addrs": addrs}
 
 
 def adversary(w: World, h: dict[str, Any]) -> None:

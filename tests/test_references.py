@@ -14,24 +14,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import events as ev
-from schemas.layout import AddressState, TokenState
+from schemas.layout import AddressState
+from sim.event_chaos import (
+    NOW,
+    REF_NS,
+    apply_all,
+    permuted_with_duplicates,
+    ref_operations,
+    sticky_only_difference,
+)
 from sim.gen import workload
-from sim.model import ManualClock, Model, ModelError, Workload, run_workload, seeded_ids
+from sim.model import ManualClock, Model, Workload, run_workload, seeded_ids
 from sim.testing import canonical
 from tracker import codec
 from tracker import references as refs_module
 from tracker.references import RepoState, World, live_refs
 
-NOW = 1_000_000
-
 ADDRESS_EVENTS = (ev.ObjectWritten, ev.ObjectCopied, ev.ObjectDeleted, ev.AddressIssued)
-
-
-def apply_all(events: list[ev.Event], now: int = NOW) -> World:
-    w = World()
-    for e in events:
-        w.apply(e, now)
-    return w
 
 
 def shuffle_segments(events: list[ev.Event], rng: random.Random) -> list[ev.Event]:
@@ -49,23 +48,6 @@ def shuffle_segments(events: list[ev.Event], rng: random.Random) -> list[ev.Even
             out.append(e)
     rng.shuffle(segment)
     return out + segment
-
-
-def sticky_only_difference(a: RepoState, b: RepoState) -> None:
-    """a and b are equal except for addresses that one of them holds committed because a
-    reference of an already-committed token was added before its removal was seen (the sticky
-    flag: conservative, the reconciler reclaims it). Anything else is a bug."""
-    a, b = copy.deepcopy(a), copy.deepcopy(b)
-    for address in set(a.addresses) | set(b.addresses):
-        ra, rb = a.addresses[address], b.addresses[address]
-        if ra.committed != rb.committed:
-            held = ra if ra.committed else rb
-            assert any(ref in held.removes and a.token_state(tok) is TokenState.COMMITTED
-                       for ref, tok in held.adds.items()), address
-            for st_ in (a, b):
-                st_.addresses.pop(address)
-                st_.unreferenced.pop(address, None)
-    assert canonical(a, counters=False) == canonical(b, counters=False)
 
 
 @settings(max_examples=60, deadline=None)
@@ -360,47 +342,6 @@ def test_a_duplicate_address_issued_does_not_extend_the_protection():
 
 
 # --- refs converge like references do (ref_version) --------------------------------------------
-
-REF_NS = "s3://b/r/"
-
-
-def ref_operations(seed: int, n: int) -> list[ev.Event]:
-    """The model service's events for random ref-heavy operations over small name pools, so
-    branches and tags are deleted and created again under the same names (versions continue)."""
-    rng = random.Random(seed)
-    m = Model(clock=ManualClock(step=0.01), new_id=seeded_ids(seed))
-    events: list[ev.Event] = list(m.create_repository("r", REF_NS))
-    branches, tags, paths = ["main", "dev", "feat"], ["v1", "v2"], ["a", "b", "c"]
-    ops = [
-        lambda: m.write("r", rng.choice(branches), rng.choice(paths), 1),
-        lambda: m.write("r", rng.choice(branches), rng.choice(paths), 1),
-        lambda: m.delete("r", rng.choice(branches), rng.choice(paths)),
-        lambda: m.commit("r", rng.choice(branches)),
-        lambda: m.seal("r", rng.choice(branches)),
-        lambda: m.merge("r", rng.choice(branches), rng.choice(branches)),
-        lambda: m.reset_branch("r", rng.choice(branches)),
-        lambda: m.create_branch("r", rng.choice(branches), rng.choice([None, *branches])),
-        lambda: m.delete_branch("r", rng.choice(branches)),
-        lambda: m.create_tag("r", rng.choice(tags), rng.choice(branches)),
-        lambda: m.delete_tag("r", rng.choice(tags)),
-    ]
-    for _ in range(n):
-        try:
-            events += rng.choice(ops)()
-        except ModelError:
-            continue
-    return events
-
-
-def permuted_with_duplicates(events: list[ev.Event], rng: random.Random,
-                             dups: int) -> list[ev.Event]:
-    """Any order of everything after repository_created, with ``dups`` extra copies (a retried
-    publish) anywhere."""
-    rest = list(events[1:])
-    rest += [rng.choice(rest) for _ in range(dups if rest else 0)]
-    rng.shuffle(rest)
-    return events[:1] + rest
-
 
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 10_000), order_seed=st.integers(0, 10_000), n=st.integers(0, 60),

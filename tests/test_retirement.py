@@ -18,9 +18,9 @@ from reconciler.retirement import DAY_MS, Retired, purge_due, purge_retired
 from schemas.layout import INCIDENTS, NAMESPACES, RETIRED
 from schemas.publisher import Publisher, ensure_topics
 from sim.model import Model
-from sim.testing import publish, wait_horizon
-from tests.test_operators import cli, run  # noqa: F401 - the fixture
-from tests.test_reaper import _service, listed
+from sim.operations import run
+from sim.reaping import _service
+from sim.testing import listed, publish, wait_horizon
 from tracker.daemon import running_tracker
 
 
@@ -36,7 +36,7 @@ def test_purge_is_due_only_after_the_retention_or_a_release() -> None:
 
 @pytest.mark.integration
 def test_a_retired_repositorys_data_is_kept_from_the_next_owner_until_released(
-        cli: Settings, capsys: Any, s3: Any, redis_client: Any, spark: Any) -> None:  # noqa: F811
+        cli: Settings, capsys: Any, s3: Any, redis_client: Any, spark: Any) -> None:
     import asyncio
 
     s = cli
@@ -91,7 +91,7 @@ def test_a_retired_repositorys_data_is_kept_from_the_next_owner_until_released(
     assert code == 2 and "already purged" in err
 
 
-def test_purge_of_a_live_repository_is_refused(cli: Settings, redis_client: Any  # noqa: F811
+def test_purge_of_a_live_repository_is_refused(cli: Settings, redis_client: Any
                                                ) -> None:
     with pytest.raises(UserError, match="not retired"):
         purge_retired(cli, "nobody")

@@ -18,7 +18,7 @@ from rich.console import Console
 from sim.soak import SoakOptions, run_soak
 from sim.soak_plan import FAILS_CLOSED, STALLS, SURVIVED, FaultKind
 from sim.soak_verdict import print_verdict
-from tests.conftest import base_settings
+from sim.testing import base_settings
 
 # The claim's grace check: only addresses unreferenced since before horizon - grace may be
 # claimed. The sabotaged reaper claims everything unreferenced up to now.

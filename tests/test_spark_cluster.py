@@ -23,7 +23,7 @@ import pytest
 
 from sim.model import Model, ModelService
 from sim.stack import free_port
-from tests.test_reconcile import World, boundary
+from sim.worlds import World, boundary
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

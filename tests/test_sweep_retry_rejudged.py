@@ -25,8 +25,7 @@ import pytest
 from reconciler.job import RunOptions, reconcile
 from sim.faultproxy import FaultProxy
 from sim.model import Model as M
-from tests.test_reconcile import BUCKET, boundary
-from tests.test_reconcile_safety import call, history, make
+from sim.worlds import BUCKET, boundary, call, history, make
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -14,157 +14,26 @@ from hypothesis import strategies as st
 
 from core.clock import redis_time_ms
 from schemas import events as ev
-from schemas.layout import NAMESPACES as REGISTRY
 from schemas.layout import REF_DEDUPE_WINDOW, RepoKeys
-from schemas.layout import REPOS as REPO_SET
-from sim.gen import workload
-from sim.testing import (
-    LuaTracker,
-    apply_lua,
-    canonical,
-    lua_batches,
-    reap,
-    refused_incidents,
-)
-from tests.test_references import (
+from sim.event_chaos import (
+    ADDRS,
     NOW,
+    NS,
+    REPOS,
     apply_all,
+    chaos_events,
     permuted_with_duplicates,
     ref_operations,
+    run_both,
     sticky_only_difference,
 )
+from sim.gen import workload
+from sim.testing import LuaTracker, apply_lua, canonical, lua_batches
 from tracker import codec
 from tracker.references import World
 from tracker.state import read_repo_state
 
 pytestmark = pytest.mark.integration
-
-NS = "s3://b/r0/"
-REPOS = ["r0", "r1", "r2"]  # r1, r2: created (or refused) along the way, on overlapping namespaces
-NAMESPACES = [NS, NS, "s3://b/", "s3://b/r0/sub/", "s3://b/z/", "s3://c/"]
-ADDRS = [NS + "data/a", NS + "data/b", NS + "data/c", "s3://other/x", NS + "_hardelete/m"]
-REFS = [f"ref{i}" for i in range(6)]
-TOKS = [f"tok{i}" for i in range(4)]
-BRANCHES = ["main", "dev"]
-COMMITS = ["c1", "c2"]
-
-
-def chaos_events(rng: random.Random, n: int) -> list[ev.Event | tuple[str, str]]:
-    """Any events over small pools: contract violations, reorderings and duplicates included;
-    ("reap", address) items let the test play the reaper between batches."""
-    out: list[ev.Event | tuple[str, str]] = []
-    c = rng.choice
-
-    def addr() -> str:
-        return c(ADDRS[:3]) if rng.random() < 0.85 else c(ADDRS)
-
-    for _ in range(n):
-        if out and rng.random() < 0.08:  # a duplicate (a retried publish)
-            out.append(c(out))
-            continue
-        kind = rng.randrange(14)
-        tok = c(TOKS)
-        common = {"repository": "r0" if rng.random() < 0.8 else c(REPOS[1:]),
-                  "event_id": f"e{rng.randrange(10**6)}"}
-        version = {"ref_version": c([0, 1, 2, 3, 4, 5])}
-        if kind <= 2:
-            ref = c(REFS)
-            rep = (c(REFS), addr()) if rng.random() < 0.3 else None
-            if rep is not None and rep[0] == ref:
-                rep = None
-            cls = ev.ObjectWritten if kind < 2 else ev.ObjectCopied
-            extra = {"source_read_at": 1.0} if kind == 2 else {}
-            out.append(cls(**common, **extra, branch="main", staging_token=tok, path="p",
-                           address=addr(), size=rng.randrange(4), ref_id=ref,
-                           replaces_ref_id=rep[0] if rep else None,
-                           replaces_address=rep[1] if rep else None))
-        elif kind <= 4:
-            out.append(ev.ObjectDeleted(**common, branch="main", staging_token=tok, path="p",
-                                        address=addr(), ref_id=c(REFS)))
-        elif kind == 5:
-            out.append(ev.AddressIssued(**common, address=addr(),
-                                        ttl_seconds=c([0.001, 1.5, 3600.0])))
-        elif kind == 6:
-            out.append(ev.CommitCreated(**common, **version, branch=c(BRANCHES),
-                                        commit_id=c(COMMITS), parents=[],
-                                        sealed_tokens=rng.sample(TOKS, rng.randrange(3)),
-                                        staging_token=tok, committed_at=1.0, manifest=NS + "m"))
-        elif kind == 7:
-            out.append(ev.BranchReset(**common, **version, branch=c(BRANCHES),
-                                      dropped_tokens=rng.sample(TOKS, rng.randrange(3)),
-                                      staging_token=tok, head=c([None, *COMMITS])))
-        elif kind == 8:
-            out.append(ev.BranchDeleted(**common, **version, branch=c(BRANCHES),
-                                        dropped_tokens=rng.sample(TOKS, rng.randrange(3))))
-        elif kind == 9:
-            out.append(ev.BranchCreated(**common, **version, branch=c(BRANCHES),
-                                        staging_token=tok, source_commit=c([None, *COMMITS])))
-        elif kind == 10:
-            out.append(c([ev.TagCreated(**common, **version, tag=c(["v1", "v2"]),
-                                        commit_id=c(COMMITS)),
-                          ev.TagDeleted(**common, **version, tag=c(["v1", "v2"]))]))
-        elif kind == 11:
-            out.append(("reap", c(ADDRS[:3])))
-        elif kind == 12:
-            out.append(ev.RepositoryDeleted(**common, storage_namespace=c(NAMESPACES)))
-        else:
-            out.append(ev.RepositoryCreated(**common, storage_namespace=c(NAMESPACES),
-                                            default_branch="main", default_retention_days=1.5,
-                                            branch_retention_days={"main": 2.0}))
-    return out
-
-
-def run_both(r, items, batch_sizes, now0=1_000_000, step=1_000):
-    """Apply to the pure world and (in batches, as the daemon does: gate, namespace registry,
-    script, retirements) via Lua; also re-send the last batch (redelivery)."""
-    r.flushall()
-    world = World()
-    lua = LuaTracker(r)
-    base = [ev.RepositoryCreated(repository="r0", storage_namespace=NS, default_branch="main",
-                                 default_retention_days=1.0, event_id="e-root")]
-    items = base + list(items)
-    i, offset, now, sizes = 0, 0, now0, iter(batch_sizes)
-    last_batch = None
-    while i < len(items):
-        n = max(1, next(sizes, 7))
-        chunk = items[i:i + n]
-        i += n
-        events = []
-        for item in chunk:
-            if isinstance(item, tuple):  # the reaper acts between batches
-                _, address = item
-                for repo, state in world.repos.items():
-                    rec = state.addresses.get(address)
-                    if (state.retired_at is None and rec is not None
-                            and rec.state in ("unreferenced", "issued")):
-                        reap(r, world, repo, address, now)
-                continue
-            events.append(item)
-        expected_rejections = []
-        for e in events:
-            out = world.apply(e, now)
-            expected_rejections.append(out.rejected)
-        world.settle()  # the batch is applied: retired namespaces are free
-        rejected, _ = lua.batch(events, now, offset)
-        got = {off - offset: reason for off, reason in rejected}
-        assert got == {k: v for k, v in enumerate(expected_rejections) if v}
-        last_batch = (events, now, offset)
-        offset += len(events)
-        now += step
-    assert refused_incidents(r) == world.refused
-    assert r.hgetall(REGISTRY) == world.namespaces
-    assert r.smembers(REPO_SET) == {repo for repo, st_ in world.repos.items()
-                                    if st_.retired_at is None}
-    if last_batch:  # redelivery of the last batch changes nothing
-        events, now, first = last_batch
-        _, results = lua.batch(events, now + 5, first)
-        assert all(res[0] == 0 for res in results)
-    for repo in REPOS:
-        if repo in world.repos:
-            assert canonical(read_repo_state(r, repo)) == canonical(world.repos[repo])
-        else:
-            assert not list(r.scan_iter(match=RepoKeys(repo).tag.replace("{", "\\{") + "*"))
-    return world
 
 
 @settings(max_examples=200, deadline=None,

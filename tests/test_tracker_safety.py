@@ -36,6 +36,7 @@ from reaper.daemon import Reaper
 from schemas import events as ev
 from schemas.layout import FAIL_CLOSED, PROGRESS_META, RepoKeys
 from schemas.publisher import Publisher, ensure_topics
+from sim.log_loss import _lose_log, delete, repo_events, write
 from sim.stack import KafkaServer, kafka_server, redis_server
 from sim.testing import publish, redis_now, wait_horizon
 from tracker.daemon import running_tracker
@@ -46,32 +47,9 @@ pytestmark = pytest.mark.integration
 BOTH_TOPOLOGIES = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
 
 
-def repo_events(ns: str, repo: str = "repo0") -> list[ev.Event]:
-    return [ev.RepositoryCreated(repository=repo, storage_namespace=ns, default_branch="main",
-                                 default_retention_days=1.0),
-            ev.BranchCreated(repository=repo, branch="main", staging_token="t1", ref_version=1)]
-
-
-def write(repo: str, address: str, ref: str, token: str = "t1") -> ev.ObjectWritten:
-    return ev.ObjectWritten(repository=repo, branch="main", staging_token=token, path=ref,
-                            address=address, size=1, ref_id=ref)
-
-
-def delete(repo: str, address: str, ref: str, token: str = "t1") -> ev.ObjectDeleted:
-    return ev.ObjectDeleted(repository=repo, branch="main", staging_token=token, path=ref,
-                            address=address, ref_id=ref)
-
-
 def fillers(repo: str, ns: str, n: int) -> list[ev.Event]:
     return [ev.AddressIssued(repository=repo, address=f"{ns}data/i{i}", ttl_seconds=3600.0)
             for i in range(n)]
-
-
-def _lose_log(server: KafkaServer) -> None:
-    """The broker's disk is lost: killed, its data gone, formatted anew, same port."""
-    server.kill()
-    server.lose_log()
-    server.start(move_on_clash=False)
 
 
 async def _create_topic(s: Settings, name: str, partitions: int, **configs: str) -> None:
