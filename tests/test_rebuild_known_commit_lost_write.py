@@ -58,3 +58,27 @@ def test_a_write_lost_with_the_log_into_a_commit_the_mirror_saw_stays_protected(
     # x is in the head commit of main: never reapable online (committed)
     assert not reapable(w, "r", x), f"x reapable, mirror state {state_of(w, 'r', x)}"
     assert state_of(w, "r", x) == "committed"
+
+
+def test_control_the_same_write_replayed_late_as_dlq_replay_does_is_committed(
+        w: World) -> None:
+    """Control (passes): the dead-letter path. The write is not applied when published
+    (dead-lettered), the commit and the copy's end are; `dlq replay` publishes it again and the
+    tracker applies it after its successors: the reference lands in a committed token, so x is
+    committed. Replay order does not matter here; the rebuild path above has no replay."""
+    call(w, M.create_repository, "r", f"s3://{BUCKET}/replay-late/r/")
+    call(w, M.write, "r", "main", "a", 10)
+    w.track(None)
+    start = len(w.model.events)
+    x = call(w, M.write, "r", "main", "x", 10).address
+    lost = w.model.events[start:]
+    w.applied = len(w.model.events)  # dead-lettered: not applied
+    call(w, M.commit, "r", "main")
+    call(w, M.copy, "r", "main", "x", "main", "y")
+    call(w, M.overwrite, "r", "main", "y", 10)
+    w.track(None)
+    assert reapable(w, "r", x)  # only the dead letter's hold keeps it now
+    w.model.events.extend(lost)  # the replay, after its successors
+    w.track(None)
+    assert state_of(w, "r", x) == "committed"
+    assert not reapable(w, "r", x)
