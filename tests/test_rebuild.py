@@ -527,3 +527,60 @@ def test_a_lift_lost_with_a_failover_is_not_redone_with_the_old_export(w: World)
     assert not lifted or c5 in st.commits, (
         f"flag lifted again with the old export: mirror misses retained commit {c5}; x is "
         f"{state_of(w, 'r', x)!r}")
+
+# A write lost with the broker log, committed by a commit the mirror did apply (from the new
+# log, before the prepare). Found by the soak as dead-letter operator (seed 103): the rebuild
+# marked only the manifests of commits the snapshot did not know, so the committed object was
+# left with no live reference; an unrelated dead letter's prefix hold kept it until the soak's
+# `dlq resolve`, then the reaper deleted it while the head commit of main still listed it.
+
+
+def test_a_write_lost_with_the_log_into_a_commit_the_mirror_saw_stays_protected(
+        w: World) -> None:
+    call(w, M.create_repository, "r", f"s3://{BUCKET}/rebuild-known/r/")
+    call(w, M.write, "r", "main", "a", 10)
+    w.track(None)
+
+    x = call(w, M.write, "r", "main", "x", 10).address  # issued + written: both lost
+    w.applied = len(w.model.events)  # lost with the broker's log: never applied
+    commit = call(w, M.commit, "r", "main").commit.id  # published to the new log
+    call(w, M.copy, "r", "main", "x", "main", "y")  # y shares x's address
+    call(w, M.overwrite, "r", "main", "y", 10)  # ... and is overwritten: x's copy ends
+    w.track(None)  # applied from the new log before the tracker noticed the loss
+    lose_log(w, "r")
+
+    assert w.model.repository("r").branches["main"].head == commit
+    assert x not in w.model.truth(issued_ttl_respected=False).online_garbage
+    assert state_of(w, "r", x) == "unreferenced"  # the mirror's view before the rebuild
+
+    p = prepare(w.r, w.s3, "r")
+    location = export(w, "r", p.nonce)
+    rebuild(w.r, w.s3, "r", location, max_age_ms=MAX_AGE, by="test")
+
+    # x is in the head commit of main: never reapable online (committed)
+    assert not reapable(w, "r", x), f"x reapable, mirror state {state_of(w, 'r', x)}"
+    assert state_of(w, "r", x) == "committed"
+
+
+def test_control_the_same_write_replayed_late_as_dlq_replay_does_is_committed(
+        w: World) -> None:
+    """Control (passes): the dead-letter path. The write is not applied when published
+    (dead-lettered), the commit and the copy's end are; `dlq replay` publishes it again and the
+    tracker applies it after its successors: the reference lands in a committed token, so x is
+    committed. Replay order does not matter here; the rebuild path above has no replay."""
+    call(w, M.create_repository, "r", f"s3://{BUCKET}/replay-late/r/")
+    call(w, M.write, "r", "main", "a", 10)
+    w.track(None)
+    start = len(w.model.events)
+    x = call(w, M.write, "r", "main", "x", 10).address
+    lost = w.model.events[start:]
+    w.applied = len(w.model.events)  # dead-lettered: not applied
+    call(w, M.commit, "r", "main")
+    call(w, M.copy, "r", "main", "x", "main", "y")
+    call(w, M.overwrite, "r", "main", "y", 10)
+    w.track(None)
+    assert reapable(w, "r", x)  # only the dead letter's hold keeps it now
+    w.model.events.extend(lost)  # the replay, after its successors
+    w.track(None)
+    assert state_of(w, "r", x) == "committed"
+    assert not reapable(w, "r", x)

@@ -17,8 +17,10 @@ makes the mirror agree with the service again, in three steps (schemas/README.md
    rebuild never removes it.
 3. **apply** (one plan, :func:`plan`, a pure function) removes those references, drops the
    snapshot tokens the export no longer lists open or sealed (committed or dropped at the
-   service), marks committed every address of a commit the mirror never saw (from its
-   manifest: a commit lost with the log keeps its data), and adds everything the export lists
+   service) with their references that no commit lists, marks committed every address of
+   every exported commit (from its manifest: a commit lost with the log keeps its data, and so
+   does a write lost with the log into a commit the mirror applied), and adds everything the
+   export lists
    (references, tokens, commits, newer branches and tags, issued uploads). Adding commutes
    with the events still arriving; ranks and ref versions only move forward. The chunks go
    through ``apply.lua`` (op 13, never carried by an event), each guarded by the nonce and the
@@ -359,9 +361,21 @@ class RebuildPlan:
 
 def plan(snap: Snapshot, export: StateExport,
          manifests: Mapping[str, Iterable[str]]) -> RebuildPlan:
-    """What the rebuild changes. ``manifests``: the addresses of each exported commit the
-    snapshot did not know (every one of them must be there: a commit whose manifest cannot be
-    read keeps the repository fail-closed)."""
+    """What the rebuild changes. ``manifests``: the addresses of every exported commit (each
+    must be there: a commit whose manifest cannot be read keeps the repository fail-closed).
+
+    Every manifest is marked, not only those of commits the snapshot did not know: a commit
+    the mirror applied from a new log may have taken writes whose events were lost with the old
+    one, and the mirror then holds no reference that its commit could have made committed
+    (found by the soak as dead-letter operator, seed 103: such an object was reaped while the
+    head commit of main listed it).
+
+    A snapshot reference in a token the export no longer lists, whose address no exported
+    commit lists, is removed too: at the service its token is committed or dropped and the
+    entry is in no commit (a merge took the other side's version, or it was removed before the
+    commit and the removal was lost). Left in place, the late ``commit_created`` of its token
+    would make it "committed" again, over an address the reaper may already have taken: an
+    incident with nothing lost (the safety soak's three, seed 2)."""
     known = snap.commits
     p = RebuildPlan()
     exported = {t: {(e.address, e.ref_id) for e in es} for t, (_, es) in export.tokens.items()}
@@ -374,10 +388,14 @@ def plan(snap: Snapshot, export: StateExport,
     p.add_refs = sorted((e.address, e.ref_id, t, e.size)
                         for t, (_, es) in export.tokens.items() for e in es)
     p.commits = [c for cid, c in sorted(export.commits.items()) if cid not in known]
-    missing = [c.id for c in p.commits if c.id not in manifests]
+    missing = [cid for cid in sorted(export.commits) if cid not in manifests]
     if missing:
         raise RebuildError(f"no manifest read for commit(s) {missing[:5]}")
-    p.committed = sorted({a for c in p.commits for a in manifests[c.id]})
+    committed = {a for cid in export.commits for a in manifests[cid]}
+    p.committed = sorted(committed)
+    dropped = set(p.drop_tokens)
+    p.drop_refs = sorted([*p.drop_refs, *((a, ref, tok) for a, ref, tok in snap.refs
+                                          if tok in dropped and a not in committed)])
     p.branches = sorted(export.branches.items())
     p.branches_gone = sorted((b, v) for b, v in snap.branches.items()
                              if b not in export.branches)
@@ -500,8 +518,9 @@ def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
         raise RebuildError(f"{repo}: the prepared snapshot is gone (Redis went back?); "
                            "prepare again")
     snap = Snapshot.from_json(raw)
-    unknown = [c for cid, c in export.commits.items() if cid not in snap.commits]
-    manifests = {c.id: manifest_addresses(s3, namespace, c) for c in unknown}
+    # Every commit's manifest, known to the mirror or not: a commit the mirror applied may
+    # have taken writes whose events were lost with the log (see plan).
+    manifests = {c.id: manifest_addresses(s3, namespace, c) for c in export.commits.values()}
     p = plan(snap, export, manifests)
     guard = [13, "guard", prepared["nonce"], losses]
     body = list(ops(p))

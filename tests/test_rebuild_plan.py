@@ -1,0 +1,39 @@
+"""The rebuild's plan (tracker/rebuild.py: plan), pure: which manifests it marks and which
+references of dropped tokens it removes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tracker.rebuild import ExportCommit, ExportEntry, RebuildError, Snapshot, StateExport, plan
+
+NS = "s3://b/r/"
+
+
+def _export(tokens: dict[str, tuple[str, tuple[ExportEntry, ...]]],
+            commits: list[str]) -> StateExport:
+    return StateExport("r", 1_000, "n", {}, {}, tokens,
+                       {c: ExportCommit(c, "main", (), 1.0, f"{NS}_hardelete/m/{c}")
+                        for c in commits}, {})
+
+
+def test_every_exported_commits_manifest_is_marked_known_or_not() -> None:
+    # c1 was applied from the new log (known), but took a write lost with the old one.
+    snap = Snapshot(frozenset(), {}, {}, {}, frozenset({"c1"}))
+    p = plan(snap, _export({}, ["c1", "c2"]), {"c1": [NS + "lost"], "c2": [NS + "x"]})
+    assert p.committed == [NS + "lost", NS + "x"]
+    assert [c.id for c in p.commits] == ["c2"]  # only the unknown one's record is written
+    with pytest.raises(RebuildError, match="no manifest read"):
+        plan(snap, _export({}, ["c1", "c2"]), {"c2": [NS + "x"]})
+
+
+def test_a_dropped_tokens_reference_no_commit_lists_is_removed() -> None:
+    snap = Snapshot(frozenset({(NS + "merged-over", "r1", "T"), (NS + "in-c", "r2", "T"),
+                               (NS + "open", "r3", "U")}),
+                    {"T": "open", "U": "open"}, {}, {}, frozenset())
+    export = _export({"U": ("open", (ExportEntry(NS + "open", "r3", 1),))}, ["c"])
+    p = plan(snap, export, {"c": [NS + "in-c"]})
+    assert p.drop_tokens == ["T"]  # committed (as c) at the service
+    # In no commit: a merge took the other side's version, or a removal lost with the log.
+    assert p.drop_refs == [(NS + "merged-over", "r1", "T")]
+    assert p.committed == [NS + "in-c"]  # the other one is kept, as committed
