@@ -457,6 +457,11 @@ class Soak:
         self.tasks: list[asyncio.Task[Any]] = []
         self.fail_closed: dict[str, FailClosedPeriod] = {}
         self.fail_closed_periods: list[FailClosedPeriod] = []
+        self.misdirected: list[list[Event]] = []  # miskeyed blocks, dead-lettered
+        self.sent_log: dict[str, list[tuple[float, str]]] = {}  # investigation (branch dlq)
+        self.fault_times: list[tuple[float, int, str]] = []
+        self.dlq_replayed = 0
+        self.dlq_resolved = 0
         self.exported: set[str] = set()  # rebuild nonces the service exported its state for
         self.rebuild_exports = 0
         self.phases: dict[str, float] = {}
@@ -474,6 +479,7 @@ class Soak:
         self.notes.setdefault(address, []).append(f"soak: {text}")
 
     def _injected(self, kind: FaultKind) -> None:
+        self.fault_times.append((round(time.time(), 3), self.op_index, kind.value))
         self.faults_injected[kind.value] += 1
         self.fault_log.append((min(self.op_index, self.o.ops), kind.value))
 
@@ -517,6 +523,10 @@ class Soak:
 
     async def _send(self, events: list[Event], key: bytes | None = None
                     ) -> list[asyncio.Future[Any]]:
+        now = time.time()
+        for e in events:  # investigation record (branch dlq)
+            self.sent_log.setdefault(e.event_id, []).append(
+                (round(now, 3), (key if key is not None else e.key).decode(errors="replace")))
         return [await self.producer.send(self.settings.events_topic, encode(e),
                                           key=key if key is not None else e.key)
                 for e in events]
@@ -993,6 +1003,7 @@ class Soak:
             await self.flush()
             block = self.diverted.pop(repo, [])
             await self._publish(block, key=other.encode() if other != repo else b"")
+            self.misdirected.append(block)  # the operator replays it at the drain
             self._injected(FaultKind.MISKEYED)
 
         self._background(go(), "miskeyed")
@@ -1234,6 +1245,7 @@ class Soak:
                 t.cancel()
             self.sup.check()
             await self.flush()
+            await self._play_dlq_operator()
             caught_up = await self._await_trackers(o.drain_timeout)
             # Upload tokens expire and grace passes; then the reapers take the online garbage.
             deadline = time.monotonic() + o.drain_timeout
@@ -1273,6 +1285,85 @@ class Soak:
                     await self._reconcile(ReconcileKind.MARK_SWEEP, repo, o.ops,
                                           retry_lease=True, label="final mark_sweep (next night)")
         return caught_up
+
+    async def _play_dlq_operator(self) -> None:
+        """The operator's part for dead letters, after the load: each one came from a fault the
+        soak injected. The miskeyed blocks are the service's real events: they are published
+        again under their own key (`dlq replay` of the fixed event), and once the trackers
+        applied them every dead letter's claim is lifted (`dlq resolve`). Without the replay a
+        resolve would let go what only the dead-lettered events reference; without the
+        resolve their holds would keep whole namespaces, and reclaim could not be judged."""
+        ids = await asyncio.to_thread(self._dead_lettered_ids)
+        ids.update(e.event_id for block in self.misdirected for e in block)
+        # The model's own events among them, in the model's order (the fix is the key: an
+        # event dead-lettered for any reason, its dead letter lost with a broker log or not,
+        # is named by its hold's claim). Crafted ones (malformed, oversized) are not replayed.
+        replay = [e for e in self.model.events if e.event_id in ids]
+        t0 = time.time()
+        await self._publish(replay)
+        self.dlq_replayed = len(replay)
+        t1 = time.time()
+        caught_up = await self._await_trackers(self.o.drain_timeout)
+        t2 = time.time()
+        holds_before = await asyncio.to_thread(self._dlq_holds_snapshot)
+        # As `dlq resolve --wait`: nothing is lifted unless the trackers applied the replay.
+        if caught_up:
+            self.dlq_resolved = await asyncio.to_thread(self._resolve_dead_letters)
+        else:
+            log.warning("soak.dlq_not_resolved", why="trackers not caught up with the replay")
+        t3 = time.time()
+        letters: list[Any] = []
+        with contextlib.suppress(Exception):
+            from hardelete.dlq import read as read_dlq
+
+            letters = [{"id": d.id, "reason": d.reason[:120], "key": d.key,
+                        "event_id": (d.body or {}).get("event_id"), "at": d.timestamp_ms,
+                        "claim": d.claim} for d in await read_dlq(self.settings)]
+        with contextlib.suppress(Exception):  # investigation record (branch dlq)
+            (self.servers.workdir / "dlq-operator.json").write_bytes(orjson.dumps({
+                "published_at": t0, "acked_at": t1, "caught_up": caught_up,
+                "caught_up_at": t2, "resolved_at": t3, "ids": sorted(ids),
+                "replayed": [{"event_id": e.event_id, "type": e.TYPE,
+                              "repository": e.repository,
+                              "address": getattr(e, "address", None)} for e in replay],
+                "holds_resolved": holds_before, "dead_letters": letters,
+                "misdirected": [[e.event_id for e in b] for b in self.misdirected]},
+                option=orjson.OPT_INDENT_2))
+
+    def _dead_lettered_ids(self) -> set[str]:
+        from hardelete.holds import DLQ, list_holds
+
+        r = redis_sync(self.settings)
+        try:
+            return {str(c.get("event_id")) for h in list_holds(r, source=DLQ)
+                    for c in h.claims.values() if isinstance(c, dict) and c.get("event_id")}
+        finally:
+            r.close()
+
+    def _dlq_holds_snapshot(self) -> list[dict[str, Any]]:
+        from hardelete.holds import DLQ, list_holds
+
+        r = redis_sync(self.settings)
+        try:
+            return [{"repository": h.repository, "target": h.target, "kind": h.kind,
+                     "claims": h.claims} for h in list_holds(r, source=DLQ)]
+        finally:
+            r.close()
+
+    def _resolve_dead_letters(self) -> int:
+        from hardelete.holds import DLQ, list_holds, remove_hold
+
+        r = redis_sync(self.settings)
+        n = 0
+        try:
+            for h in list_holds(r, source=DLQ):
+                if h.sources() <= {DLQ}:  # an operator's or a restore's claim stays
+                    remove_hold(r, h.target, repo=h.repository, prefix=h.kind == "prefix",
+                                force=True)
+                    n += 1
+        finally:
+            r.close()
+        return n
 
     async def _await_trackers(self, timeout: float) -> bool:
         from core.clock import aredis_time_ms, atracker_horizon_ms
@@ -1328,6 +1419,8 @@ class Soak:
                     d.attributed_to = f"{self.late[address]}, but NO incident: silent loss"
                 d.explain = self._explain(r, s3, address, obj.repository)
                 live.append(d)
+                with contextlib.suppress(Exception):
+                    self._investigate(r, address, obj.repository)
         finally:
             r.close()
         lost = sorted({kind for _, kind in self.fault_log
@@ -1368,6 +1461,7 @@ class Soak:
             objects_written=len(written),
             rebuilds=sum(i.type == "rebuilt" and not i.address for i in incidents),
             rebuild_exports=self.rebuild_exports,
+            dlq_replayed=self.dlq_replayed, dlq_resolved=self.dlq_resolved,
             reclaimable=len(reclaimable), reclaimed=len(reclaimable) - len(left),
             garbage_left_sample=left[:10], fail_closed_repos=sorted(closed),
             fail_closed_garbage=closed_garbage, fail_closed_periods=self.fail_closed_periods,
@@ -1379,6 +1473,43 @@ class Soak:
             max_horizon_lag_s=round(self.max_horizon_lag, 1),
             phases_s={k: round(v, 2) for k, v in self.phases.items()},
             elapsed_s=round(self._elapsed(), 2))
+
+    def _investigate(self, r: Any, address: str, repo: str) -> None:
+        """Investigation record (branch dlq): the events naming the address, the events of
+        their tokens, when each was sent and under which key, and the mirror's view."""
+        import dataclasses
+
+        k = RepoKeys(repo)
+        mine = [e for e in self.model.events if address in (
+            getattr(e, "address", None), getattr(e, "replaces_address", None))]
+        tokens = {getattr(e, "staging_token", None) for e in mine} - {None}
+        related = []
+        misdirected = {e.event_id for b in self.misdirected for e in b}
+        for e in self.model.events:
+            if e.repository != repo:
+                continue
+            toks = set(getattr(e, "sealed_tokens", None) or []) | set(
+                getattr(e, "dropped_tokens", None) or []) | {getattr(e, "staging_token", None)}
+            if e in mine or toks & tokens:
+                body = dataclasses.asdict(e)
+                body = {x: body[x] for x in ("type", "event_id", "emitted_at", "branch",
+                                             "staging_token", "sealed_tokens",
+                                             "dropped_tokens", "commit_id", "ref_id",
+                                             "replaces_ref_id", "address",
+                                             "replaces_address", "ref_version")
+                        if body.get(x) not in (None, [], "")}
+                body["sent"] = self.sent_log.get(e.event_id)
+                body["misdirected"] = e.event_id in misdirected
+                body["held_back"] = e.event_id in self.held.ids
+                related.append(body)
+        out = {"address": address, "repository": repo, "events": related,
+               "mirror_tokens": {t: r.hget(k.tokens, t) for t in tokens},
+               "mirror_address": r.hgetall(k.address(address)) if hasattr(k, "address")
+               else None,
+               "fault_times": self.fault_times}
+        path = self.servers.workdir / "live-deleted.jsonl"
+        with path.open("ab") as f:
+            f.write(orjson.dumps(out, default=str) + b"\n")
 
     def _explain(self, r: Any, s3: Any, address: str, repo: str) -> list[str]:
         from hardelete.status import explain_address

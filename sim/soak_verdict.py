@@ -166,6 +166,8 @@ class SoakVerdict:
     workdir: str | None = None
     rebuilds: int = 0  # fail-closed repositories rebuilt from the service's state export
     rebuild_exports: int = 0  # state exports the service wrote for a prepared rebuild
+    dlq_replayed: int = 0  # dead-lettered service events published again under their own key
+    dlq_resolved: int = 0  # dead-letter holds lifted by the soak as operator, after the replay
 
     @property
     def reclaim_ratio(self) -> float:
@@ -251,6 +253,8 @@ def print_verdict(v: SoakVerdict, console: Console) -> None:
     t.add_row("incidents (legitimate / not)", f"{legit} / {v.illegitimate_incidents}")
     t.add_row("rebuilds of fail-closed repositories (service exports)",
               f"{v.rebuilds} ({v.rebuild_exports})")
+    t.add_row("dead letters: events replayed / holds resolved (the soak as operator)",
+              f"{v.dlq_replayed} / {v.dlq_resolved}")
     t.add_row("dead-lettered events", str(v.dead_lettered))
     t.add_row("tracker caught up in the drain", "yes" if v.tracker_caught_up else "[red]no")
     t.add_row("longest tracker stall: horizon behind the Redis clock (s)",
