@@ -458,8 +458,6 @@ class Soak:
         self.fail_closed: dict[str, FailClosedPeriod] = {}
         self.fail_closed_periods: list[FailClosedPeriod] = []
         self.misdirected: list[list[Event]] = []  # miskeyed blocks, dead-lettered
-        self.sent_log: dict[str, list[tuple[float, str]]] = {}  # investigation (branch dlq)
-        self.fault_times: list[tuple[float, int, str]] = []
         self.dlq_replayed = 0
         self.dlq_resolved = 0
         self.exported: set[str] = set()  # rebuild nonces the service exported its state for
@@ -479,7 +477,6 @@ class Soak:
         self.notes.setdefault(address, []).append(f"soak: {text}")
 
     def _injected(self, kind: FaultKind) -> None:
-        self.fault_times.append((round(time.time(), 3), self.op_index, kind.value))
         self.faults_injected[kind.value] += 1
         self.fault_log.append((min(self.op_index, self.o.ops), kind.value))
 
@@ -523,10 +520,6 @@ class Soak:
 
     async def _send(self, events: list[Event], key: bytes | None = None
                     ) -> list[asyncio.Future[Any]]:
-        now = time.time()
-        for e in events:  # investigation record (branch dlq)
-            self.sent_log.setdefault(e.event_id, []).append(
-                (round(now, 3), (key if key is not None else e.key).decode(errors="replace")))
         return [await self.producer.send(self.settings.events_topic, encode(e),
                                           key=key if key is not None else e.key)
                 for e in events]
@@ -1312,6 +1305,8 @@ class Soak:
         else:
             log.warning("soak.dlq_not_resolved", why="trackers not caught up with the replay")
         t3 = time.time()
+        if not self.o.keep_workdir:
+            return
         letters: list[Any] = []
         with contextlib.suppress(Exception):
             from hardelete.dlq import read as read_dlq
@@ -1319,7 +1314,7 @@ class Soak:
             letters = [{"id": d.id, "reason": d.reason[:120], "key": d.key,
                         "event_id": (d.body or {}).get("event_id"), "at": d.timestamp_ms,
                         "claim": d.claim} for d in await read_dlq(self.settings)]
-        with contextlib.suppress(Exception):  # investigation record (branch dlq)
+        with contextlib.suppress(Exception):  # what the operator did, with the kept servers
             (self.servers.workdir / "dlq-operator.json").write_bytes(orjson.dumps({
                 "published_at": t0, "acked_at": t1, "caught_up": caught_up,
                 "caught_up_at": t2, "resolved_at": t3, "ids": sorted(ids),
@@ -1419,8 +1414,6 @@ class Soak:
                     d.attributed_to = f"{self.late[address]}, but NO incident: silent loss"
                 d.explain = self._explain(r, s3, address, obj.repository)
                 live.append(d)
-                with contextlib.suppress(Exception):
-                    self._investigate(r, address, obj.repository)
         finally:
             r.close()
         lost = sorted({kind for _, kind in self.fault_log
@@ -1473,43 +1466,6 @@ class Soak:
             max_horizon_lag_s=round(self.max_horizon_lag, 1),
             phases_s={k: round(v, 2) for k, v in self.phases.items()},
             elapsed_s=round(self._elapsed(), 2))
-
-    def _investigate(self, r: Any, address: str, repo: str) -> None:
-        """Investigation record (branch dlq): the events naming the address, the events of
-        their tokens, when each was sent and under which key, and the mirror's view."""
-        import dataclasses
-
-        k = RepoKeys(repo)
-        mine = [e for e in self.model.events if address in (
-            getattr(e, "address", None), getattr(e, "replaces_address", None))]
-        tokens = {getattr(e, "staging_token", None) for e in mine} - {None}
-        related = []
-        misdirected = {e.event_id for b in self.misdirected for e in b}
-        for e in self.model.events:
-            if e.repository != repo:
-                continue
-            toks = set(getattr(e, "sealed_tokens", None) or []) | set(
-                getattr(e, "dropped_tokens", None) or []) | {getattr(e, "staging_token", None)}
-            if e in mine or toks & tokens:
-                body = dataclasses.asdict(e)
-                body = {x: body[x] for x in ("type", "event_id", "emitted_at", "branch",
-                                             "staging_token", "sealed_tokens",
-                                             "dropped_tokens", "commit_id", "ref_id",
-                                             "replaces_ref_id", "address",
-                                             "replaces_address", "ref_version")
-                        if body.get(x) not in (None, [], "")}
-                body["sent"] = self.sent_log.get(e.event_id)
-                body["misdirected"] = e.event_id in misdirected
-                body["held_back"] = e.event_id in self.held.ids
-                related.append(body)
-        out = {"address": address, "repository": repo, "events": related,
-               "mirror_tokens": {t: r.hget(k.tokens, t) for t in tokens},
-               "mirror_address": r.hgetall(k.address(address)) if hasattr(k, "address")
-               else None,
-               "fault_times": self.fault_times}
-        path = self.servers.workdir / "live-deleted.jsonl"
-        with path.open("ab") as f:
-            f.write(orjson.dumps(out, default=str) + b"\n")
 
     def _explain(self, r: Any, s3: Any, address: str, repo: str) -> list[str]:
         from hardelete.status import explain_address
