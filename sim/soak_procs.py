@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,11 @@ class SoakServers:
     data_dir: Path
     log_generation: int = 0
     redis_snapshots: list[Path] = field(default_factory=list)
+    # Fault steps run in threads: two Redis faults at once (a restart 0.25 s after another)
+    # left the handle on a dead process, and every later restart or rollback did nothing
+    # while counted as injected (found by a review helper). One at a time, per server.
+    _redis_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _broker_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def daemon_settings(self) -> Settings:
@@ -73,25 +79,28 @@ class SoakServers:
         return self.workdir / f"redis-{self.redis.port}"
 
     def kill_redis(self, down_seconds: float = 0.0) -> None:
-        self.redis.kill()
-        time.sleep(down_seconds)
-        self.redis.start(move_on_clash=False)
+        with self._redis_lock:
+            self.redis.kill()
+            time.sleep(down_seconds)
+            self.redis.start(move_on_clash=False)
 
     def snapshot_redis(self) -> Path:
         """A copy of Redis' AOF as it is now (fsync always: a torn last command is truncated
         on load, which is what a real crash leaves too)."""
-        dest = self.workdir / f"redis-snapshot-{len(self.redis_snapshots)}"
-        shutil.copytree(self.redis_dir / "appendonlydir", dest)
-        self.redis_snapshots.append(dest)
-        return dest
+        with self._redis_lock:
+            dest = self.workdir / f"redis-snapshot-{len(self.redis_snapshots)}"
+            shutil.copytree(self.redis_dir / "appendonlydir", dest)
+            self.redis_snapshots.append(dest)
+            return dest
 
     def rollback_redis(self, snapshot: Path) -> None:
         """Restart Redis from an older copy of its data (a restored backup, a lagging
         replica promoted)."""
-        self.redis.kill()
-        shutil.rmtree(self.redis_dir / "appendonlydir", ignore_errors=True)
-        shutil.copytree(snapshot, self.redis_dir / "appendonlydir")
-        self.redis.start(move_on_clash=False)
+        with self._redis_lock:
+            self.redis.kill()
+            shutil.rmtree(self.redis_dir / "appendonlydir", ignore_errors=True)
+            shutil.copytree(snapshot, self.redis_dir / "appendonlydir")
+            self.redis.start(move_on_clash=False)
 
     # -- broker --
 
@@ -99,15 +108,16 @@ class SoakServers:
                        hard: bool = False) -> None:
         """Restart the broker: stopped (``hard``: kill -9), down a moment, started again on
         the same log, or on an empty one formatted with a new cluster id (``lose_log``)."""
-        if hard:
-            self.broker.kill()
-        else:
-            self.broker.stop()
-        time.sleep(down_seconds)
-        if lose_log:
-            self.log_generation += 1
-            self.broker.lose_log()
-        self.broker.start(move_on_clash=False)
+        with self._broker_lock:
+            if hard:
+                self.broker.kill()
+            else:
+                self.broker.stop()
+            time.sleep(down_seconds)
+            if lose_log:
+                self.log_generation += 1
+                self.broker.lose_log()
+            self.broker.start(move_on_clash=False)
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
