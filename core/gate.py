@@ -44,7 +44,7 @@ from schemas.layout import (
 )
 from schemas.liveness import Guards, Path, judge
 from schemas.namespaces import ownership_problem
-from schemas.records import DecodedAddress, decode_address
+from schemas.records import AddressRecord, decode_address
 
 S3_MAX_KEYS = 1000
 TRANSIENT_CODES = frozenset({
@@ -221,7 +221,7 @@ class Evidence:
     and asks :func:`keep_reasons`; none reads Redis for a delete decision by itself."""
 
     gate: Gate
-    records: Mapping[str, DecodedAddress | None]
+    records: Mapping[str, AddressRecord | None]
     claimed: Mapping[str, bool]
     token_states: Mapping[str, str | None]
     now_ms: int
@@ -237,7 +237,7 @@ def _evidence_calls(pipe: Any, repo: str, addresses: list[str]) -> None:
 
 
 def _evidence_from(gate: Gate, raw: list[Any], addresses: list[str]
-                   ) -> tuple[dict[str, DecodedAddress | None], dict[str, bool], list[str]]:
+                   ) -> tuple[dict[str, AddressRecord | None], dict[str, bool], list[str]]:
     n = len(addresses)
     records = {a: (decode_address(h) if h else None)
                for a, h in zip(addresses, raw[:n], strict=True)}

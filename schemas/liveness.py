@@ -46,7 +46,7 @@ from enum import StrEnum
 from typing import Literal
 
 from schemas.layout import AddressState, TokenState
-from schemas.records import DecodedAddress
+from schemas.records import AddressRecord
 
 Path = Literal["online", "reconciler"]
 
@@ -108,7 +108,7 @@ def _keep(reason: Keep, kind: str, detail: str = "", eligible: int | None = None
     return Judgment(False, reason.value, kind, detail, eligible)
 
 
-def judge(rec: DecodedAddress | None, token_states: Mapping[str, str | None], *,
+def judge(rec: AddressRecord | None, token_states: Mapping[str, str | None], *,
           now_ms: int, horizon_ms: int | None, grace_ms: int, path: Path = "online",
           cutoff_ms: int | None = None, claimed: bool = False,
           claimer: str | None = None, guards: Guards = NO_GUARDS) -> Judgment:
@@ -214,7 +214,7 @@ def judge(rec: DecodedAddress | None, token_states: Mapping[str, str | None], *,
     return Judgment(True, "", kind, "the reaper deleted it" if reaped else "")
 
 
-def tombstone_keeps(rec: DecodedAddress, token_states: Mapping[str, str | None], *,
+def tombstone_keeps(rec: AddressRecord, token_states: Mapping[str, str | None], *,
                     now_ms: int, tombstone_ms: int) -> bool:
     """Whether the reaper's prune must keep a ``reaped`` record older than ``tombstone_ms``
     (``reaper/claims.lua`` ``prune`` is this rule; ``tests/test_reaped_authority.py``).

@@ -11,7 +11,7 @@ the tests) decodes through here, so a field means the same thing everywhere:
 * branch and commit JSON (:func:`decode_branch`, :func:`decode_commit`, and their encoders).
 
 Decoding an address never raises: what cannot be read is kept as text and named in
-``DecodedAddress.malformed``, and the liveness judgment (``schemas/liveness.py``) keeps such an
+``AddressRecord.malformed``, and the liveness judgment (``schemas/liveness.py``) keeps such an
 address (SPEC safety 6: every doubt keeps the object).
 """
 
@@ -63,30 +63,37 @@ def _int_or_none(value: str | None) -> int | None:
     return int(float(value))
 
 
-@dataclass(frozen=True)
-class DecodedAddress:
-    """One address hash, decoded. ``state`` is the raw text (possibly a state we do not
-    know); ``committed_value`` the raw flag (``'1'`` or a commit id)."""
+@dataclass
+class AddressRecord:
+    """One address record (``RepoKeys.address``): the one shape for the codec, the pure
+    machine (which updates it in place), the liveness judgment and every reader.
 
-    adds: Mapping[str, str] = field(default_factory=dict)  # ref -> token
-    removes: Mapping[str, str] = field(default_factory=dict)  # ref -> token
+    ``state`` is an :class:`AddressState` where the machine or the tracker's reader set it, and
+    the raw text as decoded (possibly a state this version does not know: the judgment keeps
+    it). ``committed_value`` is the raw flag (``'1'`` or a commit id) and ``malformed`` the
+    fields that could not be decoded; neither takes part in equality (the machine writes
+    neither)."""
+
+    adds: dict[str, str] = field(default_factory=dict)  # ref -> token
+    removes: dict[str, str] = field(default_factory=dict)  # ref -> token
     state: str | None = None
-    since: int | None = None
+    since: int | None = None  # ms: unreferenced since (issued: when protection ends)
     committed: bool = False
-    committed_value: str | None = None
+    committed_value: str | None = field(default=None, compare=False)
     issued_until: int | None = None
     size: int | None = None
+    # Owned by the reaper (never written by the tracker).
     lease_until: int | None = None
     claimer: str | None = None
     reaped_at: int | None = None
-    malformed: tuple[str, ...] = ()  # fields that could not be decoded
+    malformed: tuple[str, ...] = field(default=(), compare=False)  # fields not decoded
 
     def unremoved(self) -> dict[str, str]:
         """References added and never removed: ref -> token."""
         return {ref: tok for ref, tok in self.adds.items() if ref not in self.removes}
 
 
-def decode_address(h: Mapping[Any, Any]) -> DecodedAddress:
+def decode_address(h: Mapping[Any, Any]) -> AddressRecord:
     """Decode an address hash (str or bytes fields); never raises."""
     adds: dict[str, str] = {}
     removes: dict[str, str] = {}
@@ -108,14 +115,14 @@ def decode_address(h: Mapping[Any, Any]) -> DecodedAddress:
             ints[name] = None
             bad.append(name)
     flag = plain.get(F_COMMITTED)
-    return DecodedAddress(
+    return AddressRecord(
         adds=adds, removes=removes, state=plain.get(F_STATE) or None,
         since=ints[F_SINCE], committed=bool(flag) and flag != "0", committed_value=flag,
         issued_until=ints[F_ISSUED_UNTIL], size=ints[F_SIZE], lease_until=ints[F_LEASE_UNTIL],
         claimer=plain.get(F_CLAIMER), reaped_at=ints[F_REAPED_AT], malformed=tuple(bad))
 
 
-def encode_address(rec: DecodedAddress) -> dict[str, str]:
+def encode_address(rec: AddressRecord) -> dict[str, str]:
     """The hash fields of a decoded address (tests, tools; the tracker writes in Lua)."""
     out: dict[str, str] = {}
     for ref, tok in rec.adds.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from schemas.records import DecodedAddress
+from schemas.records import AddressRecord
 
 REFS = ["r0", "r1", "r2"]
 TOKENS = ["t0", "t1", "t2"]
@@ -13,11 +13,11 @@ TIMES = st.one_of(st.none(), st.integers(0, 20).map(lambda k: k * 10_000))
 
 
 @st.composite
-def records(draw: st.DrawFn) -> DecodedAddress:
+def records(draw: st.DrawFn) -> AddressRecord:
     adds = draw(st.dictionaries(st.sampled_from(REFS), st.sampled_from(TOKENS), max_size=3))
     removes = draw(st.dictionaries(st.sampled_from(REFS), st.sampled_from(TOKENS), max_size=3))
     flag = draw(st.sampled_from([None, None, "1", "c7"]))
-    return DecodedAddress(
+    return AddressRecord(
         adds=adds, removes=removes,
         state=draw(st.sampled_from([None, "staged", "committed", "issued", "unreferenced",
                                     "reaping", "reaped", "martian"])),

@@ -51,7 +51,7 @@ from schemas import holds, reaper_auth
 from schemas.layout import AddressState, RepoKeys, TokenState
 from schemas.liveness import Guards, judge, tombstone_keeps
 from schemas.namespaces import ownership_problem
-from schemas.records import DecodedAddress
+from schemas.records import AddressRecord
 from tracker import codec
 from tracker import references as refs
 
@@ -160,8 +160,8 @@ class Truth:
 
 # --- the machine under attack ----------------------------------------------------------------
 
-def decoded(rec: refs.AddressRecord) -> DecodedAddress:
-    return DecodedAddress(adds=dict(rec.adds), removes=dict(rec.removes),
+def decoded(rec: AddressRecord) -> AddressRecord:
+    return AddressRecord(adds=dict(rec.adds), removes=dict(rec.removes),
                           state=None if rec.state is None else rec.state.value,
                           since=rec.since, committed=rec.committed,
                           issued_until=rec.issued_until, size=rec.size,
@@ -285,7 +285,7 @@ class Adversary(RuleBasedStateMachine):
 
     def _judge(self, address: str, path: str, claimer: str | None = None):  # type: ignore[no-untyped-def]
         rec = self.state.addresses.get(address)
-        if rec == refs.AddressRecord():
+        if rec == AddressRecord():
             rec = None  # a pruned (or never written) hash
         return judge(None if rec is None else decoded(rec), self._token_states(),
                      now_ms=self.now, horizon_ms=self.now, grace_ms=GRACE,
@@ -328,7 +328,7 @@ class Adversary(RuleBasedStateMachine):
         records = {}
         for a in addresses:
             rec = self.state.addresses.get(a)
-            records[a] = None if rec is None or rec == refs.AddressRecord() else decoded(rec)
+            records[a] = None if rec is None or rec == AddressRecord() else decoded(rec)
         claimed = {a: r is not None and r.state is AddressState.REAPING
                    for a, r in records.items()}
         return Evidence(gate, records, claimed, self._token_states(), self.now)
@@ -561,7 +561,7 @@ class Adversary(RuleBasedStateMachine):
                                    tombstone_ms=TOMBSTONE):
                 # claims.lua DELs the hash: it reads as no record, and the next event that
                 # names the address starts a fresh one (its token sets still name it).
-                self.state.addresses[address] = refs.AddressRecord()
+                self.state.addresses[address] = AddressRecord()
 
     @rule()
     def sweep(self) -> None:

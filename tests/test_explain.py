@@ -14,9 +14,9 @@ from hardelete.status import explain_address
 from reconciler.s3io import put_parquet
 from schemas.layout import REPOS, RepoKeys
 from schemas.records import (
+    AddressRecord,
     BranchRecord,
     CommitRecord,
-    DecodedAddress,
     encode_address,
     encode_branch,
     encode_commit,
@@ -51,7 +51,7 @@ def _committed_repo(r: Any, s3: Any, bucket: str) -> tuple[str, dict[str, str], 
     r.hset(k.tokens, "tok-open", encode_token("open", now))
     for cid, names in listing.items():
         for n in names:
-            r.hset(k.address(addrs[n]), mapping=encode_address(DecodedAddress(
+            r.hset(k.address(addrs[n]), mapping=encode_address(AddressRecord(
                 adds={f"ref-{n}": f"tok-{cid}"}, state="committed", committed=True,
                 committed_value="1", size=1)))
     return ns, addrs, times["c2"]
@@ -85,7 +85,7 @@ def test_explain_names_guards_and_grace(settings, redis_client, s3, bucket):
     r.hset(k.meta, "namespace", ns)
     r.hset(k.tokens, "t", encode_token("dropped", now))
     young = ns + "data/1/young"
-    r.hset(k.address(young), mapping=encode_address(DecodedAddress(
+    r.hset(k.address(young), mapping=encode_address(AddressRecord(
         adds={"r": "t"}, state="unreferenced", since=now - 100, size=1)))
     r.hset("hd:progress:meta", mapping={"topic": "e", "partitions": "1"})
     r.hset("hd:progress", "0", str(now))

@@ -31,7 +31,7 @@ from schemas.layout import (
     REPOS,
     RepoKeys,
 )
-from schemas.records import DecodedAddress, encode_address, encode_token
+from schemas.records import AddressRecord, encode_address, encode_token
 
 pytestmark = pytest.mark.integration
 # Every check holds on one Redis and on a real three-node Redis Cluster (issue 19 item 9).
@@ -58,7 +58,7 @@ def setup_repo(r: Any, s3: Any, repo: str, namespace: str, rels: list[str],
     for i, rel in enumerate(rels):
         address = namespace + rel
         addresses.append(address)
-        rec = DecodedAddress(adds={f"ref{i}": "t1"}, removes={f"ref{i}": "t1"},
+        rec = AddressRecord(adds={f"ref{i}": "t1"}, removes={f"ref{i}": "t1"},
                              state="unreferenced", since=since, size=1)
         r.hset(k.address(address), mapping=encode_address(rec))
         r.sadd(k.token_addresses("t1"), address)
@@ -218,7 +218,7 @@ def test_an_address_outside_the_namespace_is_refused(settings, redis_client, s3,
     outside = f"s3://{bucket}/elsewhere/x"
     s3.put_object(Bucket=bucket, Key="elsewhere/x", Body=b"x")
     k = RepoKeys("repo")
-    r.hset(k.address(outside), mapping=encode_address(DecodedAddress(
+    r.hset(k.address(outside), mapping=encode_address(AddressRecord(
         state="unreferenced", since=1, size=1)))
     r.zadd(k.unreferenced, {outside: 1})
     report = by_repo(reap_once(s, s3))["repo"]

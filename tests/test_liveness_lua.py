@@ -23,7 +23,7 @@ from core.clock import redis_time_ms
 from reaper.claims import ClaimStore
 from schemas.layout import RepoKeys
 from schemas.liveness import Keep, judge
-from schemas.records import DecodedAddress, decode_address, encode_address
+from schemas.records import AddressRecord, decode_address, encode_address
 from sim.event_chaos import chaos_events, run_both
 from sim.strategies import records
 
@@ -43,12 +43,12 @@ async def _dry_claim(s: Any, cutoff: int) -> Any:
         await r.aclose()
 
 
-def _shift(rec: DecodedAddress, base: int) -> DecodedAddress:
+def _shift(rec: AddressRecord, base: int) -> AddressRecord:
     """Times of the generator (multiples of 10 s from 0) moved around the Redis clock."""
     def mv(v: int | None) -> int | None:
         return None if v is None else base + v
 
-    return DecodedAddress(rec.adds, rec.removes, rec.state, mv(rec.since), rec.committed,
+    return AddressRecord(rec.adds, rec.removes, rec.state, mv(rec.since), rec.committed,
                           rec.committed_value, mv(rec.issued_until), rec.size,
                           mv(rec.lease_until), rec.claimer, mv(rec.reaped_at), rec.malformed)
 

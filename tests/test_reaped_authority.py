@@ -22,7 +22,7 @@ from schemas import reaper_auth
 from schemas.layout import INCIDENTS, REAPER_KEY, AddressState, RepoKeys, TokenState
 from schemas.liveness import judge, tombstone_keeps
 from schemas.publisher import Publisher, ensure_topics
-from schemas.records import DecodedAddress, decode_address
+from schemas.records import AddressRecord, decode_address
 from sim.faultproxy import FaultProxy
 from sim.model import Model
 from sim.reaping import _service, _settings, _state_is
@@ -58,7 +58,7 @@ NOW, GRACE, HORIZON = 1_000_000, 10_000, 1_000_000
 @pytest.mark.parametrize("path", ["online", "reconciler"])
 def test_a_reaped_record_never_overrides_a_reference_an_upload_or_grace(path: Any) -> None:
     def verdict(**kw: Any) -> Any:
-        return judge(DecodedAddress(state=AddressState.REAPED.value, reaped_at=NOW - 60_000,
+        return judge(AddressRecord(state=AddressState.REAPED.value, reaped_at=NOW - 60_000,
                                     **kw),
                      {"open": TokenState.OPEN.value}, now_ms=NOW, horizon_ms=HORIZON,
                      grace_ms=GRACE, path=path)
@@ -66,7 +66,7 @@ def test_a_reaped_record_never_overrides_a_reference_an_upload_or_grace(path: An
     assert verdict(adds={"ref": "open"}).reason == "staged"
     assert verdict(issued_until=NOW + 3_600_000).reason == "issued"
     assert verdict(since=NOW - 1_000).reason == "young"  # a reference ended 1 s ago
-    young = judge(DecodedAddress(state="reaped", reaped_at=NOW - 1_000), {}, now_ms=NOW,
+    young = judge(AddressRecord(state="reaped", reaped_at=NOW - 1_000), {}, now_ms=NOW,
                   horizon_ms=HORIZON, grace_ms=GRACE, path=path)
     assert young.reason == "young"
     old = verdict(since=NOW - 30_000)

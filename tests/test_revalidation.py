@@ -23,6 +23,7 @@ from reconciler.records import verdict
 from reconciler.retention import Commit, RetentionPolicy, retained_commits
 from reconciler.s3io import Namespace
 from reconciler.state import CommittedState, record_digest, retention_fingerprint
+from schemas.records import AddressRecord
 from sim.model import (
     Commit as MCommit,
 )
@@ -34,7 +35,7 @@ from sim.model import (
     run_workload,
     seeded_ids,
 )
-from tracker.references import AddressRecord, World
+from tracker.references import World
 
 DAY = 86_400.0
 GRACE_MS = 3_600_000

@@ -61,24 +61,9 @@ from schemas.layout import (
     TokenState,
 )
 from schemas.namespaces import namespace_problem, registration_problem
-from schemas.records import BranchRecord, CommitRecord
+from schemas.records import AddressRecord, BranchRecord, CommitRecord
 
 HELD_BY_REAPER = frozenset({AddressState.REAPING, AddressState.REAPED})
-
-
-@dataclass
-class AddressRecord:
-    adds: dict[str, str] = field(default_factory=dict)  # ref_id -> token
-    removes: dict[str, str] = field(default_factory=dict)  # ref_id -> token
-    state: AddressState | None = None
-    since: int | None = None  # ms: unreferenced since (issued: when protection ends)
-    committed: bool = False
-    issued_until: int | None = None
-    size: int | None = None
-    # Owned by the reaper (never written by the tracker).
-    lease_until: int | None = None
-    claimer: str | None = None
-    reaped_at: int | None = None
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,14 @@ from schemas.layout import (
     AddressState,
     RepoKeys,
 )
-from schemas.records import decode_address, decode_branch, decode_commit, decode_token
-from tracker.references import (
+from schemas.records import (
     AddressRecord,
+    decode_address,
+    decode_branch,
+    decode_commit,
+    decode_token,
+)
+from tracker.references import (
     Incident,
     RepoMeta,
     RepoState,
@@ -223,12 +228,10 @@ class ApplyScript:
 def parse_address(h: dict[str, str]) -> AddressRecord:
     """An address hash as the machine's dataclass (the one codec: ``schemas.records``).
     A state the machine does not know raises ValueError."""
-    d = decode_address(h)
-    return AddressRecord(
-        adds=dict(d.adds), removes=dict(d.removes),
-        state=AddressState(d.state) if d.state is not None else None, since=d.since,
-        committed=d.committed, issued_until=d.issued_until, size=d.size,
-        lease_until=d.lease_until, claimer=d.claimer, reaped_at=d.reaped_at)
+    rec = decode_address(h)
+    if rec.state is not None:
+        rec.state = AddressState(rec.state)
+    return rec
 
 
 parse_token = decode_token  # '<state>:<ms>' -> (TokenState, ms): the one codec
