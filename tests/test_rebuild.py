@@ -8,6 +8,7 @@ is the one the tracker writes (reason and loss counter).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -584,3 +585,52 @@ def test_control_the_same_write_replayed_late_as_dlq_replay_does_is_committed(
     w.track(None)
     assert state_of(w, "r", x) == "committed"
     assert not reapable(w, "r", x)
+
+
+# A rebuild applies its plan in chunks. Found by an adversarial review: a Redis that goes back
+# between two chunks (a failover to a replica a few ms behind, a restart from an AOF whose last
+# second was not fsynced) still holds the same prepare, so the later chunks (token drops, the
+# lift) applied over a mirror that lost the earlier ones (marks, commit records). Each chunk
+# now requires the count of chunks the previous one left, in the same slot.
+
+
+def test_a_redis_that_goes_back_between_chunks_does_not_lift_the_flag_over_lost_marks(
+        w: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    call(w, M.create_repository, "r", f"s3://{BUCKET}/atk7/r/")
+    s = call(w, M.write, "r", "main", "s", 10).address
+    w.track(None)                                   # s staged in main's token T: applied
+    c2 = call(w, M.commit, "r", "main").commit.id   # c2 takes T: lost with the log
+    w.applied = len(w.model.events)
+    lose_log(w, "r")
+    p = prepare(w.r, w.s3, "r")
+    replica = _slot_copy(w.r, "r")                  # a replica just behind: it has the prepare
+    location = export(w, "r", p.nonce)
+
+    real = rb._apply
+    monkeypatch.setattr(rb, "CHUNK", 2)             # a repository with > CHUNK ops, in small
+    state = {"failed_over": False}
+
+    def failing_over(r: Any, repo: str, compact: list[list[Any]]) -> Any:
+        out = real(r, repo, compact)
+        if not state["failed_over"] and any(e[1] == 13 and e[2] == "commit" for e in compact):
+            # the node acknowledged the chunks with the marks and the commit record, then
+            # failed over to its replica; the rebuild's next call goes to the new primary
+            _fail_over_to(r, repo, replica)
+            state["failed_over"] = True
+        return out
+
+    monkeypatch.setattr(rb, "_apply", failing_over)
+    with contextlib.suppress(rb.RebuildError):  # refusing is a safe outcome
+        rebuild(w.r, w.s3, "r", location, max_age_ms=MAX_AGE, by="attack7")
+    assert state["failed_over"]
+    lifted = not w.r.exists(RepoKeys("r").fail_closed)
+    st = read_repo_state(w.r, "r")
+    assert c2 in w.model.commits and w.model.repository("r").branches["main"].head == c2
+    assert not (lifted and reapable(w, "r", s)), (
+        f"flag lifted with the earlier chunks lost: s (in main's head commit {c2}) is "
+        f"{state_of(w, 'r', s)!r} and reapable; mirror knows c2: {c2 in st.commits}")
+    assert not lifted  # the next chunk saw the count go back: stale
+    # A retry counts on from where Redis stands and applies the whole plan again.
+    rebuild(w.r, w.s3, "r", location, max_age_ms=MAX_AGE, by="retry")
+    assert not w.r.exists(RepoKeys("r").fail_closed)
+    assert state_of(w, "r", s) == "committed" and not reapable(w, "r", s)

@@ -302,14 +302,19 @@ for i = 1, #events do  -- refuse a malformed batch before writing anything
   end
 end
 local K_FC, K_RB = P .. 'failclosed', P .. 'rebuild'
+local chunk_done = nil
 if rebuild_call then
   -- The snapshot the plan was computed from must still be the current one, and the flag the
   -- one it saw (no loss since): a new prepare or a new loss makes the plan stale.
+  -- And the chunks applied so far must be the ones the rebuild applied: the count lives in
+  -- the same slot, so a slot that went back between two chunks (a failover, an AOF tail)
+  -- makes the next one stale instead of lifting the flag over the chunks it lost.
   local g = events[1]
   if g[3] ~= 'guard' or redis.call('HGET', K_RB, 'nonce') ~= g[4]
-      or (redis.call('HGET', K_FC, 'losses') or '') ~= g[5] then
-    return redis.error_reply('hardelete: rebuild is stale: its snapshot or the fail-closed '
-                             .. 'flag changed since it was prepared')
+      or (redis.call('HGET', K_FC, 'losses') or '') ~= g[5]
+      or (g[6] ~= nil and (redis.call('HGET', K_RB, 'chunks') or '0') ~= g[6]) then
+    return redis.error_reply('hardelete: rebuild is stale: its snapshot, the fail-closed '
+                             .. 'flag or its chunks changed since it was prepared')
   end
 end
 
@@ -413,6 +418,8 @@ for i = 1, #events do
         if (redis.call('HGET', K_REFVER, f .. e[4]) or '-1') == fmt(e[5]) then
           redis.call('HDEL', k, e[4])
         end
+      elseif kind == 'chunk' then -- the count this chunk brings (written after the flush)
+        chunk_done = e[4]
       elseif kind == 'lift' then -- incident json: the rebuilt mirror is proven; the flag lifts
         redis.call('DEL', K_FC, K_RB, P .. 'rebuild:snapshot')
         redis.call('RPUSH', K_INC, e[4])
@@ -431,6 +438,9 @@ for i = 1, #events do
 end
 
 flush()
+if chunk_done ~= nil and redis.call('EXISTS', K_RB) == 1 then
+  redis.call('HSET', K_RB, 'chunks', chunk_done)
+end
 -- Retired: nothing of it may be deleted online (the queue is dropped after the flush, which may
 -- have queued addresses of this batch; claims in flight are dropped with it).
 if retire then redis.call('DEL', K_UNREF, K_CLAIMS) end

@@ -23,8 +23,9 @@ makes the mirror agree with the service again, in three steps (schemas/README.md
    export lists
    (references, tokens, commits, newer branches and tags, issued uploads). Adding commutes
    with the events still arriving; ranks and ref versions only move forward. The chunks go
-   through ``apply.lua`` (op 13, never carried by an event), each guarded by the nonce and the
-   flag's loss counter: a new prepare or a new loss makes the plan stale and it stops.
+   through ``apply.lua`` (op 13, never carried by an event), each guarded by the nonce, the
+   flag's loss counter and the count of chunks applied so far: a new prepare, a new loss or a
+   slot that went back between chunks makes the plan stale and it stops.
    The last chunk lifts the flag and records a ``rebuilt`` incident with the counts.
 
 Every address the rebuild leaves unreferenced starts its grace at the rebuild (the Redis
@@ -522,12 +523,15 @@ def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
     # have taken writes whose events were lost with the log (see plan).
     manifests = {c.id: manifest_addresses(s3, namespace, c) for c in export.commits.values()}
     p = plan(snap, export, manifests)
-    guard = [13, "guard", prepared["nonce"], losses]
     body = list(ops(p))
     incidents = 0
     chunks = [body[i:i + CHUNK] for i in range(0, len(body), CHUNK)] or [[]]
+    # Each chunk requires the count the previous one left (a retry, after a stop or a slot
+    # that went back, counts on from where Redis stands and applies the whole plan again).
+    done = int(prepared.get("chunks") or 0)
     for n, chunk in enumerate(chunks):
-        events = [guard, *chunk]
+        events = [[13, "guard", prepared["nonce"], losses, str(done + n)], *chunk,
+                  [13, "chunk", str(done + n + 1)]]
         if n == len(chunks) - 1:
             record = orjson.dumps({"repository": repo, "address": "", "event_id": "",
                                    "type": "rebuilt", "ref_id": "", "at_ms": now, "by": by,
