@@ -312,7 +312,8 @@ if rebuild_call then
   local g = events[1]
   if g[3] ~= 'guard' or redis.call('HGET', K_RB, 'nonce') ~= g[4]
       or (redis.call('HGET', K_FC, 'losses') or '') ~= g[5]
-      or (g[6] ~= nil and (redis.call('HGET', K_RB, 'chunks') or '0') ~= g[6]) then
+      or (g[6] ~= nil and g[7] ~= '0' and (redis.call('HGET', K_RB, 'run') ~= g[6]
+          or redis.call('HGET', K_RB, 'chunks') ~= g[7])) then
     return redis.error_reply('hardelete: rebuild is stale: its snapshot, the fail-closed '
                              .. 'flag or its chunks changed since it was prepared')
   end
@@ -419,7 +420,7 @@ for i = 1, #events do
           redis.call('HDEL', k, e[4])
         end
       elseif kind == 'chunk' then -- the count this chunk brings (written after the flush)
-        chunk_done = e[4]
+        chunk_done = {e[4], e[5]}
       elseif kind == 'lift' then -- incident json: the rebuilt mirror is proven; the flag lifts
         redis.call('DEL', K_FC, K_RB, P .. 'rebuild:snapshot')
         redis.call('RPUSH', K_INC, e[4])
@@ -439,7 +440,7 @@ end
 
 flush()
 if chunk_done ~= nil and redis.call('EXISTS', K_RB) == 1 then
-  redis.call('HSET', K_RB, 'chunks', chunk_done)
+  redis.call('HSET', K_RB, 'run', chunk_done[1], 'chunks', chunk_done[2])
 end
 -- Retired: nothing of it may be deleted online (the queue is dropped after the flush, which may
 -- have queued addresses of this batch; claims in flight are dropped with it).

@@ -528,10 +528,10 @@ def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
     chunks = [body[i:i + CHUNK] for i in range(0, len(body), CHUNK)] or [[]]
     # Each chunk requires the count the previous one left (a retry, after a stop or a slot
     # that went back, counts on from where Redis stands and applies the whole plan again).
-    done = int(prepared.get("chunks") or 0)
+    run = secrets.token_hex(8)
     for n, chunk in enumerate(chunks):
-        events = [[13, "guard", prepared["nonce"], losses, str(done + n)], *chunk,
-                  [13, "chunk", str(done + n + 1)]]
+        events = [[13, "guard", prepared["nonce"], losses, run, str(n)], *chunk,
+                  [13, "chunk", run, str(n + 1)]]
         if n == len(chunks) - 1:
             record = orjson.dumps({"repository": repo, "address": "", "event_id": "",
                                    "type": "rebuilt", "ref_id": "", "at_ms": now, "by": by,
