@@ -630,7 +630,7 @@ def test_a_redis_that_goes_back_between_chunks_does_not_lift_the_flag_over_lost_
         f"flag lifted with the earlier chunks lost: s (in main's head commit {c2}) is "
         f"{state_of(w, 'r', s)!r} and reapable; mirror knows c2: {c2 in st.commits}")
     assert not lifted  # the next chunk saw the count go back: stale
-    # A retry counts on from where Redis stands and applies the whole plan again.
+    # A retry is a new run: it applies the whole plan again from its first chunk.
     rebuild(w.r, w.s3, "r", location, max_age_ms=MAX_AGE, by="retry")
     assert not w.r.exists(RepoKeys("r").fail_closed)
     assert state_of(w, "r", s) == "committed" and not reapable(w, "r", s)

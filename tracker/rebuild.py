@@ -24,8 +24,8 @@ makes the mirror agree with the service again, in three steps (schemas/README.md
    (references, tokens, commits, newer branches and tags, issued uploads). Adding commutes
    with the events still arriving; ranks and ref versions only move forward. The chunks go
    through ``apply.lua`` (op 13, never carried by an event), each guarded by the nonce, the
-   flag's loss counter and the count of chunks applied so far: a new prepare, a new loss or a
-   slot that went back between chunks makes the plan stale and it stops.
+   flag's loss counter and, after the first, this run's id and count: a new prepare, a new
+   loss, another run's chunks or a slot that went back between chunks make it stale.
    The last chunk lifts the flag and records a ``rebuilt`` incident with the counts.
 
 Every address the rebuild leaves unreferenced starts its grace at the rebuild (the Redis
@@ -526,8 +526,9 @@ def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
     body = list(ops(p))
     incidents = 0
     chunks = [body[i:i + CHUNK] for i in range(0, len(body), CHUNK)] or [[]]
-    # Each chunk requires the count the previous one left (a retry, after a stop or a slot
-    # that went back, counts on from where Redis stands and applies the whole plan again).
+    # After the first chunk, each requires this run's id and the count its previous chunk
+    # left: a slot that went back, or another run's chunks, make it stale (a retry is a new
+    # run and applies the whole plan again).
     run = secrets.token_hex(8)
     for n, chunk in enumerate(chunks):
         events = [[13, "guard", prepared["nonce"], losses, run, str(n)], *chunk,

@@ -1,4 +1,6 @@
-"""Adversarial review 8: the rebuild's chunk count is not unique to a run (ABA).
+"""A rebuild's chunks in a slot that goes back or forward (found by two adversarial reviews).
+
+A count alone was not unique to a run (ABA); each run now names itself:
 
 The count in hd:{R}:rebuild says how many chunks were applied, not which: two runs that each
 stopped after their first chunk (a failover's connection error, a crashed operator, the heal
@@ -77,7 +79,7 @@ def w(settings, s3, redis_client) -> World:
 
 
 @pytest.mark.parametrize("forward", [True, False], ids=["forward", "control"])
-def test_two_stopped_runs_and_a_slot_that_goes_back_then_forward_lift_over_a_lost_chunk(
+def test_two_stopped_runs_and_a_slot_that_goes_back_then_forward_do_not_lift_over_a_lost_chunk(
         w: World, monkeypatch: pytest.MonkeyPatch, forward: bool) -> None:
     call(w, M.create_repository, "r", f"s3://{BUCKET}/atk8/r/")
     s = call(w, M.write, "r", "main", "s", 10).address
@@ -141,7 +143,7 @@ def test_two_stopped_runs_and_a_slot_that_goes_back_then_forward_lift_over_a_los
 
 
 @pytest.mark.parametrize("lost", [True, False], ids=["replica-behind", "control"])
-def test_two_concurrent_rebuilds_and_a_replica_one_chunk_behind_lift_over_a_lost_chunk(
+def test_two_concurrent_rebuilds_and_a_replica_one_chunk_behind_do_not_lift_over_a_lost_chunk(
         w: World, monkeypatch: pytest.MonkeyPatch, lost: bool) -> None:
     """No forward jump needed: the operator's ``rebuild apply`` (A) and a tracker's heal (B)
     run together. B reads the count (1) after A's chunk 0; A applies chunk 1 (the marks,
