@@ -82,6 +82,41 @@ end
 return moved
 """
 
+# One Redis: hd:log moves only while every repository of the batch still holds what its chunk
+# applied. KEYS[1] = hd:log, KEYS[2..] = the repositories' applied hashes; ARGV: per applied
+# key (partition, epoch, offset its chunk reached), then LOG_WRITE_LUA's triples. A compare on
+# hd:log's value alone is fooled by a Redis restored from a copy taken when hd:log held that
+# same value: the chunk is gone, hd:log moves past it, and its records are never replayed
+# (found by the soak: redis_rollback between a chunk and its hd:log write; a write lost, its
+# object reaped while a retained commit held it). Returns {"gone", key, partition}, or the
+# moved fields as LOG_WRITE_LUA does.
+LOG_ADVANCE_LUA = """
+local i = 1
+for k = 2, #KEYS do
+  local part, epoch, want = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local v = redis.call('HGET', KEYS[k], part)
+  local ok = false
+  if v then
+    local e, o = string.match(v, '^(.*):(%-?%d+)$')
+    if e == nil then e, o = '', v end
+    ok = (e == epoch) and tonumber(o) ~= nil and tonumber(o) >= want
+  end
+  if not ok then return {'gone', KEYS[k], part} end
+  i = i + 3
+end
+local moved = {}
+while i <= #ARGV do
+  local cur = redis.call('HGET', KEYS[1], ARGV[i]) or ''
+  if cur == ARGV[i + 1] then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
+  else
+    moved[#moved + 1] = ARGV[i]
+  end
+  i = i + 3
+end
+return moved
+"""
+
 # Redis Cluster: merge what a tracker applied into the copy hd:applied (KEYS[1]); ARGV[1] json
 # {repository: {partition: "<epoch>:<offset>"}}. Per partition the stored value moves only
 # forward within one log (a new log's value replaces an old one's): a tracker writing late, or
