@@ -634,3 +634,83 @@ def test_a_redis_that_goes_back_between_chunks_does_not_lift_the_flag_over_lost_
     rebuild(w.r, w.s3, "r", location, max_age_ms=MAX_AGE, by="retry")
     assert not w.r.exists(RepoKeys("r").fail_closed)
     assert state_of(w, "r", s) == "committed" and not reapable(w, "r", s)
+
+
+async def test_a_redis_restored_from_an_older_copy_heals_by_itself(
+        settings, s3, bucket) -> None:
+    """End to end on Apache Kafka, Redis, MinIO: Redis is restored from a copy taken before a
+    delete and a write were applied, and the broker no longer holds those records (deleted from
+    the log's start, as retention does): replay is impossible, the repository fails closed, the
+    tracker prepares a rebuild, the service exports its state, the flag lifts; the reaper then
+    takes only the object whose delete the restored Redis lost."""
+    import redis as redis_lib
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+
+    from core.clients import redis_sync
+    from core.guards import fail_closed_reason
+    from reaper.daemon import Reaper
+    from schemas import events as ev
+    from sim.log_loss import delete, repo_events, write
+    from sim.testing import publish, redis_now, wait_horizon
+    from tracker.daemon import running_tracker
+    from tracker.rebuild import ExportBranch, ExportEntry, StateExport
+
+    s = settings.replace(topic_partitions=1, rebuild_interval_seconds=0.3)
+    ns = f"s3://{bucket}/repo0/"
+    for key in ("keep", "gone", "new"):
+        s3.put_object(Bucket=bucket, Key=f"repo0/data/{key}", Body=b"x")
+    raw = redis_lib.Redis.from_url(s.redis_url)
+    async with running_tracker(s):
+        await wait_horizon(s, await publish(s, [*repo_events(ns),
+                                                write("repo0", ns + "data/keep", "k1"),
+                                                write("repo0", ns + "data/gone", "g1")]))
+    older = {k: raw.dump(k) for k in raw.scan_iter()}  # the copy Redis is restored from
+    async with running_tracker(s):
+        await wait_horizon(s, await publish(s, [delete("repo0", ns + "data/gone", "g1"),
+                                                write("repo0", ns + "data/new", "n1")]))
+    tp = TopicPartition(s.events_topic, 0)
+    consumer = AIOKafkaConsumer(bootstrap_servers=s.kafka_bootstrap)
+    await consumer.start()
+    try:
+        end = (await consumer.end_offsets([tp]))[tp]
+    finally:
+        await consumer.stop()
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+    await admin.start()
+    try:  # the log no longer holds the delete and the write (retention)
+        await admin.delete_records({tp: RecordsToDelete(end)})
+    finally:
+        await admin.close()
+    raw.flushall()
+    for k, v in older.items():
+        raw.restore(k, 0, v)
+    raw.close()
+    r = redis_sync(s)
+    async with running_tracker(s, name="after-restore"):
+        deadline = time.monotonic() + 30
+        while not r.hget(RepoKeys("repo0").rebuild, "nonce"):
+            assert time.monotonic() < deadline, "no rebuild prepared (not fail-closed?)"
+            await asyncio.sleep(0.1)
+        assert "log" in (fail_closed_reason(r, "repo0") or "")
+        nonce = r.hget(RepoKeys("repo0").rebuild, "nonce")
+        export = StateExport(
+            "repo0", await redis_now(s), nonce, {"main": ExportBranch(None, "t1", (), 1)}, {},
+            {"t1": ("open", (ExportEntry(ns + "data/keep", "k1", 1),
+                             ExportEntry(ns + "data/new", "n1", 1)))}, {}, {})
+        write_export(s3, f"{ns}_hardelete/exports/state-1/", export)
+        while fail_closed_reason(r, "repo0") is not None:
+            assert time.monotonic() < deadline + 30, "the tracker did not rebuild"
+            await asyncio.sleep(0.1)
+        since = int(r.zscore(RepoKeys("repo0").unreferenced, ns + "data/gone"))
+        await wait_horizon(s, since + int(s.grace_for("repo0") * 1000) + 500)
+        await publish(s, [ev.AddressIssued(repository="repo0", address=ns + "data/i0",
+                                           ttl_seconds=60.0)])
+        reaper = Reaper(s)
+        try:
+            await reaper.run_once()
+        finally:
+            await reaper.close()
+    left = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="repo0/data/")["Contents"]}
+    assert left == {"repo0/data/keep", "repo0/data/new"}
+    r.close()
