@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -78,6 +79,57 @@ async def test_repositories_of_a_partition_gone_with_the_log_are_fail_closed(
                 assert "is gone" in reason, (repo, reason)
         assert [f for f in r.hkeys(LOG) if f != log_field(s.events_topic, 0)
                 and f.startswith(s.events_topic + ":")] == []
+        r.close()
+    finally:
+        await asyncio.to_thread(server.kill)
+
+
+async def _lose_log_back_with(server: Any, s: Settings, partitions: int) -> None:
+    server.kill()
+    server.lose_log()
+    await asyncio.to_thread(server.start, move_on_clash=False)
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(s.events_topic, partitions, 1),
+                                   NewTopic(s.dlq_topic, 1, 1)])
+    finally:
+        await admin.close()
+
+
+@pytest.mark.integration
+async def test_a_repository_that_never_applied_from_a_reset_partition_is_fail_closed(
+        settings: Settings, bucket: str, tmp_path: Path) -> None:
+    """Found by the soak (seed 102). `x0` (partition 1 of 4) is fail-closed when the topic
+    comes back with one partition, and lifted. It now publishes to partition 0, which it never
+    applied from; its write there is lost with the next log. Failing closed only the
+    repositories that had applied from the reset partition left it open."""
+    from hardelete.failclosed import clear
+
+    server = kafka_server(tmp_path)
+    await asyncio.to_thread(server.start)
+    try:
+        s = settings.replace(kafka_bootstrap=f"127.0.0.1:{server.port}", topic_partitions=4,
+                             rebuild_interval_seconds=0.0)
+        ns = f"s3://{bucket}/x0/"
+        async with running_tracker(s):
+            await wait_horizon(s, await publish(s, _events("x0", ns)))
+        r = redis_sync(s)
+        assert set(r.hkeys(RepoKeys("x0").applied)) == {"1"}
+        await _lose_log_back_with(server, s, 1)
+        async with running_tracker(s, name="after-first-loss"):
+            await wait_horizon(s, await redis_now(s), timeout=90)
+        assert fail_closed_reason(r, "x0") is not None
+        assert clear(r, "x0", reason="rebuilt (test)", who="pytest") == 1
+        await publish(s, [ev.ObjectWritten(repository="x0", branch="main", staging_token="t1",
+                                           path="k2", address=ns + "data/k2", size=1,
+                                           ref_id="w2")])  # to partition 0: never applied
+        await _lose_log_back_with(server, s, 1)
+        async with running_tracker(s, name="after-second-loss"):
+            await wait_horizon(s, await redis_now(s), timeout=90)
+        assert "0" not in r.hkeys(RepoKeys("x0").applied)
+        reason = fail_closed_reason(r, "x0")
+        assert reason is not None and "log reset" in reason, reason
         r.close()
     finally:
         await asyncio.to_thread(server.kill)
