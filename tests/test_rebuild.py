@@ -16,44 +16,29 @@ import orjson
 import pytest
 
 import tracker.rebuild as rb
-from core.clock import redis_time_ms
 from schemas.layout import RepoKeys
 from sim.model import Model as M
+from sim.rebuilding import (
+    MAX_AGE,
+    call,
+    export,
+    fail_over_to,
+    lose_log,
+    reapable,
+    slot_copy,
+    state_of,
+)
 from sim.worlds import BUCKET, World, make_world
 from tracker.rebuild import RebuildError, heal, prepare, read_export, rebuild, write_export
 from tracker.state import read_repo_state
 
 pytestmark = [pytest.mark.integration]
 
-MAX_AGE = 86_400_000
 
 
-def call(w: World, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    return asyncio.run(w.svc.call(fn, *args, **kwargs))
 
 
-def lose_log(w: World, repo: str) -> None:
-    """The tracker found the log gone: what it writes for each repository."""
-    k = RepoKeys(repo)
-    w.r.hsetnx(k.fail_closed, "reason", "log reset or re-created")
-    w.r.hsetnx(k.fail_closed, "at_ms", str(redis_time_ms(w.r)))
-    w.r.hincrby(k.fail_closed, "losses", 1)
 
-
-def export(w: World, repo: str, nonce: str) -> str:
-    return asyncio.run(w.svc.write_state_export(repo, nonce))
-
-
-def state_of(w: World, repo: str, address: str) -> str:
-    st = read_repo_state(w.r, repo)
-    rec = st.addresses.get(address)
-    return "none" if rec is None or rec.state is None else rec.state.value
-
-
-def reapable(w: World, repo: str, address: str) -> bool:
-    """Would the online path take it once grace has passed (horizon far ahead)?"""
-    st = read_repo_state(w.r, repo)
-    return st.reapable(address, redis_time_ms(w.r) + 10 * 86_400_000, 0)
 
 
 @pytest.fixture
@@ -295,6 +280,36 @@ def test_the_trackers_round_prepares_then_applies_the_export_the_service_wrote(w
     assert w.r.hget(RepoKeys("r").rebuild, "nonce") != nonce
 
 
+async def _export_heal_and_reap(s: Any, s3: Any, r: Any, ns: str, deadline: float) -> None:
+    """The service's part once the tracker prepared a rebuild of repo0 (keep and new staged,
+    gone deleted), then, once the flag lifted and gone's grace passed, one reaper pass. (A
+    fresh issued address makes the horizon move past the grace.)"""
+    from core.guards import fail_closed_reason
+    from reaper.daemon import Reaper
+    from schemas import events as ev
+    from sim.testing import publish, redis_now, wait_horizon
+    from tracker.rebuild import ExportBranch, ExportEntry, StateExport
+
+    nonce = r.hget(RepoKeys("repo0").rebuild, "nonce")
+    export = StateExport(
+        "repo0", await redis_now(s), nonce, {"main": ExportBranch(None, "t1", (), 1)}, {},
+        {"t1": ("open", (ExportEntry(ns + "data/keep", "k1", 1),
+                         ExportEntry(ns + "data/new", "n1", 1)))}, {}, {})
+    write_export(s3, f"{ns}_hardelete/exports/state-1/", export)
+    while fail_closed_reason(r, "repo0") is not None:
+        assert time.monotonic() < deadline + 30, "the tracker did not rebuild"
+        await asyncio.sleep(0.1)
+    since = int(r.zscore(RepoKeys("repo0").unreferenced, ns + "data/gone"))
+    await wait_horizon(s, since + int(s.grace_for("repo0") * 1000) + 500)
+    await publish(s, [ev.AddressIssued(repository="repo0", address=ns + "data/i0",
+                                       ttl_seconds=60.0)])
+    reaper = Reaper(s)
+    try:
+        await reaper.run_once()
+    finally:
+        await reaper.close()
+
+
 async def test_a_lost_broker_log_heals_by_itself_and_only_the_removed_object_goes(
         settings, s3, bucket, tmp_path) -> None:
     """End to end on Apache Kafka, Redis, MinIO: the tracker is stopped, a delete is published
@@ -304,13 +319,10 @@ async def test_a_lost_broker_log_heals_by_itself_and_only_the_removed_object_goe
     object whose delete was lost, and nothing else."""
     from core.clients import redis_sync
     from core.guards import fail_closed_reason
-    from reaper.daemon import Reaper
-    from schemas import events as ev
     from sim.log_loss import _lose_log, delete, repo_events, write
     from sim.stack import kafka_server
-    from sim.testing import publish, redis_now, wait_horizon
+    from sim.testing import publish, wait_horizon
     from tracker.daemon import running_tracker
-    from tracker.rebuild import ExportBranch, ExportEntry, StateExport
 
     server = kafka_server(tmp_path)
     await asyncio.to_thread(server.start)
@@ -335,25 +347,7 @@ async def test_a_lost_broker_log_heals_by_itself_and_only_the_removed_object_goe
             while not r.hget(RepoKeys("repo0").rebuild, "nonce"):
                 assert time.monotonic() < deadline, "the tracker prepared no rebuild"
                 await asyncio.sleep(0.1)
-            nonce = r.hget(RepoKeys("repo0").rebuild, "nonce")
-            export = StateExport(
-                "repo0", await redis_now(s), nonce,
-                {"main": ExportBranch(None, "t1", (), 1)}, {},
-                {"t1": ("open", (ExportEntry(ns + "data/keep", "k1", 1),
-                                 ExportEntry(ns + "data/new", "n1", 1)))}, {}, {})
-            write_export(s3, f"{ns}_hardelete/exports/state-1/", export)
-            while fail_closed_reason(r, "repo0") is not None:
-                assert time.monotonic() < deadline + 30, "the tracker did not rebuild"
-                await asyncio.sleep(0.1)
-            since = int(r.zscore(RepoKeys("repo0").unreferenced, ns + "data/gone"))
-            await wait_horizon(s, since + int(s.grace_for("repo0") * 1000) + 500)
-            await publish(s, [ev.AddressIssued(repository="repo0", address=ns + "data/i0",
-                                               ttl_seconds=60.0)])
-            reaper = Reaper(s)
-            try:
-                await reaper.run_once()
-            finally:
-                await reaper.close()
+            await _export_heal_and_reap(s, s3, r, ns, deadline)
         left = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket,
                                                      Prefix="repo0/data/")["Contents"]}
         assert left == {"repo0/data/keep", "repo0/data/new"}
@@ -456,19 +450,6 @@ def test_a_retired_repository_is_not_rebuilt(w: World) -> None:
     refused(w, location, "retired")
 
 
-def _slot_copy(r: Any, repo: str) -> dict[str, bytes]:
-    """What a replica of the repository's slot holds now (every hd:{repo}:* key)."""
-    tag = RepoKeys(repo).tag
-    return {k: r.dump(k) for k in r.scan_iter(match=tag.replace("{", "\\{").replace("}", "\\}")
-                                               + ":*")}
-
-
-def _fail_over_to(r: Any, repo: str, copy: dict[str, bytes]) -> None:
-    """The slot's node fails over to the replica holding ``copy`` (the other slots stay)."""
-    for k in list(_slot_copy(r, repo)):
-        r.delete(k)
-    for k, v in copy.items():
-        r.restore(k, 0, v)
 
 
 def test_a_resurrected_old_prepare_is_not_healed_with_its_old_export(w: World) -> None:
@@ -483,7 +464,7 @@ def test_a_resurrected_old_prepare_is_not_healed_with_its_old_export(w: World) -
     assert first.prepared == ["r"]
     n1 = w.r.hget(RepoKeys("r").rebuild, "nonce")
     export(w, "r", n1)                                     # the service exports E1 (nonce N1)
-    replica = _slot_copy(w.r, "r")                         # the replica is this far behind
+    replica = slot_copy(w.r, "r")                         # the replica is this far behind
 
     # Before the next heal round: the log is lost again, with main's commit c5 (x, s) in it.
     x = call(w, M.write, "r", "main", "x", 10).address
@@ -493,7 +474,7 @@ def test_a_resurrected_old_prepare_is_not_healed_with_its_old_export(w: World) -
     again = heal(w.r, w.s3, max_age_ms=MAX_AGE, by="A")    # P2 (N2): E1 is stale, rightly
     assert again.prepared == ["r"]
 
-    _fail_over_to(w.r, "r", replica)                       # the slot goes back: losses=1, N1
+    fail_over_to(w.r, "r", replica)                       # the slot goes back: losses=1, N1
     healed = heal(w.r, w.s3, max_age_ms=MAX_AGE, by="B")   # next round of any tracker
 
     st = read_repo_state(w.r, "r")
@@ -514,14 +495,14 @@ def test_a_lift_lost_with_a_failover_is_not_redone_with_the_old_export(w: World)
     lose_log(w, "r")
     heal(w.r, w.s3, max_age_ms=MAX_AGE, by="A")
     export(w, "r", w.r.hget(RepoKeys("r").rebuild, "nonce"))
-    replica = _slot_copy(w.r, "r")
+    replica = slot_copy(w.r, "r")
     done = heal(w.r, w.s3, max_age_ms=MAX_AGE, by="A")
     assert done.rebuilt and not w.r.exists(RepoKeys("r").fail_closed)
     x = call(w, M.write, "r", "main", "x", 10).address
     c5 = call(w, M.commit, "r", "main").commit.id
     w.track(None)                                          # applied on the old primary
     assert state_of(w, "r", x) == "committed"
-    _fail_over_to(w.r, "r", replica)                       # ... lost with its node
+    fail_over_to(w.r, "r", replica)                       # ... lost with its node
     heal(w.r, w.s3, max_age_ms=MAX_AGE, by="B")
     st = read_repo_state(w.r, "r")
     lifted = not w.r.exists(RepoKeys("r").fail_closed)
@@ -603,7 +584,7 @@ def test_a_redis_that_goes_back_between_chunks_does_not_lift_the_flag_over_lost_
     w.applied = len(w.model.events)
     lose_log(w, "r")
     p = prepare(w.r, w.s3, "r")
-    replica = _slot_copy(w.r, "r")                  # a replica just behind: it has the prepare
+    replica = slot_copy(w.r, "r")                  # a replica just behind: it has the prepare
     location = export(w, "r", p.nonce)
 
     real = rb._apply
@@ -615,7 +596,7 @@ def test_a_redis_that_goes_back_between_chunks_does_not_lift_the_flag_over_lost_
         if not state["failed_over"] and any(e[1] == 13 and e[2] == "commit" for e in compact):
             # the node acknowledged the chunks with the marks and the commit record, then
             # failed over to its replica; the rebuild's next call goes to the new primary
-            _fail_over_to(r, repo, replica)
+            fail_over_to(r, repo, replica)
             state["failed_over"] = True
         return out
 
@@ -649,12 +630,9 @@ async def test_a_redis_restored_from_an_older_copy_heals_by_itself(
 
     from core.clients import redis_sync
     from core.guards import fail_closed_reason
-    from reaper.daemon import Reaper
-    from schemas import events as ev
     from sim.log_loss import delete, repo_events, write
-    from sim.testing import publish, redis_now, wait_horizon
+    from sim.testing import publish, wait_horizon
     from tracker.daemon import running_tracker
-    from tracker.rebuild import ExportBranch, ExportEntry, StateExport
 
     s = settings.replace(topic_partitions=1, rebuild_interval_seconds=0.3)
     ns = f"s3://{bucket}/repo0/"
@@ -693,24 +671,7 @@ async def test_a_redis_restored_from_an_older_copy_heals_by_itself(
             assert time.monotonic() < deadline, "no rebuild prepared (not fail-closed?)"
             await asyncio.sleep(0.1)
         assert "log" in (fail_closed_reason(r, "repo0") or "")
-        nonce = r.hget(RepoKeys("repo0").rebuild, "nonce")
-        export = StateExport(
-            "repo0", await redis_now(s), nonce, {"main": ExportBranch(None, "t1", (), 1)}, {},
-            {"t1": ("open", (ExportEntry(ns + "data/keep", "k1", 1),
-                             ExportEntry(ns + "data/new", "n1", 1)))}, {}, {})
-        write_export(s3, f"{ns}_hardelete/exports/state-1/", export)
-        while fail_closed_reason(r, "repo0") is not None:
-            assert time.monotonic() < deadline + 30, "the tracker did not rebuild"
-            await asyncio.sleep(0.1)
-        since = int(r.zscore(RepoKeys("repo0").unreferenced, ns + "data/gone"))
-        await wait_horizon(s, since + int(s.grace_for("repo0") * 1000) + 500)
-        await publish(s, [ev.AddressIssued(repository="repo0", address=ns + "data/i0",
-                                           ttl_seconds=60.0)])
-        reaper = Reaper(s)
-        try:
-            await reaper.run_once()
-        finally:
-            await reaper.close()
+        await _export_heal_and_reap(s, s3, r, ns, deadline)
     left = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="repo0/data/")["Contents"]}
     assert left == {"repo0/data/keep", "repo0/data/new"}
     r.close()

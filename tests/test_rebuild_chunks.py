@@ -13,62 +13,37 @@ chunks 2.. over a mirror without chunk 1 (the manifest marks of the lost commit)
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import Any
 
 import pytest
 
 import tracker.rebuild as rb
-from core.clock import redis_time_ms
 from schemas.layout import RepoKeys
 from sim.model import Model as M
+from sim.rebuilding import (
+    MAX_AGE,
+    call,
+    export,
+    fail_over_to,
+    lose_log,
+    reapable,
+    slot_copy,
+    state_of,
+)
 from sim.worlds import BUCKET, World, make_world
 from tracker.rebuild import RebuildError, prepare, rebuild
 from tracker.state import read_repo_state
 
 pytestmark = [pytest.mark.integration]
 
-MAX_AGE = 86_400_000
 
 
-def call(w: World, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    return asyncio.run(w.svc.call(fn, *args, **kwargs))
 
 
-def lose_log(w: World, repo: str) -> None:
-    k = RepoKeys(repo)
-    w.r.hsetnx(k.fail_closed, "reason", "log reset or re-created")
-    w.r.hsetnx(k.fail_closed, "at_ms", str(redis_time_ms(w.r)))
-    w.r.hincrby(k.fail_closed, "losses", 1)
 
 
-def export(w: World, repo: str, nonce: str) -> str:
-    return asyncio.run(w.svc.write_state_export(repo, nonce))
 
-
-def state_of(w: World, repo: str, address: str) -> str:
-    st = read_repo_state(w.r, repo)
-    rec = st.addresses.get(address)
-    return "none" if rec is None or rec.state is None else rec.state.value
-
-
-def reapable(w: World, repo: str, address: str) -> bool:
-    st = read_repo_state(w.r, repo)
-    return st.reapable(address, redis_time_ms(w.r) + 10 * 86_400_000, 0)
-
-
-def _slot_copy(r: Any, repo: str) -> dict[str, bytes]:
-    tag = RepoKeys(repo).tag
-    return {k: r.dump(k) for k in r.scan_iter(match=tag.replace("{", "\\{").replace("}", "\\}")
-                                               + ":*")}
-
-
-def _fail_over_to(r: Any, repo: str, copy: dict[str, bytes]) -> None:
-    for k in list(_slot_copy(r, repo)):
-        r.delete(k)
-    for k, v in copy.items():
-        r.restore(k, 0, v)
 
 
 @pytest.fixture
@@ -88,7 +63,7 @@ def test_two_stopped_runs_and_a_slot_that_goes_back_then_forward_do_not_lift_ove
     w.applied = len(w.model.events)
     lose_log(w, "r")
     p = prepare(w.r, w.s3, "r")
-    at_prepare = _slot_copy(w.r, "r")               # node B: a replica this far behind
+    at_prepare = slot_copy(w.r, "r")               # node B: a replica this far behind
     location = export(w, "r", p.nonce)
 
     real = rb._apply
@@ -115,16 +90,16 @@ def test_two_stopped_runs_and_a_slot_that_goes_back_then_forward_do_not_lift_ove
         with pytest.raises(ConnectionError):
             rebuild(w.r, w.s3, "r", location, max_age_ms=MAX_AGE, by="run")
     # node A now: count 2 (3c5f01b), only the plan's chunk 0 applied
-    node_a = _slot_copy(w.r, "r")
+    node_a = slot_copy(w.r, "r")
     # Node A fails; B (at the prepare: count 0) is promoted. Run 3 counts on from 0.
-    _fail_over_to(w.r, "r", at_prepare)
+    fail_over_to(w.r, "r", at_prepare)
     assert w.r.hget(RepoKeys("r").rebuild, "chunks") is None
     calls = {"n": 0}
 
     def b_fails_a_returns() -> None:
         calls["n"] += 1
         if forward and calls["n"] == 2:             # B acknowledged chunks 0 and 1, then fails;
-            _fail_over_to(w.r, "r", node_a)         # A restarts from its AOF and is promoted
+            fail_over_to(w.r, "r", node_a)         # A restarts from its AOF and is promoted
 
     ctl["budget"], ctl["after"] = None, b_fails_a_returns
     with contextlib.suppress(RebuildError):         # refusing is a safe outcome
@@ -192,10 +167,10 @@ def test_two_concurrent_rebuilds_and_a_replica_one_chunk_behind_do_not_lift_over
         b_thread["t"] = threading.Thread(target=run_b)
         b_thread["t"].start()
         assert ev["b_ready"].wait(30)
-        replica = _slot_copy(r, repo)               # one chunk behind
+        replica = slot_copy(r, repo)               # one chunk behind
         out = real(r, repo, compact)                # chunk 1: the marks (count 2)
         if lost:
-            _fail_over_to(r, repo, replica)         # acknowledged, then lost: count 1
+            fail_over_to(r, repo, replica)         # acknowledged, then lost: count 1
         ev["b_go"].set()
         assert ev["b_done"].wait(30)                # B's chunk 0: count 2 again
         return out
