@@ -21,7 +21,7 @@ from schemas.publisher import ensure_topics
 from sim.log_loss import repo_events, write
 from sim.testing import publish, wait_horizon
 from tracker.daemon import running_tracker
-from tracker.state import LOG_ADVANCE_LUA, ApplyScript, read_repo_state
+from tracker.state import LOG_WRITE_LUA, ApplyScript, read_repo_state
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ def test_the_advance_refuses_when_a_repository_lost_its_chunk(redis_client: Any)
     applied = RepoKeys("r").applied
     r.hset(LOG, "t:0", "E:4:fp")
     r.hset(applied, "0", "E:4")  # the chunk that reached offset 7 is gone
-    advance = r.register_script(LOG_ADVANCE_LUA)
+    advance = r.register_script(LOG_WRITE_LUA)
     args = ["0", "E", "7", "t:0", "E:4:fp", "E:7:fp2"]
     assert advance(keys=[LOG, applied], args=args) == ["gone", applied, "0"]
     assert r.hget(LOG, "t:0") == "E:4:fp"

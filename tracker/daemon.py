@@ -101,7 +101,6 @@ from tracker.logid import (
 from tracker.references import admission_problem
 from tracker.state import (
     APPLIED_MERGE_LUA,
-    LOG_ADVANCE_LUA,
     LOG_WRITE_LUA,
     META_LUA,
     PROGRESS_LUA,
@@ -422,7 +421,6 @@ class Tracker:
         # Scripts that reload themselves after a Redis restart (NOSCRIPT).
         self._progress_script = self._redis.register_script(PROGRESS_LUA)
         self._log_script = self._redis.register_script(LOG_WRITE_LUA)
-        self._advance_script = self._redis.register_script(LOG_ADVANCE_LUA)
         self._meta_script = self._redis.register_script(META_LUA)
         self._applied_script = self._redis.register_script(APPLIED_MERGE_LUA)
         # auto_offset_reset "none": an offset out of range (a log reset under us) is an error
@@ -1244,7 +1242,7 @@ class Tracker:
         (hd:log). False if Redis no longer holds what we expected (then resume from Redis).
 
         One Redis: in the same script, every repository of the batch must still hold what its
-        chunk applied (``maxoff``), or hd:log does not move (LOG_ADVANCE_LUA). On a cluster the
+        chunk applied (``maxoff``), or hd:log does not move (LOG_WRITE_LUA). On a cluster the
         keys are in other slots; a node that went back is caught by the chunks' in-slot guard
         and the delete paths' comparison with hd:applied."""
         if not last:
@@ -1255,21 +1253,18 @@ class Tracker:
         for p, (offset, fp) in last.items():
             new[p] = LogRecord(self._epochs.get(p, ""), offset, fp).encode()
             args += [log_field(topic, p), self._logrec.get(p, ""), new[p]]
+        keys, checks = [LOG], []
         if maxoff and not self._cluster:
-            keys = [LOG] + [RepoKeys(repo).applied for repo, _ in maxoff]
+            keys += [RepoKeys(repo).applied for repo, _ in maxoff]
             checks = [x for (_, p), off in maxoff.items()
                       for x in (str(p), self._epochs.get(p, ""), str(off))]
-            res = await self._retrying(lambda: self._advance_script(keys=keys,
-                                                                    args=checks + args))
-            if res and res[0] == "gone":
-                self.log.error("Redis lost a chunk before hd:log recorded it; resuming from "
-                               "Redis", key=str(res[1]), partition=str(res[2]))
-                self.regressions += 1
-                self._reverify = True
-                return False
-            moved = res
-        else:
-            moved = await self._retrying(lambda: self._log_script(keys=[LOG], args=args))
+        moved = await self._retrying(lambda: self._log_script(keys=keys, args=checks + args))
+        if moved and moved[0] == "gone":
+            self.log.error("Redis lost a chunk before hd:log recorded it; resuming from Redis",
+                           key=str(moved[1]), partition=str(moved[2]))
+            self.regressions += 1
+            self._reverify = True
+            return False
         for p, value in new.items():
             if log_field(topic, p) not in moved:
                 self._logrec[p] = value

@@ -67,30 +67,16 @@ return refused
 """
 
 # After the repository chunks of a batch: hd:log[field] = new, only if it is still what the
-# tracker expects (ARGV triples field, expected, new). Returns the fields that had moved (Redis
-# went back in time, or another writer): the tracker then resumes from what Redis holds.
+# tracker expects (ARGV triples field, expected, new), and (one Redis) only while every
+# repository of the batch still holds what its chunk applied: KEYS[2..] = their applied
+# hashes, with ARGV first holding per key (partition, epoch, offset its chunk reached). A
+# compare on hd:log's value alone is fooled by a Redis restored from a copy taken when hd:log
+# held that same value: the chunk is gone, hd:log moves past it, and its records are never
+# replayed (found by the soak: redis_rollback between a chunk and its hd:log write; a write
+# lost, its object reaped while a retained commit held it). Returns {"gone", key, partition},
+# or the fields that had moved (Redis went back in time, or another writer): the tracker then
+# resumes from what Redis holds.
 LOG_WRITE_LUA = """
-local moved = {}
-for i = 1, #ARGV, 3 do
-  local cur = redis.call('HGET', KEYS[1], ARGV[i]) or ''
-  if cur == ARGV[i + 1] then
-    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
-  else
-    moved[#moved + 1] = ARGV[i]
-  end
-end
-return moved
-"""
-
-# One Redis: hd:log moves only while every repository of the batch still holds what its chunk
-# applied. KEYS[1] = hd:log, KEYS[2..] = the repositories' applied hashes; ARGV: per applied
-# key (partition, epoch, offset its chunk reached), then LOG_WRITE_LUA's triples. A compare on
-# hd:log's value alone is fooled by a Redis restored from a copy taken when hd:log held that
-# same value: the chunk is gone, hd:log moves past it, and its records are never replayed
-# (found by the soak: redis_rollback between a chunk and its hd:log write; a write lost, its
-# object reaped while a retained commit held it). Returns {"gone", key, partition}, or the
-# moved fields as LOG_WRITE_LUA does.
-LOG_ADVANCE_LUA = """
 local i = 1
 for k = 2, #KEYS do
   local part, epoch, want = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
