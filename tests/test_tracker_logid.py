@@ -228,3 +228,14 @@ def test_a_replaced_cluster_fails_closed_even_with_nothing_applied_from_the_log(
     legacy = LogRecord(new_epoch(), -1, "")
     assert not decide(legacy, 0, 5, NOT_FETCHED, new_epoch("b"), cluster="b").fail_repos
     assert not decide(nothing, 0, 5, NOT_FETCHED, new_epoch(), cluster=None).fail_repos
+
+
+@pytest.mark.xfail(strict=True, reason="known hole, not fixed yet (issue 20 note): a record "
+                   "with no fingerprint proves nothing about which log follows it")
+def test_a_record_without_a_fingerprint_does_not_let_a_new_log_be_skipped() -> None:
+    """Found by an adversarial review. After a retention gap hd:log holds ``e:S-1:`` (no
+    fingerprint). If the topic is then re-created on the same broker cluster (same cluster id)
+    and its new log grows past S before the tracker resumes, ``decide`` seeks to S: new records
+    0..S-1 (a copy that kept an address alive) are skipped silently and nothing fails closed."""
+    d = decide(LogRecord("e", 99, ""), 0, 200, NOT_FETCHED, "e2")
+    assert d.fail_repos or d.fail_all or d.seek == 0
