@@ -5,6 +5,7 @@ failing over to a replica that holds an older copy."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from core.clock import redis_time_ms
@@ -25,6 +26,17 @@ def lose_log(w: World, repo: str) -> None:
     w.r.hsetnx(k.fail_closed, "reason", "log reset or re-created")
     w.r.hsetnx(k.fail_closed, "at_ms", str(redis_time_ms(w.r)))
     w.r.hincrby(k.fail_closed, "losses", 1)
+
+
+def past_upload_windows(w: World, repo: str) -> None:
+    """Wait until every upload window the mirror holds for ``repo`` has ended, so an address
+    whose last reference ends is 'unreferenced', not 'issued' (a fast run can otherwise end a
+    reference inside the window)."""
+    ends = [rec.issued_until for rec in read_repo_state(w.r, repo).addresses.values()
+            if rec.issued_until is not None]
+    end = max(ends, default=0)
+    while redis_time_ms(w.r) <= end:
+        time.sleep(0.01)
 
 
 def export(w: World, repo: str, nonce: str) -> str:

@@ -24,6 +24,7 @@ from sim.rebuilding import (
     export,
     fail_over_to,
     lose_log,
+    past_upload_windows,
     reapable,
     slot_copy,
     state_of,
@@ -44,7 +45,7 @@ pytestmark = [pytest.mark.integration]
 @pytest.fixture
 def w(settings, s3, redis_client) -> World:
     world = make_world(settings, s3, redis_client)
-    world.model.upload_ttl_seconds = 0.05  # upload protection is not what is tested here
+    world.model.upload_ttl_seconds = 1.0  # upload protection is not what is tested here
     return world
 
 
@@ -69,6 +70,7 @@ def scenario(w: World) -> dict[str, Any]:
     call(w, M.create_tag, "r", "t", c1)
     w.applied = len(w.model.events)  # lost: never applied
     lose_log(w, "r")
+    past_upload_windows(w, "r")
     return {"a": a, "b": b, "c1": c1, "c2": c2, "s": s, "g": g, "k": k, "x": x, "y": y}
 
 
@@ -141,9 +143,7 @@ def test_a_snapshot_token_the_export_no_longer_lists_is_dropped(w: World) -> Non
     call(w, M.reset_branch, "r", "dev")
     w.applied = len(w.model.events)
     lose_log(w, "r")
-    until = time.time() + 0.2  # d's upload window (50 ms) is over: 'unreferenced', not 'issued'
-    while time.time() < until:
-        time.sleep(0.02)
+    past_upload_windows(w, "r")  # d ends 'unreferenced', not 'issued'
     p = prepare(w.r, w.s3, "r")
     report = rebuild(w.r, w.s3, "r", export(w, "r", p.nonce), max_age_ms=MAX_AGE)
     assert report.counts["tokens_dropped"] == 1
