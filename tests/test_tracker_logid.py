@@ -230,12 +230,58 @@ def test_a_replaced_cluster_fails_closed_even_with_nothing_applied_from_the_log(
     assert not decide(nothing, 0, 5, NOT_FETCHED, new_epoch(), cluster=None).fail_repos
 
 
-@pytest.mark.xfail(strict=True, reason="known hole, not fixed yet (issue 20 note): a record "
-                   "with no fingerprint proves nothing about which log follows it")
 def test_a_record_without_a_fingerprint_does_not_let_a_new_log_be_skipped() -> None:
     """Found by an adversarial review. After a retention gap hd:log holds ``e:S-1:`` (no
     fingerprint). If the topic is then re-created on the same broker cluster (same cluster id)
-    and its new log grows past S before the tracker resumes, ``decide`` seeks to S: new records
-    0..S-1 (a copy that kept an address alive) are skipped silently and nothing fails closed."""
+    and its new log grows past S before the tracker resumes, ``decide`` sought to S: new records
+    0..S-1 (a copy that kept an address alive) were skipped silently. A log never starts lower
+    than it did: this one is another."""
     d = decide(LogRecord("e", 99, ""), 0, 200, NOT_FETCHED, "e2")
-    assert d.fail_repos or d.fail_all or d.seek == 0
+    assert d.reset and d.seek == 0 and d.fail_repos and "starts at 0" in d.fail_repos
+    assert d.record == LogRecord("e2", -1, "")
+    # the same log, its start where it was (or further on: a gap, as before)
+    assert decide(LogRecord("e", 99, ""), 100, 200, NOT_FETCHED, "e2").seek == 100
+    assert decide(LogRecord("e", 99, ""), 150, 200, NOT_FETCHED, "e2").fail_repos
+
+
+def test_an_anchored_record_round_trips_and_names_its_witness() -> None:
+    rec = LogRecord("e", -1, "", (0, "ab"))
+    assert rec.encode() == "e:-1:@0.ab" and LogRecord.decode(rec.encode()) == rec
+    assert rec.witness == (0, "ab") and LogRecord("e", 4, "ff", (0, "ab")).witness == (4, "ff")
+    assert LogRecord("e", -1, "").witness is None
+    for bad in ("e:-1:@", "e:-1:@x.ab", "e:-1:@3.", "e:-1:@3"):
+        assert LogRecord.decode(bad) is None, bad  # unreadable: no record (fail-closed rules)
+
+
+def test_a_log_known_by_its_anchor_resumes_only_while_the_anchor_is_there() -> None:
+    """Nothing applied from the log (offset -1): the anchor record the tracker wrote at offset 3
+    is what tells this log from a topic re-created on the same cluster."""
+    rec = LogRecord("e", -1, "", (3, "fp"))
+    d = decide(rec, 0, 10, "fp", E)
+    assert (d.seek, d.record, d.reset, d.fail_repos) == (0, rec, False, None)
+    other = decide(rec, 0, 10, "not-it", E)  # another log grew past the anchor's offset
+    assert other.reset and other.seek == 0 and other.fail_repos and "anchor" in other.fail_repos
+    short = decide(rec, 0, 3, None, E)  # another log, shorter than the anchor's offset
+    assert short.reset and short.fail_repos and "before the anchor" in short.fail_repos
+    assert decide(rec, 0, 10, None, E).fail_repos  # no record fetched there
+    # without an anchor (the broker refused it) the same log resumes, as it did
+    assert decide(LogRecord("e", -1, ""), 0, 10, NOT_FETCHED, E).seek == 0
+
+
+@given(st.integers(-1, 50), st.integers(0, 60), st.integers(0, 80), st.integers(0, 80),
+       st.booleans())
+def test_a_record_without_a_fingerprint_never_skips_a_record_of_another_log(
+        offset: int, start: int, end: int, anchor_at: int, same: bool) -> None:
+    """Whatever the log looks like now: either the decision fails the repositories closed, or
+    it resumes at the record's next offset of a log that may be the same one (its start not
+    lower, the anchor found where it was written), never past a record of a log it cannot
+    tell."""
+    end = max(end, start)
+    anchor = (offset + 1 + anchor_at, "fp")
+    rec = LogRecord("e", offset, "", anchor)
+    found = ("fp" if same else "x") if start <= anchor[0] < end else NOT_FETCHED
+    d = decide(rec, start, end, found, E)
+    if d.fail_repos or d.fail_all:
+        assert d.seek == start
+        return
+    assert d.seek == offset + 1 and start == offset + 1 and same and anchor[0] < end

@@ -414,6 +414,62 @@ async def test_partitions_added_in_place_hold_the_horizon_until_applied(settings
     r.close()
 
 
+async def _recreate_topic(s: Settings, partitions: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+    await admin.start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            await admin.delete_topics([s.events_topic])
+            created = await admin.create_topics([NewTopic(s.events_topic, partitions, 1)])
+            if created.topic_errors[0][1] == 0:
+                return
+            # Kafka was still deleting it (or a client's metadata request auto-created it).
+            assert time.monotonic() < deadline, "the topic could not be re-created"
+            await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+
+
+async def test_a_partition_nothing_was_applied_from_is_told_from_a_re_created_one(
+        settings: Settings) -> None:
+    """A partition the tracker applied nothing from had no fingerprint in hd:log (``e:-1:``):
+    the topic re-created on the same cluster passed for it, and whatever was published to the
+    old log and not applied yet was lost unnoticed. The tracker now writes an anchor into such a
+    log; applied as nothing (not dead-lettered), it gives the partition its fingerprint."""
+    from schemas.layout import LOG
+    from tracker.logid import ANCHOR_KEY, LogRecord, log_field
+
+    s = settings.replace(topic_partitions=2)
+    r = redis_sync(s)
+    async with running_tracker(s):
+        await wait_horizon(s, await publish(s, repo_events("s3://b/repo0/")))
+        recs = {p: LogRecord.decode(r.hget(LOG, log_field(s.events_topic, p))) for p in (0, 1)}
+    assert all(rec is not None and rec.fingerprint and rec.offset >= 0
+               for rec in recs.values()), recs
+    consumer = AIOKafkaConsumer(s.events_topic, s.dlq_topic, bootstrap_servers=s.kafka_bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets(list(consumer.assignment()))
+        assert all(end == 0 for tp, end in ends.items() if tp.topic == s.dlq_topic), ends
+        total = sum(end for tp, end in ends.items() if tp.topic == s.events_topic)
+        keys: list[bytes | None] = []
+        while len(keys) < total:
+            for got in (await consumer.getmany(timeout_ms=200)).values():
+                keys += [rec.key for rec in got if rec.topic == s.events_topic]
+        assert keys.count(ANCHOR_KEY) == 2  # one per partition, written when it was first seen
+    finally:
+        await consumer.stop()
+    await _recreate_topic(s, 2)
+    async with running_tracker(s, name="after-recreate"):
+        await wait_horizon(s, await redis_now(s), timeout=60)
+    incidents = [orjson.loads(i) for i in r.lrange(RepoKeys("repo0").incidents, 0, -1)]
+    told = {i["partition"] for i in incidents if i["type"] == "fail_closed"}
+    assert told == {0, 1}, incidents  # the partition repo0 never published to, too
+    r.close()
+
+
 # --- poison records ----------------------------------------------------------------------------
 
 def _bad_records(ns: str) -> list[tuple[bytes | None, bytes, str, str | None]]:

@@ -46,7 +46,7 @@ import sys
 import time
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -88,13 +88,16 @@ from schemas.layout import (
 from schemas.publisher import ensure_topics
 from tracker import codec
 from tracker.logid import (
+    ANCHOR_KEY,
     NOT_FETCHED,
     LogRecord,
+    anchor_value,
     cluster_tag,
     decide,
     epoch_cluster,
     fingerprint,
     gone_partitions,
+    is_anchor,
     log_field,
     new_epoch,
 )
@@ -111,6 +114,7 @@ from tracker.state import (
 log = structlog.get_logger("tracker")
 
 _MAX_CANDIDATES = 64
+_ANCHOR_TIMEOUT_S = 10.0  # a broker that does not take the anchor by then: verified again later
 _META_INTERVAL_S = 0.25  # how often the partition count is re-verified (horizon lags by this)
 _LOG_CHECK_ROUNDS = 20  # every 5 s: is the record last applied still in the log?
 _DLQ_MAX_VALUE = 900_000  # bytes of a dead-lettered value (the producer's request limit is 1 MB)
@@ -651,10 +655,11 @@ class Tracker:
             p = tp.partition
             rec = LogRecord.decode(value)
             start = starts[tp]
-            at = rec.offset if rec is not None and rec.offset >= start else start
+            witness = rec.witness if rec is not None else None
+            at = witness[0] if witness is not None and witness[0] >= start else start
             end, found_fp = await self._probe_at(tp, at)
             found: str | None = NOT_FETCHED
-            if rec is not None and rec.fingerprint and start <= rec.offset < end:
+            if witness is not None and start <= witness[0] < end:
                 found = found_fp
             committed = None
             if rec is None:
@@ -662,7 +667,10 @@ class Tracker:
                     committed = await consumer.committed(tp)
             d = decide(rec, start, end, found, new_epoch(cluster),
                        group_committed=committed is not None, cluster=cluster)
-            new = d.record.encode()
+            record = d.record
+            if record.witness is None:
+                record = await self._anchor(tp, record)
+            new = record.encode()
             if new != (value or ""):
                 moved = await self._retrying(lambda: self._log_script(
                     keys=[LOG], args=[fld, value or "", new]))  # noqa: B023
@@ -674,14 +682,35 @@ class Tracker:
                 await self._fail_partition_repos(p, d.fail_repos, now)
             if d.fail_all:
                 await self._fail_all(d.fail_all, now, p)
-            self._epochs[p] = d.record.epoch
+            self._epochs[p] = record.epoch
             self._logrec[p] = new
             self._clocks[p] = PartitionClock()  # no claim from samples taken before the seek
             consumer.seek(tp, d.seek)
             self.verified += 1
             (self.log.warning if d.fail_repos or d.fail_all else self.log.info)(
-                "partition resumed from Redis", partition=p, offset=d.seek, epoch=d.record.epoch,
+                "partition resumed from Redis", partition=p, offset=d.seek, epoch=record.epoch,
                 log_start=start, log_end=end, detail=d.detail)
+
+    async def _anchor(self, tp: Any, record: LogRecord) -> LogRecord:
+        """Write an anchor record into the log (tracker/logid.py) and return ``record`` known by
+        it; unchanged (with a warning) when the broker refuses it: the next verification tries
+        again, and the log's start still tells a re-created topic that started lower."""
+        producer = self._producer
+        assert producer is not None
+        try:
+            meta = await asyncio.wait_for(producer.send_and_wait(
+                tp.topic, anchor_value(record.epoch), key=ANCHOR_KEY, partition=tp.partition),
+                _ANCHOR_TIMEOUT_S)
+            _, fp = await self._probe_at(tp, meta.offset)
+        except (TimeoutError, KafkaError, RuntimeError) as exc:
+            self.log.warning("log not anchored", partition=tp.partition,
+                             error=f"{type(exc).__name__}: {exc}"[:300])
+            return record
+        if fp is None:  # (gone at once: a log replaced again; the next verification tells)
+            self.log.warning("log anchor not found after writing it", partition=tp.partition,
+                             offset=meta.offset)
+            return record
+        return replace(record, anchor=(meta.offset, fp))
 
     async def _check_logs(self) -> None:
         """While running: is the record we last applied from each partition still there? A log
@@ -700,12 +729,17 @@ class Tracker:
                 return
         for p, value in list(self._logrec.items()):
             rec = LogRecord.decode(value)
-            if rec is None or not rec.fingerprint or self._reverify:
+            if rec is None or self._reverify:
                 continue
-            _, found = await self._probe_at(TopicPartition(topic, p), rec.offset)
-            if found != rec.fingerprint and self._logrec.get(p) is not None:
-                self.log.error("the record last applied is gone from the log; resuming from "
-                               "Redis", partition=p, offset=rec.offset)
+            witness = rec.witness
+            if witness is None:  # not anchored yet (the broker refused it): verify again
+                self.log.info("log not anchored yet; resuming from Redis", partition=p)
+                self._reverify = True
+                continue
+            _, found = await self._probe_at(TopicPartition(topic, p), witness[0])
+            if found != witness[1] and self._logrec.get(p) is not None:
+                self.log.error("the record that tells this log is gone from it; resuming from "
+                               "Redis", partition=p, offset=witness[0])
                 self._reverify = True
 
     async def _broker_cluster(self) -> str | None:
@@ -916,7 +950,8 @@ class Tracker:
                 try:
                     body = parse(rec.value)
                 except EventError as exc:
-                    dlq.append((rec, str(exc)))
+                    if not is_anchor(rec):  # (the tracker's own marker: applied as nothing)
+                        dlq.append((rec, str(exc)))
                     continue
                 except Exception as exc:  # a poison record must not stop the tracker
                     dlq.append((rec, f"undecodable event ({type(exc).__name__}: {exc})"))

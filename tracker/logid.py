@@ -8,6 +8,12 @@ and timestamp: records of another log differ at the same offset). ``hd:log`` hol
 partition, ``<epoch>:<offset>:<fingerprint>``; every repository's ``applied`` offset is recorded
 with its epoch by ``apply.lua``, so offsets of an old log never skip records of a new one.
 
+A record with nothing applied behind it (a fresh log, or one whose unapplied head retention
+took) has no fingerprint, and a topic re-created on the same cluster would pass for it. So the
+tracker writes an **anchor** into such a log (a marker record it ignores when applying) and
+keeps the marker's offset and fingerprint in the record (``<epoch>:<offset>:@<at>.<fp>``): the
+log is known by the anchor until a record applied after it gives the fingerprint.
+
 On assignment the tracker resumes from what Redis says it applied (not from the group's offsets),
 so a Redis that went back in time is repaired by replay; :func:`decide` is the pure rule for
 what it finds. Where replay cannot restore what Redis lacks, the affected repositories (or all,
@@ -30,9 +36,12 @@ class LogRecord:
     epoch: str
     offset: int  # -1: nothing applied yet
     fingerprint: str  # of the record at offset ("" when unknown)
+    anchor: tuple[int, str] | None = None  # (offset, fingerprint) of this log's anchor record
 
     def encode(self) -> str:
-        return f"{self.epoch}:{self.offset}:{self.fingerprint}"
+        if self.fingerprint or self.anchor is None:
+            return f"{self.epoch}:{self.offset}:{self.fingerprint}"
+        return f"{self.epoch}:{self.offset}:@{self.anchor[0]}.{self.anchor[1]}"
 
     @staticmethod
     def decode(value: str | None) -> LogRecord | None:
@@ -40,9 +49,35 @@ class LogRecord:
             return None
         try:
             epoch, offset, fp = value.split(":", 2)
+            if fp.startswith("@"):
+                at, dot, afp = fp[1:].partition(".")
+                if not dot or not afp:
+                    return None
+                return LogRecord(epoch, int(offset), "", (int(at), afp))
             return LogRecord(epoch, int(offset), fp)
         except ValueError:
             return None  # unreadable: treated as no record (fail-closed rules apply)
+
+    @property
+    def witness(self) -> tuple[int, str] | None:
+        """(offset, fingerprint) of the record that tells this log from another: the last one
+        applied, else the anchor; None when there is neither."""
+        if self.fingerprint:
+            return self.offset, self.fingerprint
+        return self.anchor
+
+
+# The anchor: a record the tracker writes into a log it knows by no fingerprint. Its key is no
+# repository's (the NUL byte), so no event can be taken for it, nor it for an event.
+ANCHOR_KEY = b"\x00hardelete:log-anchor"
+
+
+def anchor_value(epoch: str) -> bytes:
+    return f"hardelete log anchor of epoch {epoch}".encode()
+
+
+def is_anchor(record: Any) -> bool:
+    return bool(record.key == ANCHOR_KEY)
 
 
 def cluster_tag(cluster: str) -> str:
@@ -113,8 +148,9 @@ def decide(rec: LogRecord | None, start: int, end: int, found_fp: str | None,
     """The rule for one partition.
 
     rec: Redis' log record (None: Redis has none). start/end: the log's first offset and high
-    watermark now. found_fp: the fingerprint of the record at ``rec.offset`` as fetched now (None:
-    no such record; :data:`NOT_FETCHED` when the offset is outside [start, end)). epoch: a fresh
+    watermark now. found_fp: the fingerprint of the record at the offset of ``rec.witness`` as
+    fetched now (None: no such record; :data:`NOT_FETCHED` when the offset is outside [start,
+    end)). epoch: a fresh
     epoch to use if the log changed. group_committed: the consumer group has committed offsets.
     cluster: the broker's cluster id now (None: unknown).
     """
@@ -145,10 +181,38 @@ def decide(rec: LogRecord | None, start: int, end: int, found_fp: str | None,
                "applied, are gone (retention)")
         return Decision(start, LogRecord(rec.epoch, start - 1, ""), False, fail_repos=why,
                         detail=why)
-    if rec.offset < start or rec.offset < 0 or not rec.fingerprint or found_fp == NOT_FETCHED:
+    if not rec.fingerprint:
+        return _by_anchor(rec, start, end, found_fp, epoch)
+    if rec.offset < start or found_fp == NOT_FETCHED:
         return Decision(nxt, rec, False, detail="resumed (no record to compare)")
     if found_fp != rec.fingerprint:
         why = (f"log reset or re-created: the record at offset {rec.offset} is not the one "
                f"applied (epoch {rec.epoch})")
         return Decision(start, LogRecord(epoch, start - 1, ""), True, fail_repos=why, detail=why)
     return Decision(nxt, rec, False, detail="resumed")
+
+
+def _by_anchor(rec: LogRecord, start: int, end: int, found_fp: str | None,
+               epoch: str) -> Decision:
+    """A record with no fingerprint (nothing applied since the log started at ``offset + 1``):
+    the log's start, which never goes back within one log, and the anchor record tell."""
+    nxt = rec.offset + 1
+    reset = LogRecord(epoch, start - 1, "")
+    if start < nxt:
+        why = (f"log reset or re-created: it starts at {start}, but epoch {rec.epoch} recorded a "
+               f"log that started at {nxt}")
+        return Decision(start, reset, True, fail_repos=why, detail=why)
+    if rec.anchor is None:
+        # Written by a tracker that could not anchor (the broker refused the marker); the
+        # next verification anchors it.
+        return Decision(nxt, rec, False, detail="resumed (no anchor to compare)")
+    at, fp = rec.anchor
+    if end <= at:
+        why = (f"log reset or re-created: it ends at {end}, before the anchor record at offset "
+               f"{at} of epoch {rec.epoch}")
+        return Decision(start, reset, True, fail_repos=why, detail=why)
+    if found_fp != fp:
+        why = (f"log reset or re-created: the record at offset {at} is not the anchor of epoch "
+               f"{rec.epoch}")
+        return Decision(start, reset, True, fail_repos=why, detail=why)
+    return Decision(nxt, rec, False, detail="resumed (anchor matches)")
