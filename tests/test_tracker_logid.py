@@ -268,6 +268,38 @@ def test_a_log_known_by_its_anchor_resumes_only_while_the_anchor_is_there() -> N
     assert decide(LogRecord("e", -1, ""), 0, 10, NOT_FETCHED, E).seek == 0
 
 
+def test_an_anchor_lost_right_after_its_ack_is_a_reset_not_a_log_known_by_nothing() -> None:
+    """Found by review: the anchor acknowledged at offset 2, the topic re-created before the
+    tracker fetched it back (the new log ends at 1). Kept as written, the next decision sees a
+    log shorter than its anchor; taken from the fetch, it would have been "no anchor" and the
+    old log's unapplied records lost unnoticed."""
+    from tracker.logid import anchored, fingerprint_of
+
+    fp = fingerprint_of(b"k", b"v", 1_700_000_000_000)
+    rec, disagrees = anchored(LogRecord("e", -1, ""), 2, fp, None)
+    assert disagrees and rec.anchor == (2, fp)
+    d = decide(rec, 0, 1, NOT_FETCHED, E)
+    assert d.reset and d.fail_repos
+    assert anchored(LogRecord("e", -1, ""), 2, fp, fp) == (LogRecord("e", -1, "", (2, fp)), False)
+
+
+def test_only_the_exact_anchor_record_is_taken_for_one() -> None:
+    from tracker.logid import ANCHOR_KEY, anchor_value, is_anchor, new_epoch
+
+    assert is_anchor(Rec(anchor_value(new_epoch("c")), ANCHOR_KEY))
+    assert is_anchor(Rec(anchor_value(new_epoch()), ANCHOR_KEY))
+    # the key alone is not enough: a malformed event keyed so is dead-lettered and held
+    for value in (b'{"type": "object_written"}', anchor_value("e") + b" s3://b/r/x", None):
+        assert not is_anchor(Rec(value, ANCHOR_KEY)), value
+    assert not is_anchor(Rec(anchor_value("e"), b"repo0"))
+
+
+def test_a_log_that_retention_took_the_last_applied_record_of_is_anchored_again() -> None:
+    d = decide(LogRecord("e", 9, "fp"), 10, 30, NOT_FETCHED, E)
+    assert (d.seek, d.reset, d.fail_repos) == (10, False, None)
+    assert d.record == LogRecord("e", 9, "") and d.record.witness is None  # the tracker anchors
+
+
 @given(st.integers(-1, 50), st.integers(0, 60), st.integers(0, 80), st.integers(0, 80),
        st.booleans())
 def test_a_record_without_a_fingerprint_never_skips_a_record_of_another_log(

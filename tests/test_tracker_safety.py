@@ -462,12 +462,43 @@ async def test_a_partition_nothing_was_applied_from_is_told_from_a_re_created_on
     finally:
         await consumer.stop()
     await _recreate_topic(s, 2)
-    async with running_tracker(s, name="after-recreate"):
+    async with running_tracker(s, name="after-recreate") as tracker:
         await wait_horizon(s, await redis_now(s), timeout=60)
     incidents = [orjson.loads(i) for i in r.lrange(RepoKeys("repo0").incidents, 0, -1)]
     told = {i["partition"] for i in incidents if i["type"] == "fail_closed"}
     assert told == {0, 1}, incidents  # the partition repo0 never published to, too
+    # the anchors' fingerprints, computed from what was sent, are what the broker stored
+    assert tracker.regressions == 0
     r.close()
+
+
+async def test_a_malformed_event_keyed_like_the_anchor_is_dead_lettered_and_held(
+        settings: Settings) -> None:
+    """Found by review: the apply path skipped every undecodable record with the anchor's key.
+    A malformed copy a service keys so names a live address: it must be dead-lettered and the
+    address held, as any malformed event (SPEC 10)."""
+    from tracker.logid import ANCHOR_KEY
+
+    ns = "s3://b/repo0/"
+    good = orjson.loads(ev.encode(write("repo0", ns + "data/copy", "r")))
+    bad = orjson.dumps({**good, "junk": "x"})  # unknown field: refused, as a newer schema
+    async with running_tracker(settings) as tracker:
+        await wait_horizon(settings, await publish(settings, repo_events(ns)))
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+        await producer.start()
+        try:
+            await producer.send_and_wait(settings.events_topic, bad, key=ANCHOR_KEY)
+        finally:
+            await producer.stop()
+        await wait_horizon(settings,
+                           await publish(settings, [write("repo0", ns + "data/ok", "ok")]))
+        dead = tracker.dead_lettered
+    r = redis_sync(settings)
+    try:
+        held = holds(r, "repo0")
+    finally:
+        r.close()
+    assert dead == 1 and ns + "data/copy" in held, (dead, held)
 
 
 # --- poison records ----------------------------------------------------------------------------

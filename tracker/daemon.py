@@ -46,7 +46,7 @@ import sys
 import time
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -92,10 +92,12 @@ from tracker.logid import (
     NOT_FETCHED,
     LogRecord,
     anchor_value,
+    anchored,
     cluster_tag,
     decide,
     epoch_cluster,
     fingerprint,
+    fingerprint_of,
     gone_partitions,
     is_anchor,
     log_field,
@@ -114,7 +116,8 @@ from tracker.state import (
 log = structlog.get_logger("tracker")
 
 _MAX_CANDIDATES = 64
-_ANCHOR_TIMEOUT_S = 10.0  # a broker that does not take the anchor by then: verified again later
+_ANCHOR_TIMEOUT_S = 5.0  # a broker that does not take the anchor by then: tried again later
+_ANCHOR_RETRY_S = 30.0  # (not every log check: a broker that refuses it would stall the tracker)
 _META_INTERVAL_S = 0.25  # how often the partition count is re-verified (horizon lags by this)
 _LOG_CHECK_ROUNDS = 20  # every 5 s: is the record last applied still in the log?
 _DLQ_MAX_VALUE = 900_000  # bytes of a dead-lettered value (the producer's request limit is 1 MB)
@@ -274,6 +277,9 @@ class TrackerMetrics:
         self.progress = Gauge("hardelete_tracker_progress_ms",
                               "Redis-clock ms up to which the partition is applied",
                               ["partition"], registry=r)
+        self.unanchored = Counter("hardelete_tracker_anchor_refused",
+                                  "anchor records the broker did not take (such a log is known "
+                                  "only by its start until one is taken)", registry=r)
         self.fetch_wait = Gauge("hardelete_tracker_fetch_wait_ms",
                                 "longest wait of the next fetch (raised while behind the log's "
                                 "end)", registry=r)
@@ -360,6 +366,7 @@ class Tracker:
         self._probe: AIOKafkaConsumer | None = None  # no group: offsets, one-record fetches
         self._epochs: dict[int, str] = {}  # partition -> epoch of its log
         self._logrec: dict[int, str] = {}  # partition -> hd:log value Redis must hold
+        self._anchor_tried: dict[int, float] = {}  # partition -> monotonic time of last try
         # Redis Cluster: (repo, partition) -> the applied value Redis must hold (the log
         # guard in the repository's own slot, tracker/apply.lua)
         self._applied_seen: dict[tuple[str, int], str] = {}
@@ -651,8 +658,8 @@ class Tracker:
         starts = await probe.beginning_offsets(ordered)
         cluster = await self._broker_cluster()
         now = await self._retrying(lambda: aredis_time_ms(self._redis))
-        for tp, fld, value in zip(ordered, fields, raw, strict=True):
-            p = tp.partition
+        decided = []
+        for tp, value in zip(ordered, raw, strict=True):
             rec = LogRecord.decode(value)
             start = starts[tp]
             witness = rec.witness if rec is not None else None
@@ -667,9 +674,17 @@ class Tracker:
                     committed = await consumer.committed(tp)
             d = decide(rec, start, end, found, new_epoch(cluster),
                        group_committed=committed is not None, cluster=cluster)
-            record = d.record
-            if record.witness is None:
-                record = await self._anchor(tp, record)
+            decided.append((d, start, end))
+        # Logs known by no record get an anchor, all at once (each waits for the broker's ack).
+        unknown = [i for i, (d, _, _) in enumerate(decided) if d.record.witness is None]
+        records = {i: d.record for i, (d, _, _) in enumerate(decided)}
+        for i, got in zip(unknown, await asyncio.gather(
+                *(self._anchor(ordered[i], records[i]) for i in unknown)), strict=True):
+            records[i] = got
+        for i, (tp, fld, value) in enumerate(zip(ordered, fields, raw, strict=True)):
+            p = tp.partition
+            d, start, end = decided[i]
+            record = records[i]
             new = record.encode()
             if new != (value or ""):
                 moved = await self._retrying(lambda: self._log_script(
@@ -693,24 +708,34 @@ class Tracker:
 
     async def _anchor(self, tp: Any, record: LogRecord) -> LogRecord:
         """Write an anchor record into the log (tracker/logid.py) and return ``record`` known by
-        it; unchanged (with a warning) when the broker refuses it: the next verification tries
-        again, and the log's start still tells a re-created topic that started lower."""
+        it; unchanged (with a warning) when the broker does not take it: a later check tries
+        again (_check_logs), and meanwhile the log's start still tells a re-created topic."""
         producer = self._producer
         assert producer is not None
+        self._anchor_tried[tp.partition] = time.monotonic()
+        value = anchor_value(record.epoch)
         try:
             meta = await asyncio.wait_for(producer.send_and_wait(
-                tp.topic, anchor_value(record.epoch), key=ANCHOR_KEY, partition=tp.partition),
-                _ANCHOR_TIMEOUT_S)
-            _, fp = await self._probe_at(tp, meta.offset)
-        except (TimeoutError, KafkaError, RuntimeError) as exc:
-            self.log.warning("log not anchored", partition=tp.partition,
-                             error=f"{type(exc).__name__}: {exc}"[:300])
+                tp.topic, value, key=ANCHOR_KEY, partition=tp.partition), _ANCHOR_TIMEOUT_S)
+        except (TimeoutError, KafkaError) as exc:
+            self.metrics.unanchored.inc()
+            self.log.warning("log not anchored: the broker did not take the anchor record",
+                             partition=tp.partition, error=f"{type(exc).__name__}: {exc}"[:300])
             return record
-        if fp is None:  # (gone at once: a log replaced again; the next verification tells)
-            self.log.warning("log anchor not found after writing it", partition=tp.partition,
-                             offset=meta.offset)
-            return record
-        return replace(record, anchor=(meta.offset, fp))
+        # Its fingerprint from what was sent and the timestamp the broker stored: a log that
+        # lost it right after the ack is another log, not one known by nothing.
+        fp = fingerprint_of(ANCHOR_KEY, value, meta.timestamp)
+        try:
+            _, found = await self._probe_at(tp, meta.offset)
+        except RuntimeError as exc:
+            found = f"not fetched: {exc}"
+        result, disagrees = anchored(record, meta.offset, fp, found)
+        if disagrees:
+            self.log.error("the log lost its anchor right after the broker took it; resuming "
+                           "from Redis", partition=tp.partition, offset=meta.offset)
+            self.regressions += 1
+            self._reverify = True
+        return result
 
     async def _check_logs(self) -> None:
         """While running: is the record we last applied from each partition still there? A log
@@ -732,9 +757,10 @@ class Tracker:
             if rec is None or self._reverify:
                 continue
             witness = rec.witness
-            if witness is None:  # not anchored yet (the broker refused it): verify again
-                self.log.info("log not anchored yet; resuming from Redis", partition=p)
-                self._reverify = True
+            if witness is None:  # not anchored (the broker did not take it): verify again
+                if time.monotonic() - self._anchor_tried.get(p, 0.0) >= _ANCHOR_RETRY_S:
+                    self.log.info("log not anchored yet; resuming from Redis", partition=p)
+                    self._reverify = True
                 continue
             _, found = await self._probe_at(TopicPartition(topic, p), witness[0])
             if found != witness[1] and self._logrec.get(p) is not None:

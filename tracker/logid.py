@@ -23,6 +23,7 @@ when they cannot be known) are put fail-closed.
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
@@ -72,12 +73,28 @@ class LogRecord:
 ANCHOR_KEY = b"\x00hardelete:log-anchor"
 
 
+_ANCHOR_VALUE = re.compile(rb"hardelete log anchor of epoch [0-9a-f-]{1,64}")
+
+
 def anchor_value(epoch: str) -> bytes:
     return f"hardelete log anchor of epoch {epoch}".encode()
 
 
 def is_anchor(record: Any) -> bool:
-    return bool(record.key == ANCHOR_KEY)
+    """The tracker's own marker: its key *and* its exact value (a record that merely has the
+    key names what it names: it is dead-lettered and held like any other; found by review)."""
+    return bool(record.key == ANCHOR_KEY and record.value is not None
+                and _ANCHOR_VALUE.fullmatch(record.value))
+
+
+def anchored(record: LogRecord, offset: int, fp: str, found_fp: str | None
+             ) -> tuple[LogRecord, bool]:
+    """``record`` known by the anchor the broker acknowledged at ``offset``; ``fp`` is its
+    fingerprint from what was sent and the timestamp the broker stored, ``found_fp`` what a fetch
+    there returned right after. It is always kept as written: a log that no longer holds it is
+    another one, and the next decision says so. True: the log disagrees already (verify again
+    at once)."""
+    return LogRecord(record.epoch, record.offset, "", (offset, fp)), found_fp != fp
 
 
 def cluster_tag(cluster: str) -> str:
@@ -120,11 +137,15 @@ def gone_partitions(fields: Iterable[str], topic: str, partitions: Collection[in
 def fingerprint(record: Any) -> str:
     """Of one consumer record: key, value and broker timestamp (cheap; once per partition and
     batch)."""
+    return fingerprint_of(record.key, record.value, record.timestamp)
+
+
+def fingerprint_of(key: bytes | None, value: bytes | None, timestamp: int) -> str:
     h = hashlib.blake2b(digest_size=8)
-    h.update(record.key or b"\x00")
+    h.update(key or b"\x00")
     h.update(b"\x01")
-    h.update(record.value or b"\x00")
-    h.update(str(record.timestamp).encode())
+    h.update(value or b"\x00")
+    h.update(str(timestamp).encode())
     return h.hexdigest()
 
 
@@ -183,7 +204,12 @@ def decide(rec: LogRecord | None, start: int, end: int, found_fp: str | None,
                         detail=why)
     if not rec.fingerprint:
         return _by_anchor(rec, start, end, found_fp, epoch)
-    if rec.offset < start or found_fp == NOT_FETCHED:
+    if rec.offset < start:
+        # Retention took the record last applied (the log starts right after it): nothing
+        # left to compare, so the tracker anchors the log again.
+        return Decision(nxt, LogRecord(rec.epoch, rec.offset, ""), False,
+                        detail="resumed (the record last applied is gone by retention)")
+    if found_fp == NOT_FETCHED:
         return Decision(nxt, rec, False, detail="resumed (no record to compare)")
     if found_fp != rec.fingerprint:
         why = (f"log reset or re-created: the record at offset {rec.offset} is not the one "
