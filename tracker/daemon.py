@@ -714,10 +714,18 @@ class Tracker:
         assert producer is not None
         self._anchor_tried[tp.partition] = time.monotonic()
         value = anchor_value(record.epoch)
+
+        async def send() -> Any:
+            # A partition added just now may not be in the producer's metadata yet.
+            while tp.partition not in await producer.partitions_for(tp.topic):
+                await producer.client.force_metadata_update()
+                await asyncio.sleep(0.05)
+            return await producer.send_and_wait(tp.topic, value, key=ANCHOR_KEY,
+                                                partition=tp.partition)
+
         try:
-            meta = await asyncio.wait_for(producer.send_and_wait(
-                tp.topic, value, key=ANCHOR_KEY, partition=tp.partition), _ANCHOR_TIMEOUT_S)
-        except (TimeoutError, KafkaError) as exc:
+            meta = await asyncio.wait_for(send(), _ANCHOR_TIMEOUT_S)
+        except (TimeoutError, KafkaError, AssertionError) as exc:
             self.metrics.unanchored.inc()
             self.log.warning("log not anchored: the broker did not take the anchor record",
                              partition=tp.partition, error=f"{type(exc).__name__}: {exc}"[:300])
@@ -920,6 +928,11 @@ class Tracker:
             # The log is shorter than our position (reset?): resume from Redis again.
             self.log.info("no valid position; resuming from Redis", error=str(exc))
             self._reverify, data = True, {}
+        if not self._assigning.is_set():
+            # The listener is verifying a new assignment: these records were fetched from the
+            # group's offsets, before its seek from Redis (and before the partition's epoch was
+            # known); they are fetched again after it. (Taken, they were dead-lettered twice.)
+            data = {}
         self._sample(consumer)
         async with self._lock:
             assigned = consumer.assignment()
