@@ -18,7 +18,8 @@ REPOS = f"{PREFIX}:repos"  # set of repository ids
 PROGRESS = f"{PREFIX}:progress"  # hash: partition -> ms up to which the broker's content is applied
 PROGRESS_META = f"{PREFIX}:progress:meta"  # hash: topic, partitions (count), verified_ms
 # What the tracker has applied, per partition of the events topic, with the identity of the log:
-# field "<topic>:<partition>" -> "<epoch>:<offset>:<fingerprint>" (tracker/logid.py). Written
+# field "<topic>:<partition>" -> "<epoch>:<offset>:<fingerprint>", or "<epoch>:<offset>:@<at>.<fp>"
+# for a log known by its anchor record (tracker/logid.py). Written
 # after the repository chunks of a batch; a new epoch is minted when the log was reset/re-created.
 LOG = f"{PREFIX}:log"
 # Redis Cluster only: the tracker's copy of each repository's applied[] (repository -> json
