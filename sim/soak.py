@@ -1241,6 +1241,8 @@ class Soak:
             await self.flush()
             await self._play_dlq_operator()
             caught_up = await self._await_trackers(o.drain_timeout)
+            if o.rebuild:
+                await self._await_rebuilds(o.drain_timeout)
             # Upload tokens expire and grace passes; then the reapers take the online garbage.
             deadline = time.monotonic() + o.drain_timeout
             await asyncio.sleep(o.upload_ttl_seconds + o.grace_seconds)
@@ -1279,6 +1281,16 @@ class Soak:
                     await self._reconcile(ReconcileKind.MARK_SWEEP, repo, o.ops,
                                           retry_lease=True, label="final mark_sweep (next night)")
         return caught_up
+
+    async def _await_rebuilds(self, timeout: float) -> None:
+        """A repository failed closed late in the load heals by its rebuild (the tracker
+        prepares, the service exports, the tracker applies: a round every rebuild interval).
+        Wait for it: the final mark skips a fail-closed repository, and its garbage would count
+        as kept only because the soak stopped watching too early."""
+        deadline = time.monotonic() + timeout
+        while self.fail_closed and time.monotonic() < deadline:
+            self.sup.check()
+            await asyncio.sleep(0.5)
 
     async def _play_dlq_operator(self) -> None:
         """The operator's part for dead letters, after the load: each one came from a fault the

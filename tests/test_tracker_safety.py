@@ -17,6 +17,7 @@ and its own, or the repositories affected delete nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -465,10 +466,58 @@ async def test_a_partition_nothing_was_applied_from_is_told_from_a_re_created_on
     async with running_tracker(s, name="after-recreate") as tracker:
         await wait_horizon(s, await redis_now(s), timeout=60)
     incidents = [orjson.loads(i) for i in r.lrange(RepoKeys("repo0").incidents, 0, -1)]
-    told = {i["partition"] for i in incidents if i["type"] == "fail_closed"}
-    assert told == {0, 1}, incidents  # the partition repo0 never published to, too
+    told = [i["partitions"] for i in incidents if i["type"] == "fail_closed"]
+    assert told == [[0, 1]], incidents  # the partition repo0 never published to, too; once
     # the anchors' fingerprints, computed from what was sent, are what the broker stored
     assert tracker.regressions == 0
+    r.close()
+
+
+async def test_a_tracker_killed_between_failing_closed_and_the_new_epoch_loses_nothing(
+        settings: Settings) -> None:
+    """The repositories are failed closed *before* hd:log takes the new log's epoch. In the
+    other order a tracker killed right after that write left a record that matches the new log:
+    the next tracker resumed as if nothing happened, nothing was failed closed, and what the old
+    log held unapplied was lost. The tracker here dies right after the first reset write."""
+    from schemas.layout import LOG
+    from tracker.daemon import Tracker
+    from tracker.logid import LogRecord
+
+    class DiesAtTheResetWrite(Tracker):
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name == "_log_script":
+                script = value
+
+                async def dying(keys: list[str], args: list[str]) -> Any:
+                    if keys == [LOG] and len(args) == 3:
+                        old, new = LogRecord.decode(args[1]), LogRecord.decode(args[2])
+                        if old is not None and new is not None and old.epoch != new.epoch:
+                            await script(keys=keys, args=args)
+                            raise RuntimeError("killed right after hd:log took the new log")
+                    return await script(keys=keys, args=args)
+                value = dying
+            super().__setattr__(name, value)
+
+    s = settings.replace(topic_partitions=2)
+    r = redis_sync(s)
+    async with running_tracker(s):
+        await wait_horizon(s, await publish(s, repo_events("s3://b/repo0/")))
+    before = r.hgetall(LOG)
+    await _recreate_topic(s, 2)
+    dying = DiesAtTheResetWrite(s, name="dying")
+    task = dying.start()
+    deadline = time.monotonic() + 60
+    while dying._failure is None:
+        assert time.monotonic() < deadline, "the tracker did not reach the reset write"
+        await asyncio.sleep(0.05)
+    task.cancel()  # killed there (a tracker whose verification failed does not exit by itself)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert r.hgetall(LOG) != before  # the new log's record took its place
+    assert fail_closed_reason(r, "repo0") is not None  # and the loss was recorded before it
+    async with running_tracker(s, name="next"):
+        await wait_horizon(s, await redis_now(s), timeout=60)
+    assert fail_closed_reason(r, "repo0") is not None
     r.close()
 
 

@@ -558,11 +558,11 @@ class Tracker:
         if not gone:
             return
         now = await aredis_time_ms(self._redis)
+        await self._fail_repos({p: (
+            f"log reset or replaced: partition {p} of {topic} is gone (the topic has "
+            f"{len(partitions)} partition(s) now); what was published to it and never applied "
+            "is lost") for p in gone}, now)
         for p in gone:
-            reason = (f"log reset or replaced: partition {p} of {topic} is gone (the topic has "
-                      f"{len(partitions)} partition(s) now); what was published to it and "
-                      "never applied is lost")
-            await self._fail_partition_repos(p, reason, now)
             # Only once they are flagged: a tracker killed in between checks again.
             await self._retrying(lambda: self._redis.hdel(LOG, log_field(topic, p)))  # noqa: B023
             await self._retrying(lambda: self._redis.hdel(PROGRESS, str(p)))  # noqa: B023
@@ -681,6 +681,13 @@ class Tracker:
         for i, got in zip(unknown, await asyncio.gather(
                 *(self._anchor(ordered[i], records[i]) for i in unknown)), strict=True):
             records[i] = got
+        # Fail closed first, then move hd:log: a tracker killed in between finds the old
+        # record and decides again (the other way round the new epoch hid the loss for good).
+        await self._fail_repos({tp.partition: d.fail_repos for tp, (d, _, _)
+                                in zip(ordered, decided, strict=True) if d.fail_repos}, now)
+        for tp, (d, _, _) in zip(ordered, decided, strict=True):
+            if d.fail_all:
+                await self._fail_all(d.fail_all, now, tp.partition)
         for i, (tp, fld, value) in enumerate(zip(ordered, fields, raw, strict=True)):
             p = tp.partition
             d, start, end = decided[i]
@@ -693,10 +700,6 @@ class Tracker:
                     raise RuntimeError(f"log record {fld} changed while verifying it")
                 if d.reset:  # progress is keyed by the log: the old log's claims end here
                     await self._retrying(lambda: self._redis.hdel(PROGRESS, str(p)))  # noqa: B023
-            if d.fail_repos:
-                await self._fail_partition_repos(p, d.fail_repos, now)
-            if d.fail_all:
-                await self._fail_all(d.fail_all, now, p)
             self._epochs[p] = record.epoch
             self._logrec[p] = new
             self._clocks[p] = PartitionClock()  # no claim from samples taken before the seek
@@ -834,7 +837,7 @@ class Tracker:
         raise RuntimeError(f"partition {tp.partition}: no record fetched at offset {offset} "
                            f"below the log's end {end} within {limit:.0f} s")
 
-    async def _partition_repos(self, partition: int) -> list[str]:
+    async def _known_repos(self) -> list[str]:
         """Repositories that may have had records on this partition that were never applied:
         every repository the trackers know. Having applied from it is not the test: after the
         partition count changed, a repository's records go to a partition it never applied
@@ -843,14 +846,25 @@ class Tracker:
         with the broker's log and was never failed closed; the write's object was reaped)."""
         return sorted(await self._retrying(lambda: self._redis.smembers(REPOS)))
 
-    async def _fail_partition_repos(self, partition: int, reason: str, now: int) -> None:
-        repos = await self._partition_repos(partition)
-        detail = orjson.dumps({"topic": self.settings.events_topic, "partition": partition})
+    async def _fail_repos(self, failures: dict[int, str], now: int) -> None:
+        """Fail closed the repositories of the partitions in ``failures`` (partition -> reason):
+        every known one (:meth:`_known_repos`), once per call however many partitions
+        failed (a lost broker log resets them all: one incident and one loss per repository,
+        naming every partition, not one per partition)."""
+        if not failures:
+            return
+        parts = sorted(failures)
+        reason = failures[parts[0]]
+        if len(parts) > 1:
+            reason += f" (and partitions {', '.join(map(str, parts[1:]))})"
+        repos = await self._known_repos()
+        detail = orjson.dumps({"topic": self.settings.events_topic, "partition": parts[0],
+                               "partitions": parts})
         for repo in repos:
             k = RepoKeys(repo)
             inc = orjson.dumps({"repository": repo, "address": "", "event_id": "",
                                 "type": "fail_closed", "ref_id": "", "at_ms": now,
-                                "reason": reason, "partition": partition})
+                                "reason": reason, "partition": parts[0], "partitions": parts})
             pipe = self._redis.pipeline(transaction=False)
             pipe.hsetnx(k.fail_closed, "reason", reason)
             pipe.hsetnx(k.fail_closed, "at_ms", str(now))
@@ -861,10 +875,10 @@ class Tracker:
             await self._retrying(pipe.execute)
             self.fail_closed += 1
             self.log.error("repository fail-closed", repository=repo, reason=reason,
-                           partition=partition)
+                           partitions=parts)
         if not repos:
-            self.log.warning("log changed; no repository known yet",
-                             partition=partition, reason=reason)
+            self.log.warning("log changed; no repository known yet", partitions=parts,
+                             reason=reason)
 
     async def _fail_all(self, reason: str, now: int, partition: int) -> None:
         detail = orjson.dumps({"topic": self.settings.events_topic, "partition": partition})
