@@ -904,7 +904,9 @@ class Model:
                                        self.commits[cid].time, self.commits[cid].manifest)
                      for cid in r.commit_ids},
             issued={a: int(i.expires_at * 1000) for a, i in self.issued.items()
-                    if i.repository == repo and i.linked_at is None and i.expires_at > now})
+                    if i.repository == repo and i.linked_at is None and i.expires_at > now},
+            ended={t.id: t.state.value for t in self.tokens.values() if t.repository == repo
+                   and t.state in (TokenState.COMMITTED, TokenState.DROPPED)})
 
     # -- internals --
 

@@ -134,6 +134,40 @@ def test_events_after_the_rebuild_apply_on_top(w: World) -> None:
     assert "t" not in read_repo_state(w.r, "r").tags
 
 
+def test_a_late_reference_to_a_token_the_service_ended_is_not_live_for_ever(w: World) -> None:
+    """Seed 103's 19 kept objects: a write and its token's creation and commit were lost with
+    the log; the write's event came late, after the rebuild. The token was unknown to the
+    mirror, and an unknown token counts as live: kept by the reaper and every mark, for ever.
+    The export now lists the tokens the service ended: the token is dropped in the mirror,
+    and its address is judged as the manifest says (committed: retention decides)."""
+    from reconciler.records import verdict
+    from schemas import events as ev
+
+    call(w, M.create_repository, "r", f"s3://{BUCKET}/rebuild5/r/")
+    w.track(None)
+    call(w, M.write, "r", "main", "a", 10)
+    call(w, M.commit, "r", "main")  # main's next token: its creation is lost below
+    late = call(w, M.write, "r", "main", "late", 10)
+    write = next(e for e in late if isinstance(e, ev.ObjectWritten))
+    call(w, M.commit, "r", "main")
+    w.applied = len(w.model.events)  # lost: both commits (the token's creation and end), writes
+    lose_log(w, "r")
+    past_upload_windows(w, "r")
+    p = prepare(w.r, w.s3, "r")
+    rebuild(w.r, w.s3, "r", export(w, "r", p.nonce), max_age_ms=MAX_AGE)
+    w.model.events.append(write)  # delivered late, after the rebuild
+    w.track(None)
+    st = read_repo_state(w.r, "r")
+    assert st.token_state(write.staging_token) is not None  # dropped, not unknown
+    assert state_of(w, "r", late.address) != "staged"
+    assert not reapable(w, "r", late.address)  # committed in c1: never the online path's
+    sec, _ = w.r.time()
+    v = verdict(w.r.hgetall(RepoKeys("r").address(late.address)),
+                token_states={t: s.value for t, (s, _) in st.tokens.items()},
+                cutoff_ms=sec * 1000, now_ms=sec * 1000)
+    assert not v.live and v.kind == "committed", v  # the mark: retention decides
+
+
 def test_a_snapshot_token_the_export_no_longer_lists_is_dropped(w: World) -> None:
     """A reset lost with the log: the old token's references end at the rebuild."""
     call(w, M.create_repository, "r", f"s3://{BUCKET}/rebuild2/r/")

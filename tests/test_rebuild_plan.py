@@ -37,3 +37,33 @@ def test_a_dropped_tokens_reference_no_commit_lists_is_removed() -> None:
     # In no commit: a merge took the other side's version, or a removal lost with the log.
     assert p.drop_refs == [(NS + "merged-over", "r1", "T")]
     assert p.committed == [NS + "in-c"]  # the other one is kept, as committed
+
+
+def test_a_token_the_service_ended_that_the_snapshot_never_knew_is_dropped() -> None:
+    """Its creation was lost with the log: a reference that arrives for it after the rebuild
+    must not count as live for ever (seed 103's kept objects)."""
+    snap = Snapshot(frozenset(), {"U": "open"}, {}, {}, frozenset())
+    export = _export({"U": ("open", ())}, ["c"])
+    export = StateExport(export.repository, export.exported_at_ms, export.nonce, {}, {},
+                         export.tokens, export.commits, {}, ended={"L": "committed"})
+    p = plan(snap, export, {"c": [NS + "in-c"]})
+    assert p.drop_tokens == ["L"] and ("U", "open") in p.tokens
+    assert p.committed == [NS + "in-c"]  # its entries: judged by the manifests
+
+
+def test_the_ended_tokens_are_read_and_checked() -> None:
+    import orjson
+
+    from tracker.rebuild import parse_export
+
+    good = StateExport("r", 1_000, "n", {}, {}, {"U": ("open", ())}, {}, {},
+                       ended={"L": "committed", "D": "dropped"})
+    assert parse_export(good.to_json(), NS, "r", "x").ended == {"L": "committed", "D": "dropped"}
+    d = orjson.loads(good.to_json())
+    del d["ended_tokens"]  # optional: an older export
+    assert parse_export(orjson.dumps(d), NS, "r", "x").ended == {}
+    for bad, says in (({"L": "open"}, "committed or dropped only"),
+                      ({"U": "dropped"}, "both open or sealed and ended")):
+        d["ended_tokens"] = bad
+        with pytest.raises(RebuildError, match=says):
+            parse_export(orjson.dumps(d), NS, "r", "x")
