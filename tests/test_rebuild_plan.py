@@ -42,12 +42,14 @@ def test_a_dropped_tokens_reference_no_commit_lists_is_removed() -> None:
 def test_a_token_the_service_ended_that_the_snapshot_never_knew_is_dropped() -> None:
     """Its creation was lost with the log: a reference that arrives for it after the rebuild
     must not count as live for ever (seed 103's kept objects)."""
-    snap = Snapshot(frozenset(), {"U": "open"}, {}, {}, frozenset())
+    snap = Snapshot(frozenset(), {"U": "open"}, {}, {}, frozenset(), frozenset({"K"}))
     export = _export({"U": ("open", ())}, ["c"])
     export = StateExport(export.repository, export.exported_at_ms, export.nonce, {}, {},
-                         export.tokens, export.commits, {}, ended={"L": "committed"})
+                         export.tokens, export.commits, {},
+                         ended={"L": "committed", "K": "committed"})
     p = plan(snap, export, {"c": [NS + "in-c"]})
-    assert p.drop_tokens == ["L"] and ("U", "open") in p.tokens
+    assert p.drop_tokens == ["L"] and ("U", "open") in p.tokens  # K: the mirror knew it ended
+    assert Snapshot.from_json(snap.to_json()) == snap
     assert p.committed == [NS + "in-c"]  # its entries: judged by the manifests
 
 

@@ -83,17 +83,20 @@ class Snapshot:
     # against the mirror at apply time: a retried rebuild (one that stopped between chunks)
     # finds the commit records it wrote itself, and must still mark their manifests.
     commits: frozenset[str] = frozenset()
+    # Tokens the mirror already knew committed or dropped: the export's ended tokens other
+    # than these are the ones it never learned.
+    ended: frozenset[str] = frozenset()
 
     def to_json(self) -> bytes:
         return orjson.dumps({"refs": sorted(self.refs), "tokens": self.tokens,
                              "branches": self.branches, "tags": self.tags,
-                             "commits": sorted(self.commits)})
+                             "commits": sorted(self.commits), "ended": sorted(self.ended)})
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> Snapshot:
         d = orjson.loads(raw)
         return cls(frozenset(tuple(x) for x in d["refs"]), d["tokens"], d["branches"],
-                   d["tags"], frozenset(d["commits"]))
+                   d["tags"], frozenset(d["commits"]), frozenset(d.get("ended", ())))
 
 
 def snapshot_of(state: RepoState) -> Snapshot:
@@ -110,7 +113,9 @@ def snapshot_of(state: RepoState) -> Snapshot:
     return Snapshot(refs, tokens,
                     {b: state.ref_versions.get(f"b:{b}", -1) for b in state.branches},
                     {t: state.ref_versions.get(f"t:{t}", -1) for t in state.tags},
-                    frozenset(state.commits))
+                    frozenset(state.commits),
+                    frozenset(t for t, (s, _) in state.tokens.items()
+                              if s not in LIVE_TOKEN_STATES))
 
 
 @dataclass(frozen=True)
@@ -401,7 +406,7 @@ def plan(snap: Snapshot, export: StateExport,
     # too, so a reference that arrives for it later is not "unknown, so live" for ever (its
     # committed entries are marked from the manifests below). Seed 103's 19 kept objects.
     p.drop_tokens = sorted({t for t in snap.tokens if t not in export.tokens}
-                           | set(export.ended))
+                           | (set(export.ended) - snap.ended))
     p.tokens = sorted((t, s) for t, (s, _) in export.tokens.items())
     p.add_refs = sorted((e.address, e.ref_id, t, e.size)
                         for t, (_, es) in export.tokens.items() for e in es)
