@@ -84,7 +84,9 @@ class FaultProxy:
                 hold = proxy.faults.hold_deletes
                 if is_delete and hold is not None:
                     proxy.faults.deletes_waiting.set()
-                    hold.wait(30)
+                    # (30 s ran out under a loaded suite: the request went on before the
+                    # test's action, and a sweep test failed for the harness' reason)
+                    hold.wait(120)
                     if proxy.faults.drop_held:
                         self.close_connection = True
                         return
