@@ -533,12 +533,8 @@ async def test_a_malformed_event_keyed_like_the_anchor_is_dead_lettered_and_held
     bad = orjson.dumps({**good, "junk": "x"})  # unknown field: refused, as a newer schema
     async with running_tracker(settings) as tracker:
         await wait_horizon(settings, await publish(settings, repo_events(ns)))
-        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
-        await producer.start()
-        try:
-            await producer.send_and_wait(settings.events_topic, bad, key=ANCHOR_KEY)
-        finally:
-            await producer.stop()
+        async with Publisher(settings) as pub:
+            await pub.publish_raw(bad, ANCHOR_KEY)
         await wait_horizon(settings,
                            await publish(settings, [write("repo0", ns + "data/ok", "ok")]))
         dead = tracker.dead_lettered
