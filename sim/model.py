@@ -899,6 +899,10 @@ class Model:
                                       r.ref_versions.get(f"b:{n}", 0))
                       for n, b in r.branches.items()},
             tags={t: (c, r.ref_versions.get(f"t:{t}", 0)) for t, c in r.tags.items()},
+            deleted_branches={ref[2:]: v for ref, v in r.ref_versions.items()
+                              if ref.startswith("b:") and ref[2:] not in r.branches},
+            deleted_tags={ref[2:]: v for ref, v in r.ref_versions.items()
+                          if ref.startswith("t:") and ref[2:] not in r.tags},
             tokens={t: (s, tuple(es)) for t, (s, es) in tokens.items()},
             commits={cid: ExportCommit(cid, self.commits[cid].branch, self.commits[cid].parents,
                                        self.commits[cid].time, self.commits[cid].manifest)

@@ -289,7 +289,7 @@ def run_soak(settings: Settings, options: SoakOptions,
         if supervisor is not None:
             supervisor.stop_all()
         if servers is not None:
-            servers.stop()
+            servers.stop(keep=options.keep_workdir)
         if not options.keep_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     verdict.workdir = str(workdir) if options.keep_workdir else None
@@ -1451,6 +1451,13 @@ class Soak:
         # promise is that garbage still goes, so what they keep is garbage not reclaimed.
         reclaimable = {a for a in garbage if a not in held}
         left = sorted(reclaimable & listed)
+        # The product's own reading of each object left (the first few): why it was kept.
+        r = redis_sync(self.servers.daemon_settings)
+        try:
+            why_left = {a: self._explain(r, s3, a, self.model.objects[a].repository)
+                        for a in left[:10]}
+        finally:
+            r.close()
         closed_garbage = sum(1 for a in left if "*" in closed
                              or self.model.objects[a].repository in closed)
         planned = Counter(s.action.value for s in self.steps
@@ -1469,7 +1476,8 @@ class Soak:
             rebuild_exports=self.rebuild_exports,
             dlq_replayed=self.dlq_replayed, dlq_resolved=self.dlq_resolved,
             reclaimable=len(reclaimable), reclaimed=len(reclaimable) - len(left),
-            garbage_left_sample=left[:10], fail_closed_repos=sorted(closed),
+            garbage_left_sample=left[:10], garbage_left_why=why_left,
+            fail_closed_repos=sorted(closed),
             fail_closed_garbage=closed_garbage, fail_closed_periods=self.fail_closed_periods,
             incidents=incidents, dead_lettered=await self._dead_lettered(),
             log_regressions=await self._log_regressions(),

@@ -119,12 +119,17 @@ class SoakServers:
                 self.broker.lose_log()
             self.broker.start(move_on_clash=False)
 
-    def stop(self) -> None:
+    def stop(self, keep: bool = False) -> None:
+        """Stop every server; ``keep``: move their data (on tmpfs) into the work directory, so
+        a kept run's reports, manifests and log can be read afterwards."""
         with contextlib.suppress(Exception):
             self.proxy.__exit__(None, None, None)
         for server in (self.broker, self.redis, self.minio):
             server.stop()
-        shutil.rmtree(self.data_dir, ignore_errors=True)
+        if keep and self.data_dir.parent != self.workdir:
+            shutil.move(self.data_dir, self.workdir / "data")
+        else:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
 def start_servers(base: Settings, workdir: Path) -> SoakServers:

@@ -151,6 +151,7 @@ class SoakVerdict:
     #                   addresses a dead letter holds are left out: an operator's to resolve)
     reclaimed: int
     garbage_left_sample: list[str]
+    garbage_left_why: dict[str, list[str]]  # hardelete's explanation of each sampled object
     fail_closed_repos: list[str]
     fail_closed_garbage: int  # reclaimable garbage still stored in fail-closed repositories
     fail_closed_periods: list[FailClosedPeriod]
@@ -295,5 +296,8 @@ def print_verdict(v: SoakVerdict, console: Console) -> None:
         console.print(f"[red]... and {len(v.live_deleted) - 20} more (see --json)")
     if v.garbage_left_sample and v.reclaim_ratio < RECLAIM_TARGET:
         console.print("garbage left, e.g.: " + ", ".join(v.garbage_left_sample[:5]))
+        for address in v.garbage_left_sample[:5]:
+            for line in v.garbage_left_why.get(address, [])[:3]:
+                console.print(f"  {address.rsplit('/', 1)[-1][:8]}: {line}")
     if v.workdir:
         console.print(f"logs and data kept in {v.workdir}")

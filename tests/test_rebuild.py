@@ -168,6 +168,35 @@ def test_a_late_reference_to_a_token_the_service_ended_is_not_live_for_ever(w: W
     assert not v.live and v.kind == "committed", v  # the mark: retention decides
 
 
+def test_a_deleted_branch_is_not_brought_back_by_an_older_event_delivered_after_the_rebuild(
+        w: World) -> None:
+    """Seed 103's 8 kept objects: a commit on a branch was dead-lettered, the branch's deletion
+    was lost with the log, the rebuild removed the branch, and the dead letter, replayed once
+    resolved, brought it back (its version was above the snapshot's) with a head commit that
+    kept its objects for ever. The export gives the version of each deletion: the rebuild
+    records it as the delete event would, and the older event is stale."""
+    from schemas import events as ev
+
+    call(w, M.create_repository, "r", f"s3://{BUCKET}/rebuild6/r/")
+    call(w, M.create_branch, "r", "dev", None)
+    call(w, M.write, "r", "dev", "d", 10)
+    w.track(None)
+    late = next(e for e in call(w, M.commit, "r", "dev") if isinstance(e, ev.CommitCreated))
+    call(w, M.delete_branch, "r", "dev")
+    w.applied = len(w.model.events)  # lost: the commit (dead-lettered) and the deletion
+    lose_log(w, "r")
+    past_upload_windows(w, "r")
+    p = prepare(w.r, w.s3, "r")
+    report = rebuild(w.r, w.s3, "r", export(w, "r", p.nonce), max_age_ms=MAX_AGE)
+    assert report.counts["branches_removed"] == 1
+    assert "dev" not in read_repo_state(w.r, "r").branches
+    w.model.events.append(late)  # the dead letter, replayed after the rebuild
+    w.track(None)
+    st = read_repo_state(w.r, "r")
+    assert "dev" not in st.branches, st.branches
+    assert late.commit_id in st.commits  # the commit itself is still recorded
+
+
 def test_a_snapshot_token_the_export_no_longer_lists_is_dropped(w: World) -> None:
     """A reset lost with the log: the old token's references end at the rebuild."""
     call(w, M.create_repository, "r", f"s3://{BUCKET}/rebuild2/r/")

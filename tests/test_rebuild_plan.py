@@ -69,3 +69,41 @@ def test_the_ended_tokens_are_read_and_checked() -> None:
         d["ended_tokens"] = bad
         with pytest.raises(RebuildError, match=says):
             parse_export(orjson.dumps(d), NS, "r", "x")
+
+
+def test_a_ref_the_service_deleted_is_removed_at_the_version_of_its_deletion() -> None:
+    """With the deletion's version a tombstone is written (an older event of the ref, delivered
+    late, is stale); without it, the snapshot's version decides as before."""
+    from tracker.rebuild import ExportBranch, ops
+
+    snap = Snapshot(frozenset(), {}, {"dev": 3, "old": 2, "main": 1}, {"v0": 1},
+                    frozenset())
+    export = StateExport("r", 1_000, "n", {"main": ExportBranch(None, "T", (), 1)}, {}, {},
+                         {}, {}, deleted_branches={"dev": 5, "gone-before": 9},
+                         deleted_tags={"v0": 2})
+    p = plan(snap, export, {})
+    assert p.branches_deleted == [("dev", 5), ("gone-before", 9)]  # known or not: a tombstone
+    assert p.branches_gone == [("old", 2)]  # not listed as deleted: the snapshot's version
+    assert p.tags_deleted == [("v0", 2)] and p.tags_gone == []
+    assert p.counts()["branches_removed"] == 3 and p.counts()["tags_removed"] == 1
+    assert [13, "branch_deleted", "dev", 5] in list(ops(p))
+
+
+def test_the_deleted_refs_are_read_and_checked() -> None:
+    import orjson
+
+    from tracker.rebuild import ExportBranch, parse_export
+
+    good = StateExport("r", 1_000, "n", {"main": ExportBranch(None, "T", (), 1)}, {}, {}, {},
+                       {}, deleted_branches={"dev": 4}, deleted_tags={"v0": 2})
+    got = parse_export(good.to_json(), NS, "r", "x")
+    assert got.deleted_branches == {"dev": 4} and got.deleted_tags == {"v0": 2}
+    d = orjson.loads(good.to_json())
+    del d["deleted_branches"], d["deleted_tags"]  # optional: an older export
+    assert parse_export(orjson.dumps(d), NS, "r", "x").deleted_branches == {}
+    d["deleted_branches"] = {"main": 7}
+    with pytest.raises(RebuildError, match="both live and deleted"):
+        parse_export(orjson.dumps(d), NS, "r", "x")
+    d["deleted_branches"] = {"dev": "four"}
+    with pytest.raises(RebuildError, match="malformed"):
+        parse_export(orjson.dumps(d), NS, "r", "x")

@@ -419,6 +419,12 @@ for i = 1, #events do
         if (redis.call('HGET', K_REFVER, f .. e[4]) or '-1') == fmt(e[5]) then
           redis.call('HDEL', k, e[4])
         end
+      elseif kind == 'branch_deleted' or kind == 'tag_deleted' then
+        -- name, the version of its deletion at the service: applied as the delete event
+        -- would be (a tombstone: an older event of the ref, delivered later, is stale)
+        local f, k = 't:', K_TAGS
+        if kind == 'branch_deleted' then f, k = 'b:', K_BRANCHES end
+        if newer(f .. e[4], e[5]) then redis.call('HDEL', k, e[4]) end
       elseif kind == 'chunk' then -- the count this chunk brings (written after the flush)
         chunk_done = {e[4], e[5]}
       elseif kind == 'lift' then -- incident json: the rebuilt mirror is proven; the flag lifts

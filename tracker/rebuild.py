@@ -243,6 +243,11 @@ class StateExport:
     # mirror never learned (its creation lost with the log) is then judged by what the service
     # says when a reference to it arrives late, not kept as "unknown, so live" for ever.
     ended: dict[str, str] = field(default_factory=dict)
+    # The version the service gave the deletion of each branch and tag that no longer exists.
+    # Optional: an older event of such a ref delivered after the rebuild (a replayed dead
+    # letter) is then stale, and cannot bring the ref back with the commits it retains.
+    deleted_branches: dict[str, int] = field(default_factory=dict)
+    deleted_tags: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return orjson.dumps({
@@ -260,6 +265,7 @@ class StateExport:
                         for c in self.commits.values()],
             "issued": [{"address": a, "expires_at": t} for a, t in self.issued.items()],
             "ended_tokens": self.ended,
+            "deleted_branches": self.deleted_branches, "deleted_tags": self.deleted_tags,
         })
 
 
@@ -311,6 +317,13 @@ def parse_export(raw: bytes, namespace: str, repo: str, where: str) -> StateExpo
             if str(t) in tokens:
                 raise fail(f"token {t!r} is listed both open or sealed and ended")
             ended[str(t)] = str(state)
+        deleted: dict[str, dict[str, int]] = {}
+        for what, live in (("branches", branches), ("tags", tags)):
+            deleted[what] = {str(n): int(v)
+                             for n, v in (d.get(f"deleted_{what}") or {}).items()}
+            both = sorted(set(deleted[what]) & set(live))
+            if both:
+                raise fail(f"{what} {both[:3]} are listed both live and deleted")
         exported_at = int(d["exported_at"])
         nonce = str(d["rebuild_nonce"])
     except RebuildError:
@@ -318,7 +331,7 @@ def parse_export(raw: bytes, namespace: str, repo: str, where: str) -> StateExpo
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise fail(f"malformed ({type(exc).__name__}: {exc})") from None
     return StateExport(repo, exported_at, nonce, branches, tags, tokens, commits, issued, where,
-                       ended)
+                       ended, deleted["branches"], deleted["tags"])
 
 
 def read_export(s3: Any, location: str, namespace: str, repo: str) -> StateExport:
@@ -364,17 +377,23 @@ class RebuildPlan:
     commits: list[ExportCommit] = field(default_factory=list)  # unknown to the mirror
     committed: list[str] = field(default_factory=list)  # their manifests' addresses
     branches: list[tuple[str, ExportBranch]] = field(default_factory=list)
-    branches_gone: list[tuple[str, int]] = field(default_factory=list)
+    branches_gone: list[tuple[str, int]] = field(default_factory=list)  # name, snapshot's v
+    # name, the version of its deletion at the service (a tombstone, whether the mirror
+    # knew the ref or not)
+    branches_deleted: list[tuple[str, int]] = field(default_factory=list)
     tags: list[tuple[str, str, int]] = field(default_factory=list)
     tags_gone: list[tuple[str, int]] = field(default_factory=list)
+    tags_deleted: list[tuple[str, int]] = field(default_factory=list)
     issued: list[tuple[str, int]] = field(default_factory=list)  # address, ttl ms
 
     def counts(self) -> dict[str, int]:
         return {"refs_removed": len(self.drop_refs), "tokens_dropped": len(self.drop_tokens),
                 "refs_added": len(self.add_refs), "tokens": len(self.tokens),
                 "commits_added": len(self.commits), "addresses_committed": len(self.committed),
-                "branches": len(self.branches), "branches_removed": len(self.branches_gone),
-                "tags": len(self.tags), "tags_removed": len(self.tags_gone),
+                "branches": len(self.branches),
+                "branches_removed": len(self.branches_gone) + len(self.branches_deleted),
+                "tags": len(self.tags),
+                "tags_removed": len(self.tags_gone) + len(self.tags_deleted),
                 "issued": len(self.issued)}
 
 
@@ -420,10 +439,16 @@ def plan(snap: Snapshot, export: StateExport,
     p.drop_refs = sorted([*p.drop_refs, *((a, ref, tok) for a, ref, tok in snap.refs
                                           if tok in dropped and a not in committed)])
     p.branches = sorted(export.branches.items())
+    # Gone at the service: by the version of its deletion when the export gives it (then an
+    # older event of the ref, delivered late, is stale: seed 103, a replayed dead letter
+    # brought two deleted branches back), else by the snapshot's version.
+    p.branches_deleted = sorted(export.deleted_branches.items())
     p.branches_gone = sorted((b, v) for b, v in snap.branches.items()
-                             if b not in export.branches)
+                             if b not in export.branches and b not in export.deleted_branches)
     p.tags = sorted((t, c, v) for t, (c, v) in export.tags.items())
-    p.tags_gone = sorted((t, v) for t, v in snap.tags.items() if t not in export.tags)
+    p.tags_deleted = sorted(export.deleted_tags.items())
+    p.tags_gone = sorted((t, v) for t, v in snap.tags.items()
+                         if t not in export.tags and t not in export.deleted_tags)
     p.issued = sorted((a, max(0, until - export.exported_at_ms))
                       for a, until in export.issued.items())
     return p
@@ -457,6 +482,10 @@ def ops(p: RebuildPlan) -> Iterator[list[Any]]:
         yield [13, "branch_gone", b, ver]
     for t, ver in p.tags_gone:
         yield [13, "tag_gone", t, ver]
+    for b, ver in p.branches_deleted:
+        yield [13, "branch_deleted", b, ver]
+    for t, ver in p.tags_deleted:
+        yield [13, "tag_deleted", t, ver]
     for t in p.drop_tokens:
         yield [13, "tok", t, TokenState.DROPPED.value]
     for a, ref, t in p.drop_refs:
