@@ -393,7 +393,7 @@ async def test_incident_end_to_end(settings: Settings) -> None:
 
 
 def test_partition_clock_needs_two_fresh_fetches_and_the_position() -> None:
-    from tracker.daemon import PartitionClock
+    from tracker.progress import PartitionClock
 
     c = PartitionClock()
     c.begin(1_000, ts=50)  # Redis time 1000 read; last fetch seen at local ts 50
@@ -413,7 +413,7 @@ def test_partition_clock_needs_two_fresh_fetches_and_the_position() -> None:
 
 
 def test_fetch_wait_grows_only_while_starved_behind_the_end() -> None:
-    from tracker.daemon import FetchWait
+    from tracker.fetching import FetchWait
 
     w = FetchWait(poll_ms=50, catchup_ms=3_000, stuck_s=1.0)
     assert w.current == 50

@@ -23,7 +23,7 @@ from hardelete.failclosed import clear
 from hardelete.status import collect_status
 from schemas.layout import FAIL_CLOSED, INCIDENTS, REPOS, RepoKeys
 from tracker import codec
-from tracker.daemon import dlq_message
+from tracker.deadletters import dlq_message
 from tracker.logid import NOT_FETCHED, LogRecord, decide
 
 E = "fresh"

@@ -133,11 +133,11 @@ def test_redelivered_offsets_are_skipped_and_noscript_recovers(redis_client):
     batch, _ = lua_batches(events, gate)
     (res,) = apply_lua(r, batch, 5_000)
     assert res[0] == len(events) and res[1] == 0
-    snapshot = read_repo_state(r, "repo0")
+    snapshot = read_repo_state(r, "repo-r0")
     r.script_flush()
     (res,) = apply_lua(r, batch, 9_000)
     assert res[0] == 0 and res[1] == len(events)
-    assert read_repo_state(r, "repo0") == snapshot
+    assert read_repo_state(r, "repo-r0") == snapshot
 
 
 @settings(max_examples=40, deadline=None,

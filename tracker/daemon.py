@@ -7,20 +7,11 @@ partition's log (``hd:log``), commit the offsets, then record per-partition prog
 anywhere only causes redelivery, which is harmless: the script skips offsets it already applied
 and the reference sets are idempotent.
 
-Log identity (``tracker/logid.py``): on assignment each partition is sought to what *Redis* says
-it applied (+1), after checking that the log is still the one Redis folded (epoch and the
-fingerprint of the last applied record); a Redis that went back in time is repaired by replay, a
-log that changed or lost what Redis lacks puts the repositories concerned fail-closed. Every
-chunk and progress claim carries the ``hd:log`` value the tracker expects, so a Redis that went
-back in time while running applies nothing past its gap.
-
-Progress (``hd:progress[p]``, Redis-clock ms): "everything the broker held for partition p at
-that time has been applied". At the start of a cycle the tracker reads Redis ``TIME`` = R and
-samples the partition's fetch timestamp. aiokafka keeps at most one fetch in flight per broker,
-so once the fetch timestamp has *changed twice* since that sample, the latest high watermark H
-came from a fetch request sent after R was read: every record the broker held at R is below H.
-When the consumer position reaches H, progress[p] = R. No local clock is compared with
-anything, and a highwater seen in a response that waited in a socket buffer is never used.
+The tracker's parts, each in its own file, all inheriting the state of ``tracker/shared.py``:
+log verification (``verification.py``: is the log the one Redis folded, seek from Redis, fail
+closed), the progress proof (``progress.py``), dead letters and their holds
+(``deadletters.py``), the fetch wait (``fetching.py``) and the metrics (``metrics.py``). This
+file is the loop and its lifecycle.
 
 In-process use (demo, reaper tests, benchmarks)::
 
@@ -40,69 +31,36 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import re
 import signal
 import sys
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import (
-    KafkaError,
-    MessageSizeTooLargeError,
-    NoOffsetForPartitionError,
-    OffsetOutOfRangeError,
-)
+from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError
 from aiokafka.structs import OffsetAndMetadata
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import start_http_server
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from core.clients import redis_async, redis_sync
 from core.clock import aredis_time_ms, atracker_horizon_ms
-from core.errors import UserError
 from core.registry import aregister_namespace
 from core.settings import Settings
 from schemas import reaper_auth
 from schemas.events import EventError
-from schemas.holds import DLQ, aadd_claims, dlq_claim
-from schemas.layout import (
-    APPLIED,
-    FAIL_CLOSED,
-    INCIDENTS,
-    LOG,
-    NAMESPACES,
-    PROGRESS,
-    PROGRESS_META,
-    REFUSED,
-    REPOS,
-    RETIRED,
-    RepoKeys,
-)
+from schemas.holds import DLQ, dlq_claim
+from schemas.layout import APPLIED, INCIDENTS, NAMESPACES, REFUSED, REPOS, RETIRED, RepoKeys
 from schemas.publisher import ensure_topics
 from tracker import codec
-from tracker.logid import (
-    ANCHOR_KEY,
-    NOT_FETCHED,
-    LogRecord,
-    anchor_value,
-    anchored,
-    cluster_tag,
-    decide,
-    epoch_cluster,
-    fingerprint,
-    fingerprint_of,
-    gone_partitions,
-    is_anchor,
-    log_field,
-    new_epoch,
-)
+from tracker.deadletters import MAX_REASON, DeadLetters, event_id_of, short_key
+from tracker.fetching import buffered, set_fetch_max_wait
+from tracker.logid import fingerprint, is_anchor, log_field
+from tracker.progress import PartitionClock, ProgressProof
 from tracker.references import admission_problem
 from tracker.state import (
     APPLIED_MERGE_LUA,
@@ -112,128 +70,7 @@ from tracker.state import (
     ApplyScript,
     LogGuard,
 )
-
-log = structlog.get_logger("tracker")
-
-_MAX_CANDIDATES = 64
-_ANCHOR_TIMEOUT_S = 5.0  # a broker that does not take the anchor by then: tried again later
-_ANCHOR_RETRY_S = 30.0  # (not every log check: a broker that refuses it would stall the tracker)
-_META_INTERVAL_S = 0.25  # how often the partition count is re-verified (horizon lags by this)
-_LOG_CHECK_ROUNDS = 20  # every 5 s: is the record last applied still in the log?
-_DLQ_MAX_VALUE = 900_000  # bytes of a dead-lettered value (the producer's request limit is 1 MB)
-_DLQ_MAX_KEY = 1_024
-_MAX_REASON = 1_000
-
-
-@dataclass
-class _Waiter:
-    redis_ms: int
-    last_ts: int | None
-    changes: int = 0
-
-
-@dataclass
-class PartitionClock:
-    """Turns (Redis time, fetch timestamp, highwater, position) samples into safe progress."""
-
-    waiting: list[_Waiter] = field(default_factory=list)
-    ready: deque[tuple[int, int]] = field(default_factory=deque)  # (redis_ms, highwater)
-
-    def begin(self, redis_ms: int, ts: int | None) -> None:
-        if self.waiting and self.waiting[-1].changes == 0:
-            self.waiting[-1] = _Waiter(redis_ms, ts)
-        elif len(self.waiting) < 4:
-            self.waiting.append(_Waiter(redis_ms, ts))
-
-    def sample(self, ts: int | None, highwater: int | None) -> None:
-        if ts is None or highwater is None:
-            return
-        keep = []
-        for w in self.waiting:
-            if ts != w.last_ts:
-                w.changes += 1
-                w.last_ts = ts
-            if w.changes >= 2:
-                if len(self.ready) < _MAX_CANDIDATES:
-                    self.ready.append((w.redis_ms, highwater))
-            else:
-                keep.append(w)
-        self.waiting = keep
-
-    def claim(self, position: int) -> int | None:
-        best = None
-        while self.ready and self.ready[0][1] <= position:
-            best = self.ready.popleft()[0]
-        return best
-
-
-@dataclass
-class FetchWait:
-    """How long the broker may hold one fetch (``fetch_max_wait_ms``).
-
-    Short by default: Apache Kafka holds a fetch that has less than ``fetch.min.bytes`` ready
-    for the whole wait, which adds it to every event's latency at the log's end, and with
-    aiokafka's one fetch in flight per broker a long wait on the partitions at their end also
-    holds back those behind them. Raised only while the tracker is *starved behind the end*: a
-    partition behind its high watermark with nothing fetched for it in hand. That is what a
-    broker whose reads take longer than the wait does (a remote storage tier; the Tansu
-    stand-in's ``s3://`` engine did it, fetch after fetch: the long runs' stall,
-    RELIABILITY.md); on Kafka's local log it does not happen and the wait stays at the poll.
-    When most samples of a ``stuck_s`` window were starved, the wait doubles, up to
-    ``catchup_ms``; it drops back to the poll once no partition is behind.
-    """
-
-    poll_ms: int
-    catchup_ms: int
-    stuck_s: float = 1.0
-    starved_share: float = 0.8
-    current: int = 0
-    _window: tuple[float, int, int] | None = None  # (start, samples, starved samples)
-
-    def __post_init__(self) -> None:
-        self.catchup_ms = max(self.catchup_ms, self.poll_ms)
-        self.current = self.poll_ms
-
-    def grow(self) -> int:
-        self.current = min(self.catchup_ms, max(self.poll_ms, self.current * 2))
-        return self.current
-
-    def after_fetch(self, lags: dict[int, tuple[int, int | None, bool]], now: float) -> int:
-        """The wait for the next fetch, from each partition's (position, high watermark,
-        records fetched and not yet returned) after a fetch (``now``: monotonic seconds)."""
-        behind = [buffered for pos, hw, buffered in lags.values()
-                  if hw is not None and hw > pos]
-        if not behind:
-            self.current, self._window = self.poll_ms, None
-            return self.current
-        start, samples, starved = self._window or (now, 0, 0)
-        samples += 1
-        starved += not all(behind)
-        if now - start < self.stuck_s:
-            self._window = (start, samples, starved)
-        else:
-            self._window = None
-            if starved >= self.starved_share * samples:
-                self.grow()
-        return self.current
-
-
-def _set_fetch_max_wait(consumer: AIOKafkaConsumer, ms: int) -> int | None:
-    """Set the wait of the consumer's next fetch requests; returns the previous one. aiokafka
-    reads it from its fetcher for every request and has no public setter: if a release moves
-    it, None comes back and the configured wait simply stays."""
-    fetcher = getattr(consumer, "_fetcher", None)
-    was = getattr(fetcher, "_fetch_max_wait_ms", None)
-    if was is not None and was != ms:
-        fetcher._fetch_max_wait_ms = ms  # type: ignore[union-attr]
-    return was
-
-
-def _buffered(consumer: AIOKafkaConsumer, tp: Any) -> bool:
-    """Whether aiokafka holds fetched records of ``tp`` not yet returned (private state; if a
-    release moves it, False: a partition behind then counts as starved)."""
-    records: Any = getattr(getattr(consumer, "_fetcher", None), "_records", None)
-    return bool(records) and tp in records
+from tracker.verification import LogVerification
 
 
 @dataclass
@@ -253,36 +90,6 @@ class _Batch:
     holds: list[tuple[str, str, bool, str, dict[str, Any]]] = field(default_factory=list)
     records: int = 0
     t0: float = 0.0
-
-
-class TrackerMetrics:
-    """Prometheus metrics of one tracker (own registry: several trackers may share a process)."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.applied = Counter("hardelete_tracker_events_applied", "events applied to Redis",
-                               registry=r)
-        self.skipped = Counter("hardelete_tracker_events_redelivered",
-                               "redelivered events skipped by offset", registry=r)
-        self.dlq = Counter("hardelete_tracker_dlq", "events sent to the dead-letter topic",
-                           ["reason_kind"], registry=r)
-        self.incidents = Counter("hardelete_tracker_incidents",
-                                 "references for addresses being reaped or reaped", registry=r)
-        self.batch = Histogram("hardelete_tracker_batch_seconds", "decode+apply+commit per batch",
-                               buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10),
-                               registry=r)
-        self.lag = Gauge("hardelete_tracker_lag", "highwater - position", ["partition"],
-                         registry=r)
-        self.progress = Gauge("hardelete_tracker_progress_ms",
-                              "Redis-clock ms up to which the partition is applied",
-                              ["partition"], registry=r)
-        self.unanchored = Counter("hardelete_tracker_anchor_refused",
-                                  "anchor records the broker did not take (such a log is known "
-                                  "only by its start until one is taken)", registry=r)
-        self.fetch_wait = Gauge("hardelete_tracker_fetch_wait_ms",
-                                "longest wait of the next fetch (raised while behind the log's "
-                                "end)", registry=r)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -321,71 +128,9 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         t.log.info("partitions assigned", partitions=sorted(tp.partition for tp in assigned))
 
 
-def _reason_kind(reason: str) -> str:
-    for kind in ("not valid JSON", "unknown event type", "schema version", "unknown repository",
-                 "record key", "must be", "missing", "expected", "outside namespace", "reserved",
-                 "already exists", "namespace overlap", "retired", "not canonical"):
-        if kind in reason:
-            return kind.replace(" ", "_")
-    return "other"
-
-
-class Tracker:
-    """One tracker process' worth of work, as an asyncio task."""
-
-    def __init__(self, settings: Settings, *, name: str = "tracker",
-                 metrics: TrackerMetrics | None = None) -> None:
-        if not settings.kafka_bootstrap or not settings.redis_url:
-            raise UserError("the tracker needs kafka_bootstrap and redis_url "
-                            "(HARDELETE_KAFKA_BOOTSTRAP, HARDELETE_REDIS_URL)")
-        self.settings = settings
-        self.name = name
-        self.metrics = metrics or TrackerMetrics()
-        self.log = log.bind(tracker=name, topic=settings.events_topic,
-                            group=settings.consumer_group)
-        self.gate = codec.Gate()
-        self.applied = 0
-        self.redelivered = 0
-        self.dead_lettered = 0
-        self.regressions = 0  # chunks refused because Redis no longer held what we applied
-        self._reap_key: bytes | None = None  # verifies addresses_reaped (reaper_auth)
-        self.incidents = 0
-        self.batches = 0
-        self.assigned_event = asyncio.Event()
-        self._stop = asyncio.Event()
-        self._lock = asyncio.Lock()
-        self._clocks: dict[int, PartitionClock] = {}
-        self._lag_labels: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
-        self._pending: asyncio.Future[None] | None = None
-        self._failure: Exception | None = None
-        self._last_time_read = 0.0
-        self._redis: Any = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None
-        self._probe: AIOKafkaConsumer | None = None  # no group: offsets, one-record fetches
-        self._epochs: dict[int, str] = {}  # partition -> epoch of its log
-        self._logrec: dict[int, str] = {}  # partition -> hd:log value Redis must hold
-        self._anchor_tried: dict[int, float] = {}  # partition -> monotonic time of last try
-        # Redis Cluster: (repo, partition) -> the applied value Redis must hold (the log
-        # guard in the repository's own slot, tracker/apply.lua)
-        self._applied_seen: dict[tuple[str, int], str] = {}
-        self._reverify = False  # Redis or the log moved under us: resume from Redis again
-        self._rejoin = False  # the partition count changed: join the group afresh
-        self._probe_lock = asyncio.Lock()
-        self._verify_lock = asyncio.Lock()  # one verification at a time (listener, main loop)
-        self._assigning = asyncio.Event()  # clear while the listener verifies an assignment
-        self._assigning.set()
-        self.verified = 0  # partition verifications (seeks from Redis) so far
-        self._seen_count: int | None = None
-        self._redis_now = 0
-        self.fail_closed = 0
-        self._heal_task: asyncio.Task[None] | None = None
-        self.holds = 0
-        self._cluster = bool(getattr(settings, "redis_cluster", False))
-        self._fetch_wait = FetchWait(min(settings.tracker_poll_ms, 500),
-                                     settings.tracker_catchup_wait_ms)
-        self.metrics.fetch_wait.set(self._fetch_wait.current)
+class Tracker(LogVerification, ProgressProof, DeadLetters):
+    """One tracker process' worth of work, as an asyncio task: the loop and its lifecycle (the
+    parts it drives are in their own files: verification, progress, deadletters)."""
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -520,55 +265,6 @@ class Tracker:
         await stop.wait()
         self._stop.set()
 
-    async def _write_meta(self) -> None:
-        deadline = time.monotonic() + 30
-        while not await self._verify_meta():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"topic {self.settings.events_topic} has no partitions")
-            await asyncio.sleep(0.05)
-
-    async def _verify_meta(self) -> bool:
-        """One verified partition count: Redis time R, then a metadata request sent after R;
-        PROGRESS_META records the count and verified_ms = R (the horizon never passes it)."""
-        assert self._probe is not None
-        topic = self.settings.events_topic
-        at = await aredis_time_ms(self._redis)
-        md = await self._probe._client.fetch_all_metadata()
-        parts = md.partitions_for_topic(topic)
-        if not parts:
-            return False
-        # Before the count is recorded: while it still names the gone partitions, their stale
-        # progress holds the horizon back, so no reaper acts before their repositories fail.
-        await self._fail_gone_partitions(set(parts))
-        changed = await self._meta_script(keys=[PROGRESS_META],
-                                          args=[topic, str(len(parts)), str(at)])
-        if changed:
-            self.log.info("partition count of the events topic", partitions=len(parts))
-        if self._seen_count is not None and self._seen_count != len(parts):
-            self._rejoin = True
-        self._seen_count = len(parts)
-        return True
-
-    async def _fail_gone_partitions(self, partitions: set[int]) -> None:
-        """Repositories that applied records from a partition the topic no longer has are
-        fail-closed (tracker/logid.py: gone_partitions), then its log record is dropped."""
-        topic = self.settings.events_topic
-        fields = await self._retrying(lambda: self._redis.hkeys(LOG))
-        gone = gone_partitions((str(f) for f in fields), topic, partitions)
-        if not gone:
-            return
-        now = await aredis_time_ms(self._redis)
-        await self._fail_repos({p: (
-            f"log reset or replaced: partition {p} of {topic} is gone (the topic has "
-            f"{len(partitions)} partition(s) now); what was published to it and never applied "
-            "is lost") for p in gone}, now)
-        for p in gone:
-            # Only once they are flagged: a tracker killed in between checks again.
-            await self._retrying(lambda: self._redis.hdel(LOG, log_field(topic, p)))  # noqa: B023
-            await self._retrying(lambda: self._redis.hdel(PROGRESS, str(p)))  # noqa: B023
-            self._logrec.pop(p, None)
-            self._epochs.pop(p, None)
-
     async def _heal_loop(self) -> None:
         """Self-healing (tracker/rebuild.py): a fail-closed repository gets a rebuild prepared,
         and is rebuilt once its service wrote a state export carrying the nonce."""
@@ -600,309 +296,7 @@ class Tracker:
         finally:
             r.close()
 
-    async def _meta_loop(self) -> None:
-        rounds = 0
-        while not self._stop.is_set():
-            try:
-                await self._verify_meta()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # broker/Redis trouble: the horizon simply stops
-                self.log.warning("partition count not verified", error=str(exc))
-            rounds += 1
-            if rounds % _LOG_CHECK_ROUNDS == 0:
-                try:
-                    await self._check_logs()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    self.log.warning("log identity not checked", error=str(exc))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), _META_INTERVAL_S)
-
-    # --- log identity (tracker/logid.py) -----------------------------------------------------
-
-    async def _wait_assigned(self) -> None:
-        stop = asyncio.ensure_future(self._stop.wait())
-        done = asyncio.ensure_future(self._assigning.wait())
-        try:
-            await asyncio.wait({stop, done}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-            done.cancel()
-
-    async def _verify(self, tps: set[Any]) -> None:
-        async with self._verify_lock:  # two at once would race on hd:log's compare-and-set
-            await self._verify_locked(tps)
-
-    async def _verify_locked(self, tps: set[Any]) -> None:
-        """Seek each partition to what Redis says it applied (+1), after checking that the log
-        is still the one Redis folded; put repositories fail-closed where it cannot replay."""
-        self._applied_seen.clear()  # (partitions moved or Redis is in doubt: read them anew)
-        if self._cluster:
-            # ... from the durable copy, not from each repository's (possibly regressed) node:
-            # a node that went back is then refused by the in-slot guard of the next chunk.
-            for repo, raw in (await self._retrying(lambda: self._redis.hgetall(APPLIED))).items():
-                with contextlib.suppress(orjson.JSONDecodeError, AttributeError, ValueError):
-                    for p, value in orjson.loads(raw).items():
-                        if p.isdigit():  # (not the "regressed" marker)
-                            self._applied_seen[(str(repo), int(p))] = str(value)
-        consumer, probe = self._consumer, self._probe
-        assert consumer is not None and probe is not None
-        if not tps:
-            return
-        topic = self.settings.events_topic
-        ordered = sorted(tps, key=lambda tp: tp.partition)
-        fields = [log_field(topic, tp.partition) for tp in ordered]
-        raw = await self._retrying(lambda: self._redis.hmget(LOG, fields))
-        starts = await probe.beginning_offsets(ordered)
-        cluster = await self._broker_cluster()
-        now = await self._retrying(lambda: aredis_time_ms(self._redis))
-        decided = []
-        for tp, value in zip(ordered, raw, strict=True):
-            rec = LogRecord.decode(value)
-            start = starts[tp]
-            witness = rec.witness if rec is not None else None
-            at = witness[0] if witness is not None and witness[0] >= start else start
-            end, found_fp = await self._probe_at(tp, at)
-            found: str | None = NOT_FETCHED
-            if witness is not None and start <= witness[0] < end:
-                found = found_fp
-            committed = None
-            if rec is None:
-                with contextlib.suppress(Exception):
-                    committed = await consumer.committed(tp)
-            d = decide(rec, start, end, found, new_epoch(cluster),
-                       group_committed=committed is not None, cluster=cluster)
-            decided.append((d, start, end))
-        # Logs known by no record get an anchor, all at once (each waits for the broker's ack).
-        unknown = [i for i, (d, _, _) in enumerate(decided) if d.record.witness is None]
-        records = {i: d.record for i, (d, _, _) in enumerate(decided)}
-        for i, got in zip(unknown, await asyncio.gather(
-                *(self._anchor(ordered[i], records[i]) for i in unknown)), strict=True):
-            records[i] = got
-        # Fail closed first, then move hd:log: a tracker killed in between finds the old
-        # record and decides again (the other way round the new epoch hid the loss for good).
-        await self._fail_repos({tp.partition: d.fail_repos for tp, (d, _, _)
-                                in zip(ordered, decided, strict=True) if d.fail_repos}, now)
-        for tp, (d, _, _) in zip(ordered, decided, strict=True):
-            if d.fail_all:
-                await self._fail_all(d.fail_all, now, tp.partition)
-        for i, (tp, fld, value) in enumerate(zip(ordered, fields, raw, strict=True)):
-            p = tp.partition
-            d, start, end = decided[i]
-            record = records[i]
-            new = record.encode()
-            if new != (value or ""):
-                moved = await self._retrying(lambda: self._log_script(
-                    keys=[LOG], args=[fld, value or "", new]))  # noqa: B023
-                if moved:
-                    raise RuntimeError(f"log record {fld} changed while verifying it")
-                if d.reset:  # progress is keyed by the log: the old log's claims end here
-                    await self._retrying(lambda: self._redis.hdel(PROGRESS, str(p)))  # noqa: B023
-            self._epochs[p] = record.epoch
-            self._logrec[p] = new
-            self._clocks[p] = PartitionClock()  # no claim from samples taken before the seek
-            consumer.seek(tp, d.seek)
-            self.verified += 1
-            (self.log.warning if d.fail_repos or d.fail_all else self.log.info)(
-                "partition resumed from Redis", partition=p, offset=d.seek, epoch=record.epoch,
-                log_start=start, log_end=end, detail=d.detail)
-
-    async def _anchor(self, tp: Any, record: LogRecord) -> LogRecord:
-        """Write an anchor record into the log (tracker/logid.py) and return ``record`` known by
-        it; unchanged (with a warning) when the broker does not take it: a later check tries
-        again (_check_logs), and meanwhile the log's start still tells a re-created topic."""
-        producer = self._producer
-        assert producer is not None
-        self._anchor_tried[tp.partition] = time.monotonic()
-        value = anchor_value(record.epoch)
-
-        async def send() -> Any:
-            # A partition added just now may not be in the producer's metadata yet.
-            while tp.partition not in await producer.partitions_for(tp.topic):
-                await producer.client.force_metadata_update()
-                await asyncio.sleep(0.05)
-            return await producer.send_and_wait(tp.topic, value, key=ANCHOR_KEY,
-                                                partition=tp.partition)
-
-        try:
-            meta = await asyncio.wait_for(send(), _ANCHOR_TIMEOUT_S)
-        except (TimeoutError, KafkaError, AssertionError) as exc:
-            self.metrics.unanchored.inc()
-            self.log.warning("log not anchored: the broker did not take the anchor record",
-                             partition=tp.partition, error=f"{type(exc).__name__}: {exc}"[:300])
-            return record
-        # Its fingerprint from what was sent and the timestamp the broker stored: a log that
-        # lost it right after the ack is another log, not one known by nothing.
-        fp = fingerprint_of(ANCHOR_KEY, value, meta.timestamp)
-        try:
-            _, found = await self._probe_at(tp, meta.offset)
-        except RuntimeError as exc:
-            found = f"not fetched: {exc}"
-        result, disagrees = anchored(record, meta.offset, fp, found)
-        if disagrees:
-            self.log.error("the log lost its anchor right after the broker took it; resuming "
-                           "from Redis", partition=tp.partition, offset=meta.offset)
-            self.regressions += 1
-            self._reverify = True
-        return result
-
-    async def _check_logs(self) -> None:
-        """While running: is the record we last applied from each partition still there? A log
-        replaced under a running consumer (no rebalance, no out-of-range error) is caught here,
-        and the tracker resumes from Redis (new epoch, fail-closed) as on assignment."""
-        topic = self.settings.events_topic
-        tags = {epoch_cluster(e) for e in self._epochs.values()} - {None}
-        if tags and not self._reverify:
-            # A log replaced under a running consumer with nothing applied from it yet has no
-            # record to compare: the broker's cluster id tells (a lost disk is formatted anew).
-            cluster = await self._broker_cluster()
-            if cluster is not None and tags != {cluster_tag(cluster)}:
-                self.log.error("the broker's cluster changed (its log was replaced); resuming "
-                               "from Redis", cluster=cluster)
-                self._reverify = True
-                return
-        for p, value in list(self._logrec.items()):
-            rec = LogRecord.decode(value)
-            if rec is None or self._reverify:
-                continue
-            witness = rec.witness
-            if witness is None:  # not anchored (the broker did not take it): verify again
-                if time.monotonic() - self._anchor_tried.get(p, 0.0) >= _ANCHOR_RETRY_S:
-                    self.log.info("log not anchored yet; resuming from Redis", partition=p)
-                    self._reverify = True
-                continue
-            _, found = await self._probe_at(TopicPartition(topic, p), witness[0])
-            if found != witness[1] and self._logrec.get(p) is not None:
-                self.log.error("the record that tells this log is gone from it; resuming from "
-                               "Redis", partition=p, offset=witness[0])
-                self._reverify = True
-
-    async def _broker_cluster(self) -> str | None:
-        """The broker's cluster id (a metadata request naming no topic), or None when it cannot
-        be had (then only the records' fingerprints tell one log from another)."""
-        from aiokafka.protocol.metadata import MetadataRequest
-
-        probe = self._probe
-        if probe is None:
-            return None
-        try:
-            client = probe._client
-            resp = await client.send(client.get_random_node(), MetadataRequest([]))
-        except Exception as exc:  # (a broker down: the fingerprints and offsets still judge)
-            self.log.warning("broker cluster id unavailable", error=str(exc)[:200])
-            return None
-        cluster = getattr(resp, "cluster_id", None)
-        return str(cluster) if cluster else None
-
-    async def _probe_at(self, tp: Any, offset: int) -> tuple[int, str | None]:
-        async with self._probe_lock:  # one probe, shared by assignment and the log check
-            return await self._probe_at_locked(tp, offset)
-
-    async def _probe_at_locked(self, tp: Any, offset: int) -> tuple[int, str | None]:
-        """(end of the log, fingerprint of the record at ``offset`` or None) as the broker sees
-        them now: the end (high watermark) from ListOffsets, the record from a fetch.
-
-        A log that was replaced or lost its tail ends at or before ``offset``: that is answered
-        at once. (The end used to come from a fetch's high watermark, for Tansu, whose
-        ListOffsets lagged; on Kafka a fetch past the end of a new log fails with
-        OffsetOutOfRange and brings no high watermark, and the probe waited for one until it
-        gave up: the tracker stalled after a broker lost its log.)"""
-        probe = self._probe
-        assert probe is not None
-        end = int((await probe.end_offsets([tp]))[tp])
-        if offset >= end:
-            return end, None
-        probe.assign([tp])
-        probe.seek(tp, offset)
-        _set_fetch_max_wait(probe, self._fetch_wait.poll_ms)
-        limit = 15.0
-        deadline = time.monotonic() + limit
-        try:
-            while time.monotonic() < deadline:
-                try:
-                    got = await probe.getmany(tp, timeout_ms=100, max_records=1)
-                except OffsetOutOfRangeError:
-                    # Gone since the ListOffsets (retention, or a log replaced meanwhile).
-                    return end, None
-                recs = got.get(tp, [])
-                if recs:
-                    return max(end, recs[0].offset + 1), (
-                        fingerprint(recs[0]) if recs[0].offset == offset else None)
-        finally:
-            # Idle between probes: its client also sends the partition-count checks
-            # (_verify_meta), and a fetch the broker holds would delay them.
-            probe.unsubscribe()
-        raise RuntimeError(f"partition {tp.partition}: no record fetched at offset {offset} "
-                           f"below the log's end {end} within {limit:.0f} s")
-
-    async def _known_repos(self) -> list[str]:
-        """Repositories that may have had records on this partition that were never applied:
-        every repository the trackers know. Having applied from it is not the test: after the
-        partition count changed, a repository's records go to a partition it never applied
-        from, and the tracker cannot know the service's partitioner (found by the soak, seed
-        102: a repository keyed to a partition it had applied nothing from yet lost a write
-        with the broker's log and was never failed closed; the write's object was reaped)."""
-        return sorted(await self._retrying(lambda: self._redis.smembers(REPOS)))
-
-    async def _fail_repos(self, failures: dict[int, str], now: int) -> None:
-        """Fail closed the repositories of the partitions in ``failures`` (partition -> reason):
-        every known one (:meth:`_known_repos`), once per call however many partitions
-        failed (a lost broker log resets them all: one incident and one loss per repository,
-        naming every partition, not one per partition)."""
-        if not failures:
-            return
-        parts = sorted(failures)
-        reason = failures[parts[0]]
-        if len(parts) > 1:
-            reason += f" (and partitions {', '.join(map(str, parts[1:]))})"
-        repos = await self._known_repos()
-        detail = orjson.dumps({"topic": self.settings.events_topic, "partition": parts[0],
-                               "partitions": parts})
-        for repo in repos:
-            k = RepoKeys(repo)
-            inc = orjson.dumps({"repository": repo, "address": "", "event_id": "",
-                                "type": "fail_closed", "ref_id": "", "at_ms": now,
-                                "reason": reason, "partition": parts[0], "partitions": parts})
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.hsetnx(k.fail_closed, "reason", reason)
-            pipe.hsetnx(k.fail_closed, "at_ms", str(now))
-            pipe.hsetnx(k.fail_closed, "detail", detail)
-            pipe.hincrby(k.fail_closed, "losses", 1)  # a rebuild prepared before is stale
-            pipe.rpush(k.incidents, inc)
-            pipe.hincrby(k.stats, "incidents", 1)
-            await self._retrying(pipe.execute)
-            self.fail_closed += 1
-            self.log.error("repository fail-closed", repository=repo, reason=reason,
-                           partitions=parts)
-        if not repos:
-            self.log.warning("log changed; no repository known yet", partitions=parts,
-                             reason=reason)
-
-    async def _fail_all(self, reason: str, now: int, partition: int) -> None:
-        detail = orjson.dumps({"topic": self.settings.events_topic, "partition": partition})
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.hsetnx(FAIL_CLOSED, "reason", reason)
-        pipe.hsetnx(FAIL_CLOSED, "at_ms", str(now))
-        pipe.hsetnx(FAIL_CLOSED, "detail", detail)
-        pipe.rpush(INCIDENTS, orjson.dumps({"type": "fail_closed", "scope": "all",
-                                            "reason": reason, "at_ms": now,
-                                            "partition": partition}))
-        await self._retrying(pipe.execute)
-        self.fail_closed += 1
-        self.log.error("every repository fail-closed", reason=reason, partition=partition)
-
     # --- one cycle ----------------------------------------------------------------------------
-
-    def _sample(self, consumer: AIOKafkaConsumer) -> None:
-        topic = self.settings.events_topic
-        for p, clock in list(self._clocks.items()):
-            tp = TopicPartition(topic, p)
-            try:
-                clock.sample(consumer.last_poll_timestamp(tp), consumer.highwater(tp))
-            except Exception:  # unassigned meanwhile
-                continue
 
     async def _cycle(self, consumer: AIOKafkaConsumer) -> None:
         """Fetch and prepare batch n+1 while batch n is applied and committed (two stages)."""
@@ -958,7 +352,7 @@ class Tracker:
             for tp in assigned:  # every record before these positions is in this batch or
                 with contextlib.suppress(Exception):  # an earlier one
                     pos = batch.positions[tp.partition] = await consumer.position(tp)
-                    lags[tp.partition] = (pos, consumer.highwater(tp), _buffered(consumer, tp))
+                    lags[tp.partition] = (pos, consumer.highwater(tp), buffered(consumer, tp))
             self._set_fetch_wait(consumer,
                                  self._fetch_wait.after_fetch(lags, time.monotonic()))
             await self._drain()
@@ -969,7 +363,7 @@ class Tracker:
             self._pending = asyncio.ensure_future(self._apply(consumer, batch))
 
     def _set_fetch_wait(self, consumer: AIOKafkaConsumer, ms: int) -> None:
-        was = _set_fetch_max_wait(consumer, ms)
+        was = set_fetch_max_wait(consumer, ms)
         if was is None or was == ms:
             return
         self.metrics.fetch_wait.set(ms)
@@ -1013,7 +407,7 @@ class Tracker:
                 # The key is the partition key: one that is not the repository breaks the
                 # repository's ordering (its events could sit in two partitions).
                 if rec.key is None or rec.key != repo.encode():
-                    dlq.append((rec, f"record key {_short(rec.key)} does not equal repository "
+                    dlq.append((rec, f"record key {short_key(rec.key)} does not equal repository "
                                      f"{repo[:200]!r}"))
                     continue
                 wanted.add(repo)
@@ -1063,8 +457,8 @@ class Tracker:
             claim_id = dlq_claim(rec.topic, rec.partition, rec.offset,
                                  self._epochs.get(rec.partition, ""), rec.key, rec.value)
             rec_claims[id(rec)] = claim_id
-            claim = {"reason": reason[:_MAX_REASON], "source": DLQ, "at_ms": self._redis_now,
-                     "event_id": _event_id(rec.value), "topic": rec.topic,
+            claim = {"reason": reason[:MAX_REASON], "source": DLQ, "at_ms": self._redis_now,
+                     "event_id": event_id_of(rec.value), "topic": rec.topic,
                      "partition": rec.partition, "offset": rec.offset}
             for repo, address in targets:
                 prefix = address.endswith("/")  # it could name anything there
@@ -1072,9 +466,9 @@ class Tracker:
             if targets and "address" in reason:
                 # A spelling the tracker will not apply (schemas/address.py): kept, and said.
                 batch.refused.append({"kind": "address_spelling", "repository": targets[0][0],
-                                      "reason": reason[:_MAX_REASON],
+                                      "reason": reason[:MAX_REASON],
                                       "held": [a for _, a in targets][:10],
-                                      "event_id": _event_id(rec.value)})
+                                      "event_id": event_id_of(rec.value)})
         return batch
 
     async def _forged_reap(self, batch: _Batch, body: dict[str, Any]) -> str | None:
@@ -1204,7 +598,7 @@ class Tracker:
                 # Redis went back in time (restart from an older copy, failover): apply
                 # nothing past its gap, commit nothing; resume from what it holds.
                 self.log.error("Redis lost applied records; resuming from what it holds",
-                               error=str(exc)[:_MAX_REASON])
+                               error=str(exc)[:MAX_REASON])
                 self.regressions += 1
                 self._applied_seen.clear()
                 if self._cluster:
@@ -1245,32 +639,6 @@ class Tracker:
             self.metrics.batch.observe(time.perf_counter() - batch.t0)
         await self._progress(consumer, batch.positions)
 
-    async def _fail_regressed(self, error: str) -> None:
-        found = re.search(r"applied\[(\d+)\] of (.*) is \"", error)
-        if found is None:  # not the in-slot guard: re-verification decides
-            return
-        partition, repo = int(found.group(1)), found.group(2)
-        now = await aredis_time_ms(self._redis)
-        reason = (f"Redis lost applied records of partition {partition} (a cluster node went "
-                  "back in time): the mirror is unproven")
-        k = RepoKeys(repo)
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.hsetnx(k.fail_closed, "reason", reason)
-        pipe.hsetnx(k.fail_closed, "at_ms", str(now))
-        pipe.hincrby(k.fail_closed, "losses", 1)  # a rebuild prepared before is stale
-        pipe.rpush(k.incidents, orjson.dumps({
-            "repository": repo, "address": "", "event_id": "", "type": "fail_closed",
-            "ref_id": "", "at_ms": now, "reason": reason, "partition": partition}))
-        # Its node is what it is now: the next chunks go on from there (no partition values
-        # left to require, else each would be refused again, for ever), but the copy keeps a
-        # marker in hd:applied's slot: a second failover may lose the flag with the node, and
-        # the gate still keeps the repository until an operator clears it after a rebuild.
-        pipe.hset(APPLIED, repo, orjson.dumps({"regressed": reason}).decode())
-        await self._retrying(pipe.execute)
-        self.fail_closed += 1
-        self.log.error("repository fail-closed", repository=repo, reason=reason,
-                       partition=partition)
-
     async def _note_applied(self, batch: _Batch) -> None:
         """Redis Cluster: remember each chunk's ``applied[partition]`` (the next chunk of the
         repository requires it). After a chunk the stored value is the larger of what we saw
@@ -1305,94 +673,6 @@ class Tracker:
             payload = orjson.dumps(copy).decode()
             await self._retrying(lambda: self._applied_script(keys=[APPLIED], args=[payload]))
 
-    async def _log_unmoved(self, partitions: list[int]) -> bool:
-        """Redis Cluster: hd:log lives in another slot than the repositories' chunks, so the
-        apply script cannot check it; check it right before instead (what one node does inside
-        the script), or a tracker that has not resumed a partition from Redis yet would apply
-        its batch on an unverified epoch. (A node going back between the two is the in-slot
-        ``applied`` guard's part.) False: resume from Redis, as :meth:`_write_log` does."""
-        topic = self.settings.events_topic
-        fields = [log_field(topic, p) for p in partitions]
-        current = await self._retrying(lambda: self._redis.hmget(LOG, fields))
-        moved = [f for f, p, cur in zip(fields, partitions, current, strict=True)
-                 if (cur or "") != self._logrec.get(p, "")]
-        if moved:
-            self.log.error("log record moved under the tracker; resuming from Redis",
-                           fields=moved)
-            self.regressions += 1
-            self._reverify = True
-            return False
-        return True
-
-    async def _write_log(self, last: dict[int, tuple[int, str]],
-                         maxoff: dict[tuple[str, int], int] | None = None) -> bool:
-        """Record, after the repository chunks succeeded, what was applied from each partition
-        (hd:log). False if Redis no longer holds what we expected (then resume from Redis).
-
-        One Redis: in the same script, every repository of the batch must still hold what its
-        chunk applied (``maxoff``), or hd:log does not move (LOG_WRITE_LUA). On a cluster the
-        keys are in other slots; a node that went back is caught by the chunks' in-slot guard
-        and the delete paths' comparison with hd:applied."""
-        if not last:
-            return True
-        topic = self.settings.events_topic
-        args: list[str] = []
-        new: dict[int, str] = {}
-        for p, (offset, fp) in last.items():
-            new[p] = LogRecord(self._epochs.get(p, ""), offset, fp).encode()
-            args += [log_field(topic, p), self._logrec.get(p, ""), new[p]]
-        keys, checks = [LOG], []
-        if maxoff and not self._cluster:
-            keys += [RepoKeys(repo).applied for repo, _ in maxoff]
-            checks = [x for (_, p), off in maxoff.items()
-                      for x in (str(p), self._epochs.get(p, ""), str(off))]
-        moved = await self._retrying(lambda: self._log_script(keys=keys, args=checks + args))
-        if moved and moved[0] == "gone":
-            self.log.error("Redis lost a chunk before hd:log recorded it; resuming from Redis",
-                           key=str(moved[1]), partition=str(moved[2]))
-            self.regressions += 1
-            self._reverify = True
-            return False
-        for p, value in new.items():
-            if log_field(topic, p) not in moved:
-                self._logrec[p] = value
-        if moved:
-            self.log.error("log record moved under the tracker; resuming from Redis",
-                           fields=list(moved))
-            self.regressions += 1
-            self._reverify = True
-            return False
-        return True
-
-    async def _write_holds(self, holds: list[tuple[str, str, bool, str, dict[str, Any]]]
-                           ) -> None:
-        by_key: dict[str, list[tuple[str, str, dict[str, Any]]]] = defaultdict(list)
-        for repo, address, prefix, claim_id, claim in holds:
-            k = RepoKeys(repo)
-            by_key[k.hold_prefixes if prefix else k.holds].append((address, claim_id, claim))
-
-        async def write() -> None:  # idempotent: a redelivered dead letter has the same claim
-            await asyncio.gather(*(aadd_claims(self._redis, key, items)
-                                   for key, items in by_key.items()))
-        await self._retrying(write)
-        self.holds += len(holds)
-        for repo, address, _, _, _ in holds:
-            self.log.warning("hold placed on an address named by a dead-lettered event",
-                             repository=repo, address=address[:500])
-
-    async def _retrying(self, call: Any, budget_s: float = 60.0) -> Any:
-        """Retry a Redis call on connection trouble (every call here is idempotent)."""
-        delay, deadline = 0.05, time.monotonic() + budget_s
-        while True:
-            try:
-                return await call()
-            except (RedisConnectionError, RedisTimeoutError) as exc:
-                if time.monotonic() > deadline:
-                    raise
-                self.log.warning("redis unavailable; retrying", error=str(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-
     async def _load_namespaces(self, repos: set[str]) -> None:
         ordered = sorted(repos)
         pipe = self._redis.pipeline(transaction=False)
@@ -1403,114 +683,6 @@ class Tracker:
                 self.gate.retired[repo] = ns
             elif ns:
                 self.gate.namespaces[repo] = ns
-
-    async def _dead_letter(self, items: list[tuple[Any, str]],
-                           claims: dict[int, str] | None = None) -> None:
-        """Every item is acknowledged by the dead-letter topic before the offsets are committed;
-        a failing publish is retried with backoff (never dropped, never stops the tracker for
-        good: only a requested stop ends the retries, and then nothing is committed)."""
-        await asyncio.gather(*(self._dead_letter_one(rec, reason, (claims or {}).get(id(rec)))
-                               for rec, reason in items))
-        self.dead_lettered += len(items)
-
-    async def _dead_letter_one(self, rec: Any, reason: str, claim: str | None = None) -> None:
-        assert self._producer is not None
-        limit, delay = _DLQ_MAX_VALUE, 0.1
-        reason = reason[:_MAX_REASON]
-        while True:
-            key, value, headers = dlq_message(rec, reason, limit, claim)
-            try:
-                fut = await self._producer.send(self.settings.dlq_topic, value=value, key=key,
-                                                headers=headers)
-                await fut
-                break
-            except MessageSizeTooLargeError:
-                if limit <= 1024:
-                    raise
-                limit //= 4  # a broker with a smaller limit: cut further
-                continue
-            except Exception as exc:
-                if self._stop.is_set():
-                    raise RuntimeError("dead-letter topic unavailable while stopping; the batch "
-                                       "is not committed and will be redelivered") from exc
-                self.log.warning("dead-letter publish failed; retrying", error=str(exc),
-                                 partition=rec.partition, offset=rec.offset)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        self.log.warning("dead-lettered event", reason=reason, partition=rec.partition,
-                         offset=rec.offset)
-        self.metrics.dlq.labels(_reason_kind(reason)).inc()
-
-    async def _progress(self, consumer: AIOKafkaConsumer, positions: dict[int, int]) -> None:
-        topic = self.settings.events_topic
-        claims: list[str] = []
-        for p, pos in positions.items():
-            clock = self._clocks.get(p)
-            if clock is None:
-                continue
-            hw = None
-            with contextlib.suppress(Exception):
-                hw = consumer.highwater(TopicPartition(topic, p))
-                if hw is not None:
-                    self.metrics.lag.labels(str(p)).set(max(0, hw - pos))
-                    self._lag_labels.add(str(p))
-            if hw is not None and pos > hw:
-                # Past the end of the log: it was reset or re-created under us. No claim; the
-                # tracker resumes from Redis (and fails closed what it cannot replay).
-                self.log.error("position beyond the end of the log; resuming from Redis",
-                               partition=p, position=pos, highwater=hw)
-                self._reverify = True
-                continue
-            claimed = clock.claim(pos)
-            if claimed is not None and p in self._epochs:
-                claims += [str(p), str(claimed)]
-                if not self._cluster:  # keyed by log identity (one slot needed for the check)
-                    claims.append(f"{log_field(topic, p)}|{self._logrec.get(p, '')}")
-                self.metrics.progress.labels(str(p)).set(claimed)
-        if claims:
-            keys = [PROGRESS] if self._cluster else [PROGRESS, LOG]
-            refused = await self._retrying(lambda: self._progress_script(keys=keys, args=claims))
-            if refused:  # Redis no longer holds what we applied: it went back in time
-                self.log.error("progress refused: the log record moved; resuming from Redis",
-                               partitions=refused)
-                self.regressions += 1
-                self._reverify = True
-
-
-def _short(key: bytes | None) -> str:
-    if key is None:
-        return "null"
-    return repr(key[:200]) + ("..." if len(key) > 200 else "")
-
-
-def _event_id(value: bytes | None) -> str:
-    try:
-        body = orjson.loads(value or b"")
-    except orjson.JSONDecodeError:
-        return ""
-    eid = body.get("event_id") if type(body) is dict else None
-    return eid[:200] if type(eid) is str else ""
-
-
-def dlq_message(rec: Any, reason: str, max_value: int = _DLQ_MAX_VALUE,
-                claim: str | None = None) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
-    """(key, value, headers) of the dead-letter record for ``rec``: its value and key cut to
-    fit the topic, with the reason, the id of the claim its holds carry (``dlq resolve``
-    removes exactly that one) and, when cut, the original sizes in the headers."""
-    value = rec.value if rec.value is not None else b""
-    key = rec.key
-    headers = [("reason", reason.encode()), ("topic", rec.topic.encode()),
-               ("partition", str(rec.partition).encode()),
-               ("offset", str(rec.offset).encode())]
-    if claim is not None:
-        headers.append(("claim", claim.encode()))
-    if len(value) > max_value:
-        headers += [("truncated", b"value"), ("original_size", str(len(value)).encode())]
-        value = value[:max_value]
-    if key is not None and len(key) > _DLQ_MAX_KEY:
-        headers += [("original_key_size", str(len(key)).encode())]
-        key = key[:_DLQ_MAX_KEY]
-    return key, value, headers
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,122 @@
+"""Dead letters, one part of the tracker: a record that cannot be applied goes to the
+dead-letter topic with its reason, acknowledged before the batch's offsets are committed, and
+the addresses it names are held (SPEC safety 10) until an operator resolves it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any
+
+import orjson
+from aiokafka.errors import MessageSizeTooLargeError
+
+from schemas.holds import aadd_claims
+from schemas.layout import RepoKeys
+from tracker.shared import TrackerShared
+
+_DLQ_MAX_VALUE = 900_000  # bytes of a dead-lettered value (the producer's request limit is 1 MB)
+_DLQ_MAX_KEY = 1_024
+MAX_REASON = 1_000
+
+
+def reason_kind(reason: str) -> str:
+    for kind in ("not valid JSON", "unknown event type", "schema version", "unknown repository",
+                 "record key", "must be", "missing", "expected", "outside namespace", "reserved",
+                 "already exists", "namespace overlap", "retired", "not canonical"):
+        if kind in reason:
+            return kind.replace(" ", "_")
+    return "other"
+
+
+def short_key(key: bytes | None) -> str:
+    if key is None:
+        return "null"
+    return repr(key[:200]) + ("..." if len(key) > 200 else "")
+
+
+def event_id_of(value: bytes | None) -> str:
+    try:
+        body = orjson.loads(value or b"")
+    except orjson.JSONDecodeError:
+        return ""
+    eid = body.get("event_id") if type(body) is dict else None
+    return eid[:200] if type(eid) is str else ""
+
+
+def dlq_message(rec: Any, reason: str, max_value: int = _DLQ_MAX_VALUE,
+                claim: str | None = None) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+    """(key, value, headers) of the dead-letter record for ``rec``: its value and key cut to
+    fit the topic, with the reason, the id of the claim its holds carry (``dlq resolve``
+    removes exactly that one) and, when cut, the original sizes in the headers."""
+    value = rec.value if rec.value is not None else b""
+    key = rec.key
+    headers = [("reason", reason.encode()), ("topic", rec.topic.encode()),
+               ("partition", str(rec.partition).encode()),
+               ("offset", str(rec.offset).encode())]
+    if claim is not None:
+        headers.append(("claim", claim.encode()))
+    if len(value) > max_value:
+        headers += [("truncated", b"value"), ("original_size", str(len(value)).encode())]
+        value = value[:max_value]
+    if key is not None and len(key) > _DLQ_MAX_KEY:
+        headers += [("original_key_size", str(len(key)).encode())]
+        key = key[:_DLQ_MAX_KEY]
+    return key, value, headers
+
+
+class DeadLetters(TrackerShared):
+    """Publish dead letters (with backoff, never dropped) and place their holds."""
+
+    async def _dead_letter(self, items: list[tuple[Any, str]],
+                           claims: dict[int, str] | None = None) -> None:
+        """Every item is acknowledged by the dead-letter topic before the offsets are committed;
+        a failing publish is retried with backoff (never dropped, never stops the tracker for
+        good: only a requested stop ends the retries, and then nothing is committed)."""
+        await asyncio.gather(*(self._dead_letter_one(rec, reason, (claims or {}).get(id(rec)))
+                               for rec, reason in items))
+        self.dead_lettered += len(items)
+
+    async def _dead_letter_one(self, rec: Any, reason: str, claim: str | None = None) -> None:
+        assert self._producer is not None
+        limit, delay = _DLQ_MAX_VALUE, 0.1
+        reason = reason[:MAX_REASON]
+        while True:
+            key, value, headers = dlq_message(rec, reason, limit, claim)
+            try:
+                fut = await self._producer.send(self.settings.dlq_topic, value=value, key=key,
+                                                headers=headers)
+                await fut
+                break
+            except MessageSizeTooLargeError:
+                if limit <= 1024:
+                    raise
+                limit //= 4  # a broker with a smaller limit: cut further
+                continue
+            except Exception as exc:
+                if self._stop.is_set():
+                    raise RuntimeError("dead-letter topic unavailable while stopping; the batch "
+                                       "is not committed and will be redelivered") from exc
+                self.log.warning("dead-letter publish failed; retrying", error=str(exc),
+                                 partition=rec.partition, offset=rec.offset)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self.log.warning("dead-lettered event", reason=reason, partition=rec.partition,
+                         offset=rec.offset)
+        self.metrics.dlq.labels(reason_kind(reason)).inc()
+
+    async def _write_holds(self, holds: list[tuple[str, str, bool, str, dict[str, Any]]]
+                           ) -> None:
+        by_key: dict[str, list[tuple[str, str, dict[str, Any]]]] = defaultdict(list)
+        for repo, address, prefix, claim_id, claim in holds:
+            k = RepoKeys(repo)
+            by_key[k.hold_prefixes if prefix else k.holds].append((address, claim_id, claim))
+
+        async def write() -> None:  # idempotent: a redelivered dead letter has the same claim
+            await asyncio.gather(*(aadd_claims(self._redis, key, items)
+                                   for key, items in by_key.items()))
+        await self._retrying(write)
+        self.holds += len(holds)
+        for repo, address, _, _, _ in holds:
+            self.log.warning("hold placed on an address named by a dead-lettered event",
+                             repository=repo, address=address[:500])

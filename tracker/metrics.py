@@ -1,0 +1,35 @@
+"""The tracker's Prometheus metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class TrackerMetrics:
+    """Prometheus metrics of one tracker (own registry: several trackers may share a process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.applied = Counter("hardelete_tracker_events_applied", "events applied to Redis",
+                               registry=r)
+        self.skipped = Counter("hardelete_tracker_events_redelivered",
+                               "redelivered events skipped by offset", registry=r)
+        self.dlq = Counter("hardelete_tracker_dlq", "events sent to the dead-letter topic",
+                           ["reason_kind"], registry=r)
+        self.incidents = Counter("hardelete_tracker_incidents",
+                                 "references for addresses being reaped or reaped", registry=r)
+        self.batch = Histogram("hardelete_tracker_batch_seconds", "decode+apply+commit per batch",
+                               buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10),
+                               registry=r)
+        self.lag = Gauge("hardelete_tracker_lag", "highwater - position", ["partition"],
+                         registry=r)
+        self.progress = Gauge("hardelete_tracker_progress_ms",
+                              "Redis-clock ms up to which the partition is applied",
+                              ["partition"], registry=r)
+        self.unanchored = Counter("hardelete_tracker_anchor_refused",
+                                  "anchor records the broker did not take (such a log is known "
+                                  "only by its start until one is taken)", registry=r)
+        self.fetch_wait = Gauge("hardelete_tracker_fetch_wait_ms",
+                                "longest wait of the next fetch (raised while behind the log's "
+                                "end)", registry=r)
