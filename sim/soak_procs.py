@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -46,6 +47,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
                                             else str(value))
     return env
 
+
+
+PYTHON_CLI = (sys.executable, "-m", "hardelete.cli")  # how the soak starts a daemon
 
 @dataclass
 class SoakServers:
