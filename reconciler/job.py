@@ -63,6 +63,9 @@ from reconciler.mark import (
 )
 from reconciler.report import (
     REPORT_FORMAT,
+    RunSummary,
+    SweepOutcome,
+    TrackerView,
     is_swept_baseline,
     iso,
     new_run_id,
@@ -268,7 +271,7 @@ def _crosscheck(classified: Any, committed: Any, known: Any) -> dict[str, Any]:
 
 
 class Run:
-    """One reconcile invocation; ``summary`` is what lands in summary.json."""
+    """One reconcile invocation; ``summary`` is what lands in summary.json (RunSummary)."""
 
     def __init__(self, spark: Any, settings: Settings, opts: RunOptions, ui: Any = None):
         self.spark = spark
@@ -277,19 +280,19 @@ class Run:
         self.ui = ui or NullUi()
         self.r = redis_sync(settings)
         self.s3 = s3_client(settings)
-        self.summary: dict[str, Any] = {}
+        self.summary: RunSummary
         self._refs: str | None = None  # refs_fingerprint the sweep was re-validated against
 
     # -- helpers
     def _save(self) -> None:
-        self.summary["updated_at"] = iso(_ms_now())
+        self.summary.updated_at = iso(_ms_now())
         write_summary(self.s3, self.ns, self.summary)
 
     def close(self) -> None:
         self.r.close()
 
     # -- entry points
-    def run(self) -> dict[str, Any]:
+    def run(self) -> RunSummary:
         import redis
 
         try:
@@ -306,16 +309,13 @@ class Run:
             return self.sweep_only(self.opts.sweep_only)
         return self.mark_and_sweep()
 
-    def mark_and_sweep(self) -> dict[str, Any]:
+    def mark_and_sweep(self) -> RunSummary:
         o = self.opts
         now_ms = redis_time_ms(self.r)
         run_id = new_run_id(now_ms)
-        self.summary = {
-            "format": REPORT_FORMAT, "run_id": run_id, "repository": o.repo,
-            "namespace": self.ns.uri, "mode": "optimized" if o.optimized else "clean",
-            "dry_run": o.dry_run, "started_at": iso(now_ms), "now_ms": now_ms, "success": False,
-            "status": "running", "error": None,
-        }
+        s = self.summary = RunSummary(run_id, o.repo, self.ns.uri,
+                                      "optimized" if o.optimized else "clean", o.dry_run,
+                                      iso(now_ms), now_ms)
         lease = Lease(self.r, o.repo, run_id, o.lease_ttl_ms)
         lease.acquire()
         try:
@@ -324,38 +324,37 @@ class Run:
             try:
                 marked_parts = self._mark(now_ms, lease)
             except Exception as exc:
-                self.summary.update(success=False, status="failed",
-                                    error=f"{type(exc).__name__}: {exc}")
-                self.summary["sweep"] = {"status": "not_run",
-                                         "reason": "the mark failed: nothing is deleted"}
+                s.success, s.status, s.error = False, "failed", f"{type(exc).__name__}: {exc}"
+                s.sweep = SweepOutcome("not_run", "the mark failed: nothing is deleted")
                 log.error("reconcile.mark_failed", run_id=run_id, error=str(exc),
                           trace=traceback.format_exc(limit=3))
                 self._save()
-                return self.summary
-            self.summary["timings"]["mark_s"] = round(time.monotonic() - t0, 3)
-            self.summary.update(success=True, status="marked")
+                return s
+            assert s.timings is not None
+            s.timings["mark_s"] = round(time.monotonic() - t0, 3)
+            s.success, s.status = True, "marked"
             self._save()
             if o.dry_run:
-                self.summary["sweep"] = {"status": "not_run", "reason": "dry run"}
+                s.sweep = SweepOutcome("not_run", "dry run")
                 try:
                     with self.ui.phase("re-check the mark online (dry run: no deletes)"):
                         stats = self._sweep(run_id, marked_parts, lease, delete=False)
-                    self.summary["crosscheck"]["marked_but_referenced_online"] = {
+                    s.crosscheck["marked_but_referenced_online"] = {
                         "count": stats.skipped_live,
                         "sample": stats.samples.get("skipped_live", [])}
                 except Exception as exc:  # the mark stands; only the re-check is missing
-                    self.summary["crosscheck"]["marked_but_referenced_online"] = {
+                    s.crosscheck["marked_but_referenced_online"] = {
                         "error": f"{type(exc).__name__}: {exc}"}
-                self.summary["status"] = "done"
+                s.status = "done"
             else:
                 self._do_sweep(run_id, marked_parts, lease)
-            self.summary["finished_at"] = iso(_ms_now())
+            s.finished_at = iso(_ms_now())
             self._save()
-            return self.summary
+            return s
         finally:
             lease.release()
 
-    def sweep_only(self, run_id: str) -> dict[str, Any]:
+    def sweep_only(self, run_id: str) -> RunSummary:
         summary = read_summary(self.s3, self.ns, run_id)
         if summary is None:
             raise SweepRefused(f"no report for run {run_id!r} in {self.ns.uri}")
@@ -374,14 +373,14 @@ class Run:
         if age_h > self.opts.max_mark_age_hours:
             raise SweepRefused(f"the mark of run {run_id} is {age_h:.1f} h old (limit "
                                f"{self.opts.max_mark_age_hours:g} h): run a new mark")
-        self.summary = summary
+        self.summary = RunSummary.from_dict(summary)
         lease_id = f"{run_id}:sweep:{uuid.uuid4().hex[:6]}"
         lease = Lease(self.r, self.opts.repo, lease_id, self.opts.lease_ttl_ms)
         lease.acquire()
         try:
             self._do_sweep(lease_id, list(summary["mark"]["parts"]), lease)
-            self.summary["status"] = "done" if self.summary["sweep"]["status"] == "done" \
-                else self.summary["status"]
+            if self.summary.sweep is not None and self.summary.sweep.status == "done":
+                self.summary.status = "done"
             self._save()
             return self.summary
         finally:
@@ -394,8 +393,8 @@ class Run:
 
         o, ns, s = self.opts, self.ns, self.summary
         timings: dict[str, float] = {}
-        s["timings"] = timings
-        run_id = s["run_id"]
+        s.timings = timings
+        run_id = s.run_id
         report = ns.report_prefix(run_id)
 
         def timed(name: str, t0: float) -> None:
@@ -406,28 +405,27 @@ class Run:
         cutoff_ms, source = decide_cutoff(now_ms, watermark, self.settings
                                           .reconcile_min_age_seconds, o.cutoff_ms,
                                           ignore_tracker=o.ignore_tracker_progress)
-        s.update(cutoff_ms=cutoff_ms, cutoff=iso(cutoff_ms), cutoff_source=source,
-                 tracker={"watermark_ms": watermark, "watermark": iso(watermark),
-                          "ignored": o.ignore_tracker_progress})
+        s.cutoff_ms, s.cutoff, s.cutoff_source = cutoff_ms, iso(cutoff_ms), source
+        tracker = s.tracker = TrackerView(watermark, iso(watermark), o.ignore_tracker_progress)
         self._save()
 
         # 2. the tracker's records, exported before the commits are read
         t0 = time.monotonic()
         pre_state = load_repo(self.r, o.repo)
         export_started = redis_time_ms(self.r)
-        s["tracker"]["export_started_ms"] = export_started
+        tracker.export_started_ms = export_started
         # Grace binds the mark too (SPEC safety 2): an address unreferenced less than the grace
         # window before the tracker horizon is live. Without a known horizon (ignored), now.
         grace_ms = int(self.settings.grace_for(o.repo) * 1000)
         horizon = export_started if watermark is None else min(watermark, export_started)
-        s["tracker"].update(grace_ms=grace_ms, grace_horizon_ms=horizon)
+        tracker.grace_ms, tracker.grace_horizon_ms = grace_ms, horizon
         with self.ui.phase("export tracker state (uncommitted live set)"):
             export = export_addresses(
                 self.r, self.s3, o.repo, ns, report + "uncommitted/", cutoff_ms=cutoff_ms,
                 now_ms=now_ms,
                 commit_ids=set(pre_state.commits), grace_ms=grace_ms, horizon_ms=horizon,
                 progress=self.ui.count)
-        s["uncommitted"] = {**export.as_dict(), "part_keys": export.parts}
+        s.uncommitted = {**export.as_dict(), "part_keys": export.parts}
         timed("export_s", t0)
         lease.check()
 
@@ -438,7 +436,7 @@ class Run:
                               expire_older_than_days=o.expire_older_than_days,
                               mode=o.expiration_mode,  # type: ignore[arg-type]
                               delete_expired_refs=o.delete_expired_refs)
-        s["retention"] = {**plan.as_dict(), "policy": {
+        retention = s.retention = {**plan.as_dict(), "policy": {
             "default_days": state.policy.default_days,
             "branch_days": dict(state.policy.branch_days)},
             "expire_older_than_days": (o.expire_older_than_days
@@ -460,7 +458,7 @@ class Run:
             # is garbage; a retained commit whose manifest is missing fails the run above/here.
             committed = (manifest_keys_df(self.spark, self.settings, ns, plan.manifests)
                          .distinct().persist(StorageLevel.MEMORY_AND_DISK))
-            s["retention"]["committed_keys"] = committed.count()
+            retention["committed_keys"] = committed.count()
         timed("committed_s", t0)
         lease.check()
 
@@ -471,26 +469,26 @@ class Run:
             baseline = next((p for p in previous_runs(self.s3, ns, o.repo, before=run_id)
                              if is_swept_baseline(p)), None)
             if baseline is None:
-                s["mode"] = "clean"
-                s["mode_note"] = "optimized run requested, but no earlier swept run: clean run"
+                s.mode = "clean"
+                s.mode_note = "optimized run requested, but no earlier swept run: clean run"
         if o.inventory:
             files = named_inventory(self.s3, o.inventory)
             listing = inventory_df(self.spark, self.settings, ns, files)
-            s["listing"] = {"source": "inventory", "inventory": o.inventory,
+            s.listing = {"source": "inventory", "inventory": o.inventory,
                             "files": len(files), "last_read_slice": None}
         else:
             units = discover_units(self.s3, ns)
             if baseline is not None:
                 last = (baseline.get("listing") or {}).get("last_read_slice")
                 chosen = select_optimized(units, last)
-                s["listing"] = {"source": "s3", "units": len(chosen), "units_total": len(units),
+                s.listing = {"source": "s3", "units": len(chosen), "units_total": len(units),
                                 "baseline_run": baseline["run_id"],
                                 "baseline_last_read_slice": last,
                                 "last_read_slice": newest_slice(chosen) or last}
             else:
                 chosen = units
-                s["listing"] = {"source": "s3", "units": len(chosen),
-                                "slices": sum(1 for u in units if u.slice is not None),
+                s.listing = {"source": "s3", "units": len(chosen),
+                             "slices": sum(1 for u in units if u.slice is not None),
                                 "last_read_slice": newest_slice(units)}
             listing = listing_df(self.spark, self.settings, ns, chosen)
             if baseline is not None:
@@ -520,12 +518,12 @@ class Run:
         with self.ui.phase(f"write the mark ({tally.marked:,} objects)"):
             marked = classified.filter(F.col("category").isin(*MARKED_CATEGORIES))
             parts = _write_mark(self.spark, self.settings, ns, run_id, marked)
-        s["mark"] = {**tally.as_dict(), "parts": parts}
-        s["marked_at_ms"] = redis_time_ms(self.r)
+        s.mark = {**tally.as_dict(), "parts": parts}
+        s.marked_at_ms = redis_time_ms(self.r)
         timed("write_mark_s", t0)
         t0 = time.monotonic()
         with self.ui.phase("cross-check with the online state"):
-            s["crosscheck"] = _crosscheck(classified, committed, known)
+            s.crosscheck = _crosscheck(classified, committed, known)
         timed("crosscheck_s", t0)
         classified.unpersist()
         committed.unpersist()
@@ -541,12 +539,12 @@ class Run:
         found = None
         if setting:
             location = resolve_location(setting, self.ns, o.repo)
-            found = named_export(self.s3, location, o.repo, now_ms=int(s["now_ms"]),
+            found = named_export(self.s3, location, o.repo, now_ms=s.now_ms,
                                  max_age_ms=self.settings.uncommitted_export_max_age_seconds
                                  * 1000)
-            s["service_export"] = {**found.as_dict(cutoff_ms), "found": True}
+            s.service_export = {**found.as_dict(cutoff_ms), "found": True}
         else:
-            s["service_export"] = {"found": False, "location": None}
+            s.service_export = {"found": False, "location": None}
         reason = fail_closed_reason(self.r, o.repo)
         fresh = found is not None and found.exported_at_ms > cutoff_ms
         # An uncommitted export cannot vouch for a fail-closed repository: leaked, unreferenced
@@ -555,7 +553,7 @@ class Run:
         # from the service's whole state proves it (issue 20).
         withhold = reason is not None
         if reason is not None:
-            s["fail_closed"] = {
+            s.fail_closed = {
                 "reason": reason, "fresh_export": fresh, "withheld": withhold,
                 "note": "the mirror is unproven: leaked, unreferenced and expired-upload "
                         "objects are kept (category withheld) until it is rebuilt; an "
@@ -565,15 +563,15 @@ class Run:
         if found is not None:
             service = export_keys_df(self.spark, self.settings, self.ns, o.repo, found)
             if found.exported_at_ms <= cutoff_ms:
-                s["service_export"]["note"] = ("exported before the cutoff: used as extra "
-                                               "evidence only")
+                s.service_export["note"] = ("exported before the cutoff: used as extra "
+                                            "evidence only")
         return service, withhold
 
     def _sweep(self, lease_id: str, parts: list[str], lease: Lease,
                delete: bool = True) -> SweepStats:
         return sweep(self.spark, self.settings, self.opts.repo, lease_id, self.ns, parts,
-                     cutoff_ms=int(self.summary["cutoff_ms"]), recheck=self.opts.recheck,
-                     delete=delete, report_run_id=self.summary["run_id"],
+                     cutoff_ms=int(self.summary.cutoff_ms or 0), recheck=self.opts.recheck,
+                     delete=delete, report_run_id=self.summary.run_id,
                      refs=self._refs, export_vouched=False)
 
     def _do_sweep(self, lease_id: str, parts: list[str], lease: Lease) -> None:
@@ -592,16 +590,16 @@ class Run:
                 time.sleep(0.25)
                 watermark = tracker_watermark_ms(self.r)
             if watermark is None or watermark < target:
-                s["sweep"] = {"status": "deferred",
-                              "reason": "the tracker has not yet applied everything up to the "
-                                        "sweep's start; sweep later with --sweep-only "
-                                        f"{s['run_id']}"}
+                s.sweep = SweepOutcome("deferred",
+                                       "the tracker has not yet applied everything up to the "
+                                       "sweep's start; sweep later with --sweep-only "
+                                       f"{s.run_id}")
                 return
         paused = self.r.get(RepoKeys(self.opts.repo).paused)
         if paused is not None:  # `hardelete pause`: the operator stopped deletion here
-            s["sweep"] = {"status": "paused", "reason": f"the repository is paused ({paused}): "
-                          f"nothing is deleted; `hardelete resume {self.opts.repo}`, then "
-                          f"--sweep-only {s['run_id']}"}
+            s.sweep = SweepOutcome("paused", f"the repository is paused ({paused}): "
+                                   f"nothing is deleted; `hardelete resume {self.opts.repo}`, "
+                                   f"then --sweep-only {s.run_id}")
             return
         t0 = time.monotonic()
         try:
@@ -613,11 +611,11 @@ class Run:
             if refusal is None:
                 with self.ui.phase("cross-check the mark online before deleting"):
                     pre = self._sweep(lease_id, parts, lease, delete=False)
-                s.setdefault("crosscheck", {})["marked_but_referenced_online"] = {
+                s.crosscheck["marked_but_referenced_online"] = {
                     "count": pre.skipped_live, "sample": pre.samples.get("skipped_live", [])}
                 # Changed after the mark's snapshot (a copy back into a branch, a new
                 # reference): not a divergence; those objects are skipped, the rest is swept.
-                s.setdefault("revalidation", {})["changed_after_mark"] = {
+                s.revalidation["changed_after_mark"] = {
                     "count": pre.skipped_changed,
                     "sample": pre.samples.get("skipped_changed", [])}
                 if pre.skipped_live:
@@ -626,24 +624,24 @@ class Run:
                                "held: the mark is wrong, nothing of this run is deleted; find "
                                "out why, then run a new mark")
             if refusal is not None:
-                s["sweep"] = {"status": "refused", "reason": refusal,
-                              "skipped_retained": retained.skipped_retained,
-                              "samples": retained.samples}
-                log.warning("reconcile.sweep_refused", run_id=s["run_id"], reason=refusal)
+                s.sweep = SweepOutcome("refused", refusal,
+                                       skipped_retained=retained.skipped_retained,
+                                       samples=retained.samples)
+                log.warning("reconcile.sweep_refused", run_id=s.run_id, reason=refusal)
                 return
             lease.check()
-            with self.ui.phase(f"sweep {s['mark']['marked']:,} marked objects"):
+            with self.ui.phase(f"sweep {s.marked:,} marked objects"):
                 stats = self._sweep(lease_id, parts, lease)
             stats.merge(retained)
         except Exception as exc:
-            s["sweep"] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
-            log.error("reconcile.sweep_failed", run_id=s["run_id"], error=str(exc))
+            s.sweep = SweepOutcome("failed", error=f"{type(exc).__name__}: {exc}")
+            log.error("reconcile.sweep_failed", run_id=s.run_id, error=str(exc))
             return
-        s["sweep"] = {"status": "done", **stats.as_dict(),
-                      "seconds": round(time.monotonic() - t0, 3), "at": iso(_ms_now())}
-        s.setdefault("crosscheck", {})["marked_but_referenced_online"] = {
+        s.sweep = SweepOutcome("done", stats=stats, seconds=round(time.monotonic() - t0, 3),
+                               at=iso(_ms_now()))
+        s.crosscheck["marked_but_referenced_online"] = {
             "count": stats.skipped_live, "sample": stats.samples.get("skipped_live", [])}
-        s["status"] = "done"
+        s.status = "done"
 
     def _revalidate(self, lease_id: str, parts: list[str]) -> tuple[str | None, list[str],
                                                                      SweepStats]:
@@ -656,11 +654,11 @@ class Run:
         """
         s = self.summary
         retained = SweepStats()
-        ret = s.get("retention") or {}
+        ret = s.retention or {}
         reval: dict[str, Any] = {}
-        s["revalidation"] = reval
+        s.revalidation = reval
         reason = fail_closed_reason(self.r, self.opts.repo)
-        if reason is not None and not (s.get("fail_closed") or {}):
+        if reason is not None and not s.fail_closed:
             reval["fail_closed"] = reason
             return (f"the repository is fail-closed now ({reason}) but was not at the mark: "
                     "run a new mark", parts, retained)
@@ -679,7 +677,7 @@ class Run:
                                 (("expiration_mode", "mode"),
                                  ("delete_expired_refs", "delete_expired_refs")) if key in ret}
         try:
-            plan = plan_retention(state, int(s["now_ms"]) / 1000.0,
+            plan = plan_retention(state, s.now_ms / 1000.0,
                                   expire_older_than_days=ret.get("expire_older_than_days"),
                                   **same)
         except ReconcileError as exc:
@@ -702,7 +700,7 @@ class Run:
             retained.skipped_retained = skipped.count()
             for key in _sample(skipped):
                 retained.sample(SKIPPED_RETAINED, key)
-            base = self.ns.report_prefix(s["run_id"]) + f"revalidated/{lease_id.replace(':', '-')}/"
+            base = self.ns.report_prefix(s.run_id) + f"revalidated/{lease_id.replace(':', '-')}/"
             if retained.skipped_retained:
                 from pyspark.sql import functions as F
 
@@ -720,19 +718,19 @@ class Run:
         """Why the sweep is too large to go without ``--allow-large-sweep``, or None
         (``reconciler/blast_radius.py`` decides)."""
         s, cfg = self.summary, self.settings
-        marked = int(s["mark"]["marked"]) - retained.skipped_retained
+        marked = s.marked - retained.skipped_retained
         history = [int((p.get("sweep") or {}).get("confirmed") or 0)
                    for p in itertools.islice(
                        (p for p in previous_runs(self.s3, self.ns, self.opts.repo,
-                                                 before=s["run_id"])
+                                                 before=s.run_id)
                         if (p.get("sweep") or {}).get("status") == "done"),
                        cfg.sweep_history_runs)]
-        verdict = judge_blast_radius(marked, int(s["mark"]["listed"]), history,
+        verdict = judge_blast_radius(marked, int((s.mark or {}).get("listed") or 0), history,
                                      max_share=cfg.sweep_max_share,
                                      max_growth=cfg.sweep_max_growth,
                                      floor=cfg.sweep_growth_floor,
                                      history_runs=cfg.sweep_history_runs)
-        s["blast_radius"] = {"would_delete": verdict.would_delete, "listed": verdict.listed,
+        s.blast_radius = {"would_delete": verdict.would_delete, "listed": verdict.listed,
                              "history": list(verdict.history), "usual": verdict.usual,
                              "floor": cfg.sweep_growth_floor,
                              "max_share": cfg.sweep_max_share,
@@ -742,7 +740,7 @@ class Run:
         if not verdict.refused or self.opts.allow_large_sweep:
             return None
         return ("blast-radius guard: " + "; ".join(verdict.problems) + ". Check the mark, "
-                f"then sweep it with --sweep-only {s['run_id']} --allow-large-sweep")
+                f"then sweep it with --sweep-only {s.run_id} --allow-large-sweep")
 
 
 def reconcile(spark: Any, settings: Settings, opts: RunOptions, ui: Any = None) -> dict[str,
@@ -750,7 +748,7 @@ def reconcile(spark: Any, settings: Settings, opts: RunOptions, ui: Any = None) 
     """Run one reconcile (mark, sweep, or both) and return its summary."""
     job = Run(spark, settings, opts, ui)
     try:
-        return job.run()
+        return job.run().to_dict()
     finally:
         job.close()
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import secrets
 from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from reconciler.s3io import Namespace, get_json, list_dirs, put_json
+from reconciler.sweep import SweepStats
 from schemas.layout import REPORTS_PREFIX
 
 REPORT_FORMAT = 2  # 2: digests in the mark, retention fingerprint
@@ -30,8 +32,10 @@ def summary_key(ns: Namespace, run_id: str) -> str:
     return ns.report_prefix(run_id) + SUMMARY
 
 
-def write_summary(s3: Any, ns: Namespace, summary: dict[str, Any]) -> None:
-    put_json(s3, ns.bucket, summary_key(ns, summary["run_id"]), summary)
+def write_summary(s3: Any, ns: Namespace, summary: RunSummary | dict[str, Any]) -> None:
+    """``summary.json`` of a run (a stored summary read back as a dict is written as is)."""
+    body = summary.to_dict() if isinstance(summary, RunSummary) else summary
+    put_json(s3, ns.bucket, summary_key(ns, body["run_id"]), body)
 
 
 def read_summary(s3: Any, ns: Namespace, run_id: str) -> dict[str, Any] | None:
@@ -67,3 +71,158 @@ def previous_runs(s3: Any, ns: Namespace, repo: str,
 def is_swept_baseline(summary: dict[str, Any]) -> bool:
     """A run an optimized run may start from: a successful mark whose sweep completed."""
     return bool(summary.get("success")) and (summary.get("sweep") or {}).get("status") == "done"
+
+
+# --- the run summary (summary.json) ------------------------------------------------------------
+
+
+@dataclass
+class TrackerView:
+    """What the run read of the tracker: its watermark and the horizon grace is judged at."""
+
+    watermark_ms: int | None
+    watermark: str | None
+    ignored: bool
+    export_started_ms: int | None = None
+    grace_ms: int | None = None
+    grace_horizon_ms: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"watermark_ms": self.watermark_ms, "watermark": self.watermark,
+                             "ignored": self.ignored}
+        for name in ("export_started_ms", "grace_ms", "grace_horizon_ms"):
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrackerView:
+        return cls(d.get("watermark_ms"), d.get("watermark"), bool(d.get("ignored")),
+                   d.get("export_started_ms"), d.get("grace_ms"), d.get("grace_horizon_ms"))
+
+
+@dataclass
+class SweepOutcome:
+    """What became of the sweep: ``not_run``, ``deferred``, ``paused``, ``refused``, ``failed``
+    or ``done`` (then with the sweep's counts)."""
+
+    status: str
+    reason: str | None = None
+    error: str | None = None
+    stats: SweepStats | None = None  # done
+    seconds: float | None = None
+    at: str | None = None
+    skipped_retained: int | None = None  # refused: what re-validation had taken out
+    samples: dict[str, list[str]] | None = None  # refused
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"status": self.status}
+        for name in ("reason", "error"):
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
+        if self.stats is not None:
+            d.update(self.stats.as_dict())
+        for name in ("seconds", "at", "skipped_retained", "samples"):
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SweepOutcome:
+        counted = {f.name for f in fields(SweepStats)}
+        stats = None
+        if "confirmed" in d:
+            stats = SweepStats(**{k: v for k, v in d.items() if k in counted})
+        return cls(str(d.get("status")), d.get("reason"), d.get("error"), stats,
+                   d.get("seconds"), d.get("at"),
+                   None if stats is not None else d.get("skipped_retained"),
+                   None if stats is not None else d.get("samples"))
+
+
+# The summary's keys, in the order it is written; any other key of a stored summary (written by
+# another version) is kept as it was.
+_SECTIONS = ("uncommitted", "retention", "listing", "service_export", "fail_closed", "mark",
+             "marked_at_ms", "crosscheck", "revalidation", "blast_radius")
+
+
+@dataclass
+class RunSummary:
+    """One reconciler run: what lands in ``summary.json`` (written by :func:`write_summary`,
+    the only serialisation). Each phase fills its part: the cutoff and the tracker view, the
+    mark's sections (from the typed records' ``as_dict``), the sweep's outcome."""
+
+    run_id: str
+    repository: str
+    namespace: str
+    mode: str
+    dry_run: bool
+    started_at: str | None
+    now_ms: int
+    format: int = REPORT_FORMAT
+    success: bool = False
+    status: str = "running"
+    error: str | None = None
+    mode_note: str | None = None
+    updated_at: str | None = None
+    finished_at: str | None = None
+    timings: dict[str, float] | None = None
+    cutoff_ms: int | None = None
+    cutoff: str | None = None
+    cutoff_source: str | None = None
+    tracker: TrackerView | None = None
+    uncommitted: dict[str, Any] | None = None
+    retention: dict[str, Any] | None = None
+    listing: dict[str, Any] | None = None
+    service_export: dict[str, Any] | None = None
+    fail_closed: dict[str, Any] | None = None
+    mark: dict[str, Any] | None = None
+    marked_at_ms: int | None = None
+    crosscheck: dict[str, Any] = field(default_factory=dict)
+    revalidation: dict[str, Any] = field(default_factory=dict)
+    blast_radius: dict[str, Any] | None = None
+    sweep: SweepOutcome | None = None
+    metrics: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def marked(self) -> int:
+        return int((self.mark or {}).get("marked") or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "format": self.format, "run_id": self.run_id, "repository": self.repository,
+            "namespace": self.namespace, "mode": self.mode, "dry_run": self.dry_run,
+            "started_at": self.started_at, "now_ms": self.now_ms, "success": self.success,
+            "status": self.status, "error": self.error}
+        optional: dict[str, Any] = {
+            "mode_note": self.mode_note, "updated_at": self.updated_at,
+            "finished_at": self.finished_at, "timings": self.timings,
+            "cutoff_ms": self.cutoff_ms, "cutoff": self.cutoff,
+            "cutoff_source": self.cutoff_source,
+            "tracker": None if self.tracker is None else self.tracker.as_dict(),
+            **{name: getattr(self, name) or None for name in _SECTIONS},
+            "sweep": None if self.sweep is None else self.sweep.as_dict(),
+            "metrics": self.metrics}
+        optional["marked_at_ms"] = self.marked_at_ms
+        d.update({k: v for k, v in optional.items() if v is not None})
+        d.update({k: v for k, v in self.extra.items() if k not in d})
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSummary:
+        known = {f.name for f in fields(cls)} - {"extra"}
+        s = cls(str(d["run_id"]), str(d.get("repository")), str(d.get("namespace")),
+                str(d.get("mode")), bool(d.get("dry_run")), d.get("started_at"),
+                int(d.get("now_ms") or 0), int(d.get("format") or 0),
+                bool(d.get("success")), str(d.get("status")), d.get("error"))
+        for name in known - {"run_id", "repository", "namespace", "mode", "dry_run",
+                             "started_at", "now_ms", "format", "success", "status", "error",
+                             "tracker", "sweep"}:
+            if d.get(name) is not None:
+                setattr(s, name, d[name])
+        if isinstance(d.get("tracker"), dict):
+            s.tracker = TrackerView.from_dict(d["tracker"])
+        if isinstance(d.get("sweep"), dict):
+            s.sweep = SweepOutcome.from_dict(d["sweep"])
+        s.extra = {k: v for k, v in d.items() if k not in known}
+        return s

@@ -1,0 +1,54 @@
+"""The reconciler's run summary (reconciler/report.py: RunSummary): one typed record, written
+once as summary.json; a stored one reads back to the same record, keys of other versions kept."""
+
+from __future__ import annotations
+
+import orjson
+
+from reconciler.report import RunSummary, SweepOutcome, TrackerView
+from reconciler.sweep import SweepStats
+
+
+def _full() -> RunSummary:
+    s = RunSummary("20260101T000000Z-abc123", "r", "s3://b/r/", "clean", False,
+                   "2026-01-01T00:00:00.000+00:00", 1_767_225_600_000)
+    s.timings = {"mark_s": 1.5}
+    s.cutoff_ms, s.cutoff, s.cutoff_source = 1_000, "c", "tracker_watermark"
+    s.tracker = TrackerView(900, "w", False, export_started_ms=950, grace_ms=2_000,
+                            grace_horizon_ms=900)
+    s.mark = {"marked": 3, "listed": 10, "parts": ["p0"], "categories": {}}
+    s.marked_at_ms = 1_100
+    s.crosscheck = {"marked_but_referenced_online": {"count": 0, "sample": []}}
+    stats = SweepStats(marked=3, confirmed=2, skipped_guard=1)
+    stats.sample("skipped_guard", "data/x: held")
+    s.sweep = SweepOutcome("done", stats=stats, seconds=0.5, at="a")
+    s.success, s.status = True, "done"
+    return s
+
+
+def test_a_summary_reads_back_as_it_was_written() -> None:
+    s = _full()
+    stored = orjson.loads(orjson.dumps(s.to_dict()))
+    assert RunSummary.from_dict(stored) == s
+    # The sweep's counts sit in "sweep" itself, as the readers (status, metrics, the UI) expect.
+    assert stored["sweep"]["confirmed"] == 2 and stored["sweep"]["status"] == "done"
+    assert stored["sweep"]["samples"] == {"skipped_guard": ["data/x: held"]}
+    assert stored["tracker"]["grace_horizon_ms"] == 900
+
+
+def test_what_a_phase_did_not_reach_is_absent_not_null() -> None:
+    s = RunSummary("id", "r", "s3://b/r/", "clean", True, None, 5)
+    s.sweep = SweepOutcome("refused", "blast-radius guard", skipped_retained=0, samples={})
+    d = s.to_dict()
+    for absent in ("mark", "crosscheck", "revalidation", "tracker", "timings", "blast_radius"):
+        assert absent not in d, absent
+    assert d["sweep"] == {"status": "refused", "reason": "blast-radius guard",
+                          "skipped_retained": 0, "samples": {}}
+    assert d["error"] is None and d["status"] == "running"  # always written, as before
+
+
+def test_keys_of_another_version_are_kept() -> None:
+    stored = {**_full().to_dict(), "future_section": {"x": 1}}
+    s = RunSummary.from_dict(stored)
+    s.status = "done"
+    assert s.to_dict()["future_section"] == {"x": 1}
