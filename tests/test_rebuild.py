@@ -188,7 +188,7 @@ def test_a_deleted_branch_is_not_brought_back_by_an_older_event_delivered_after_
     past_upload_windows(w, "r")
     p = prepare(w.r, w.s3, "r")
     report = rebuild(w.r, w.s3, "r", export(w, "r", p.nonce), max_age_ms=MAX_AGE)
-    assert report.counts["branches_removed"] == 1
+    assert report.counts["refs_deleted"] == 1 and report.counts["tombstones"] == 1
     assert "dev" not in read_repo_state(w.r, "r").branches
     w.model.events.append(late)  # the dead letter, replayed after the rebuild
     w.track(None)

@@ -286,6 +286,13 @@ def parse_export(raw: bytes, namespace: str, repo: str, where: str) -> StateExpo
     if d.get("repository") != repo:
         raise fail(f"is for repository {d.get('repository')!r}, not {repo!r}")
 
+    def version(raw: Any, what: str) -> int:
+        # A ref version is compared in the apply script and written back as JSON: an integer
+        # Lua and JSON both hold exactly, never a bool, a float or a string.
+        if type(raw) is not int or not 0 <= raw <= 2 ** 53:
+            raise fail(f"{what}: ref version {raw!r} is not an integer from 0 to 2^53")
+        return raw
+
     def addr(raw_address: Any) -> str:
         try:
             return canonical_address(namespace, raw_address)
@@ -295,9 +302,10 @@ def parse_export(raw: bytes, namespace: str, repo: str, where: str) -> StateExpo
     try:
         branches = {str(b): ExportBranch(v["head"], str(v["staging_token"]),
                                          tuple(map(str, v.get("sealed_tokens") or ())),
-                                         int(v["ref_version"]))
+                                         version(v["ref_version"], f"branch {b!r}"))
                     for b, v in d["branches"].items()}
-        tags = {str(t): (str(v["commit"]), int(v["ref_version"])) for t, v in d["tags"].items()}
+        tags = {str(t): (str(v["commit"]), version(v["ref_version"], f"tag {t!r}"))
+                for t, v in d["tags"].items()}
         tokens: dict[str, tuple[str, tuple[ExportEntry, ...]]] = {}
         for t, v in d["tokens"].items():
             if v["state"] not in (TokenState.OPEN, TokenState.SEALED):
@@ -319,7 +327,8 @@ def parse_export(raw: bytes, namespace: str, repo: str, where: str) -> StateExpo
             ended[str(t)] = str(state)
         deleted: dict[str, dict[str, int]] = {}
         for what, live in (("branches", branches), ("tags", tags)):
-            deleted[what] = {str(n): int(v)
+            kind = {"branches": "branch", "tags": "tag"}[what]
+            deleted[what] = {str(n): version(v, f"deleted {kind} {n!r}")
                              for n, v in (d.get(f"deleted_{what}") or {}).items()}
             both = sorted(set(deleted[what]) & set(live))
             if both:
@@ -381,6 +390,7 @@ class RebuildPlan:
     # name, the version of its deletion at the service (a tombstone, whether the mirror
     # knew the ref or not)
     branches_deleted: list[tuple[str, int]] = field(default_factory=list)
+    known_deleted: int = 0  # of the deleted branches and tags, those the snapshot held
     tags: list[tuple[str, str, int]] = field(default_factory=list)
     tags_gone: list[tuple[str, int]] = field(default_factory=list)
     tags_deleted: list[tuple[str, int]] = field(default_factory=list)
@@ -391,9 +401,10 @@ class RebuildPlan:
                 "refs_added": len(self.add_refs), "tokens": len(self.tokens),
                 "commits_added": len(self.commits), "addresses_committed": len(self.committed),
                 "branches": len(self.branches),
-                "branches_removed": len(self.branches_gone) + len(self.branches_deleted),
-                "tags": len(self.tags),
-                "tags_removed": len(self.tags_gone) + len(self.tags_deleted),
+                "branches_removed": len(self.branches_gone), "tags": len(self.tags),
+                "tags_removed": len(self.tags_gone),
+                "refs_deleted": self.known_deleted,
+                "tombstones": len(self.branches_deleted) + len(self.tags_deleted),
                 "issued": len(self.issued)}
 
 
@@ -447,6 +458,8 @@ def plan(snap: Snapshot, export: StateExport,
                              if b not in export.branches and b not in export.deleted_branches)
     p.tags = sorted((t, c, v) for t, (c, v) in export.tags.items())
     p.tags_deleted = sorted(export.deleted_tags.items())
+    p.known_deleted = (sum(b in snap.branches for b in export.deleted_branches)
+                       + sum(t in snap.tags for t in export.deleted_tags))
     p.tags_gone = sorted((t, v) for t, v in snap.tags.items()
                          if t not in export.tags and t not in export.deleted_tags)
     p.issued = sorted((a, max(0, until - export.exported_at_ms))
