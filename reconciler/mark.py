@@ -21,7 +21,8 @@ Every listed object falls in exactly one category, decided in this order:
 ==================  =========================================================================
 
 The pure functions work on iterables and sets (unit and property tests); :func:`classify_df`
-is the same decision as DataFrame joins for the job. ``tests/test_mark.py`` checks they agree.
+is the same decision as DataFrame joins for the job.
+``tests/{unit,integration}/test_mark.py`` checks they agree.
 Keys are relative to the storage namespace.
 """
 

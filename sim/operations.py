@@ -14,7 +14,7 @@ import orjson
 from core.settings import Settings
 from hardelete.cli import main
 from reaper.daemon import PassReport, Reaper
-from schemas.events import ObjectWritten, RepositoryCreated, encode
+from schemas.events import ObjectDeleted, ObjectWritten, RepositoryCreated, encode
 from schemas.layout import RepoKeys
 from schemas.publisher import Publisher, ensure_topics
 from sim.model import Model, ModelService
@@ -31,14 +31,20 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def created(repo: str, ns: str) -> RepositoryCreated:
+def created(repo: str, ns: str, **kw: Any) -> RepositoryCreated:
     return RepositoryCreated(repository=repo, storage_namespace=ns, default_branch="main",
-                             default_retention_days=7)
+                             default_retention_days=7, **kw)
 
 
-def written(repo: str, address: str, size: int = 3) -> ObjectWritten:
-    return ObjectWritten(repository=repo, branch="main", staging_token="t1", path="p",
-                         address=address, size=size, ref_id="r1")
+def written(repo: str, address: str, size: int = 3, *, token: str = "t1",
+            ref: str = "r1") -> ObjectWritten:
+    return ObjectWritten(repository=repo, branch="main", staging_token=token, path="p",
+                         address=address, size=size, ref_id=ref)
+
+
+def deleted(repo: str, address: str, *, token: str = "t1", ref: str = "r1") -> ObjectDeleted:
+    return ObjectDeleted(repository=repo, branch="main", staging_token=token, path="p",
+                         address=address, ref_id=ref)
 
 
 def tracked(s: Settings, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -27,9 +27,30 @@ os.environ.pop("COLUMNS", None)
 os.environ.pop("LINES", None)
 
 
+# The fixtures that start or reach a server: a test that asks for one is an integration test.
+SERVER_FIXTURES = frozenset({"stack", "redis_cluster", "settings", "redis_client", "s3",
+                             "bucket", "cli", "spark"})
+_INTEGRATION = Path(__file__).parent / "integration"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` first: the suite runs on parallel workers (pytest-xdist), and a
+    """The folder tells a test's kind: ``tests/unit`` (pure, no server) and
+    ``tests/integration`` (real servers, marked ``integration``: ``-m "not integration"`` runs
+    the unit tests alone). A unit test that asks for a server is refused here.
+
+    Tests marked ``slow`` first: the suite runs on parallel workers (pytest-xdist), and a
     long test started last would run alone at the end."""
+    misplaced = []
+    for item in items:
+        if _INTEGRATION in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.integration)
+        else:
+            servers = sorted(SERVER_FIXTURES & set(getattr(item, "fixturenames", ())))
+            if servers:
+                misplaced.append(f"{item.nodeid} uses {', '.join(servers)}")
+    if misplaced:
+        raise pytest.UsageError("tests that reach a server belong in tests/integration/: "
+                                + "; ".join(misplaced))
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 

@@ -1,0 +1,50 @@
+"""One owner lookup (core.registry.find_owner): the operator commands find an address's
+repository in the registry the delete paths check, whatever the address's spelling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from core.errors import UserError
+from core.gate import read_gate
+from core.registry import find_owner
+from hardelete.holds import add_hold, find_repository
+from hardelete.status import explain_address
+from schemas.layout import NAMESPACES, REPOS, RepoKeys
+
+
+def _refused_overlap(r: Any) -> None:
+    """``b`` owns s3://bkt/x/; ``a0`` asked for s3://bkt/x/y/ inside it and was refused (its
+    metadata names the namespace, the registry does not). ``a0`` sorts first."""
+    r.sadd(REPOS, "b", "a0")
+    r.hset(RepoKeys("b").meta, mapping={"namespace": "s3://bkt/x/"})
+    r.hset(RepoKeys("a0").meta, mapping={"namespace": "s3://bkt/x/y/"})
+    r.hset(NAMESPACES, "s3://bkt/x/", "b")
+def test_holds_and_explain_find_the_owner_the_gate_checks(redis_client: Any,
+                                                           settings: Any) -> None:
+    r = redis_client
+    _refused_overlap(r)
+    address = "s3://bkt/x/y/k"
+    gate = read_gate(r, "b", [address])
+    assert gate.repo_problem("b", "s3://bkt/x/") is None
+    assert gate.repo_problem("a0", "s3://bkt/x/y/") is not None  # not the owner
+    # A scan of metadata in name order found a0, and its hold went on a repository whose
+    # objects no delete path considers: the owner's reaper went on deleting it.
+    assert find_repository(r, address) == ("b", "s3://bkt/x/")
+    assert find_repository(r, "S3://BKT/x/y/k") == ("b", "s3://bkt/x/")
+    hold = add_hold(r, address, "keep it")
+    assert r.hexists(RepoKeys("b").holds, address) and not r.exists(RepoKeys("a0").holds)
+    assert hold.repository == "b" and hold.target == address
+    with pytest.raises(UserError, match="repository 'b' owns it"):
+        find_repository(r, address, repo="a0")
+    assert explain_address(r, settings, address).repository == "b"
+    assert find_owner(r, "s3://elsewhere/k") is None
+
+
+def test_without_a_registry_the_repositories_namespaces_stand_in(redis_client: Any) -> None:
+    r = redis_client
+    r.sadd(REPOS, "old")
+    r.hset(RepoKeys("old").meta, mapping={"namespace": "S3://Old-Bucket/ns"})
+    assert find_owner(r, "s3://old-bucket/ns/k") == ("old", "s3://old-bucket/ns/")

@@ -1,0 +1,43 @@
+"""Holds as claims (schemas/holds.py): the pure specification, and holds.lua agreeing with it on
+the real Redis for random sequences of claims added and removed."""
+
+from __future__ import annotations
+
+import orjson
+
+from schemas import holds
+from schemas.holds import LEGACY_CLAIM, dlq_claim
+
+
+def test_a_hold_is_lifted_with_its_last_claim_only() -> None:
+    a, b = dlq_claim("events", 0, 7), dlq_claim("events", 1, 3)
+    v = holds.add(None, a, {"reason": "bad size", "source": "dlq", "at_ms": 10})
+    v = holds.add(orjson.dumps(v), b, {"reason": "bad type", "source": "dlq", "at_ms": 5})
+    assert set(v["claims"]) == {a, b}
+    assert v["reason"] == "bad type (+1 more)" and v["at_ms"] == 5  # the oldest claim
+    removal, v2 = holds.remove(orjson.dumps(v), [a])
+    assert removal == holds.Removal("kept", (a,), (b,)) and v2 is not None
+    removal, _ = holds.remove(orjson.dumps(v2), [a])  # resolving twice removes nothing
+    assert removal == holds.Removal("kept", (), (b,))
+    removal, v4 = holds.remove(orjson.dumps(v2), [b])
+    assert removal.status == "lifted" and v4 is None
+    assert holds.remove(None, [a])[0].status == "none"
+
+
+def test_an_old_shape_hold_is_one_claim_only_force_lifts() -> None:
+    old = orjson.dumps({"reason": "dead-lettered", "source": "dlq", "at_ms": 1, "partition": 0})
+    assert holds.claims_of(old) == {LEGACY_CLAIM: orjson.loads(old)}
+    assert holds.claims_of("legal hold") == {LEGACY_CLAIM: {"reason": "legal hold",
+                                                            "source": "?"}}
+    removal, value = holds.remove(old, [LEGACY_CLAIM, holds.OPERATOR_CLAIM])
+    assert removal == holds.Removal("kept", (), (LEGACY_CLAIM,)) and value is not None
+    v = holds.add(old, holds.OPERATOR_CLAIM, {"reason": "legal", "source": "operator"})
+    assert set(v["claims"]) == {LEGACY_CLAIM, holds.OPERATOR_CLAIM}
+    removal, value = holds.remove(orjson.dumps(v), [], force=True)
+    assert removal.status == "lifted" and removal.removed == (LEGACY_CLAIM, "operator")
+
+
+# --- holds.lua == the specification, on the real Redis ---------------------------------------
+
+
+
