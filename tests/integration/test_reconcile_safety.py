@@ -92,12 +92,12 @@ def test_branch_tag_and_commit_between_mark_and_sweep_of_one_run_keep_their_data
     job = Between(spark, rsettings, RunOptions("r", cutoff_ms=cutoff, allow_large_sweep=True),
                   between=lambda: adversary(w, h))
     try:
-        res = job.run()
+        summary = job.run()  # the typed record; summary.json is its to_dict()
     finally:
         job.close()
-    assert res["success"], res["error"]
-    assert res["mark"]["marked"] == 3
-    check_kept(w, h, res, data_before)
+    assert summary.success, summary.error
+    assert summary.marked == 3
+    check_kept(w, h, summary.to_dict(), data_before)
     # without anything in between, the same history's garbage goes (the test can fail)
     again = reconcile(spark, rsettings, RunOptions("r", cutoff_ms=cutoff,
                                                    allow_large_sweep=True))
@@ -347,11 +347,11 @@ def test_a_branch_created_during_the_sweep_stops_it(spark, rsettings, s3, redis_
         res = job.run()
     finally:
         job.close()
-    assert res["sweep"]["status"] == "failed"
-    assert "changed during the sweep" in res["sweep"]["error"]
+    assert res.sweep is not None and res.sweep.status == "failed"
+    assert "changed during the sweep" in (res.sweep.error or "")
     assert w.data("r") == data_before
     # sweeping the same mark again re-validates it: P1 (the new branch's) is kept
-    again = reconcile(spark, rsettings, RunOptions("r", sweep_only=res["run_id"],
+    again = reconcile(spark, rsettings, RunOptions("r", sweep_only=res.run_id,
                                                    allow_large_sweep=True))
     assert again["sweep"]["status"] == "done", again["sweep"]
     assert again["sweep"]["skipped_retained"] == 1 and again["sweep"]["confirmed"] == 2

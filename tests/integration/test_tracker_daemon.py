@@ -281,7 +281,7 @@ async def test_kill_9_during_a_batch_then_restart(settings: Settings, tmp_path: 
     try:
         deadline = time.monotonic() + 60
         while True:  # kill once it is mid-way: some events applied, not all
-            applied = sum(int(r.hget(f"hd:{{repo{i}}}:stats", "events") or 0) for i in range(6))
+            applied = sum(int(r.hget(f"hd:{{repo-r{i}}}:stats", "events") or 0) for i in range(6))
             if applied > 2_000:
                 break
             assert proc.poll() is None, (tmp_path / "tracker.log").read_text()
@@ -289,7 +289,7 @@ async def test_kill_9_during_a_batch_then_restart(settings: Settings, tmp_path: 
             await asyncio.sleep(0.005)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        applied = sum(int(r.hget(f"hd:{{repo{i}}}:stats", "events") or 0) for i in range(6))
+        applied = sum(int(r.hget(f"hd:{{repo-r{i}}}:stats", "events") or 0) for i in range(6))
         assert applied < len(events), "too late to kill mid-stream; raise the event count"
     finally:
         if proc.poll() is None:
@@ -303,7 +303,7 @@ async def test_kill_9_during_a_batch_then_restart(settings: Settings, tmp_path: 
         await wait_horizon(settings, target, timeout=90)
         # Redelivered events (applied but not committed by the victim) are skipped.
         assert tracker.applied + applied == len(events)
-    total = sum(int(r.hget(f"hd:{{repo{i}}}:stats", "events") or 0) for i in range(6))
+    total = sum(int(r.hget(f"hd:{{repo-r{i}}}:stats", "events") or 0) for i in range(6))
     r.close()
     assert total == len(events)  # every event applied exactly once
     assert_matches_pure(settings, events)
