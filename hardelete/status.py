@@ -20,6 +20,7 @@ from core.clients import redis_sync, s3_client
 from core.clock import horizon_from, redis_time_ms
 from core.errors import UserError
 from core.gate import read_gate
+from core.guards import fail_closed_repos
 from core.registry import find_owner, repo_namespace
 from core.settings import Settings
 from schemas.layout import (
@@ -85,6 +86,7 @@ def collect_status(r: Any, retired_retention_days: float = 7.0) -> Status:
     progress = r.hgetall(PROGRESS)
     horizon = horizon_from(r.hgetall(PROGRESS_META), progress)
     repos = []
+    flags = fail_closed_repos(r)  # the gate's reader: a flag with no reason is still a flag
     for repo in sorted(r.smembers(REPOS)):
         k = RepoKeys(repo)
         pipe = r.pipeline(transaction=False)
@@ -94,9 +96,9 @@ def collect_status(r: Any, retired_retention_days: float = 7.0) -> Status:
         pipe.zcard(k.reaped)
         pipe.llen(k.incidents)
         pipe.hgetall(k.stats)
-        pipe.hget(k.fail_closed, "reason")
         pipe.hget(k.rebuild, "nonce")
-        ns, queued, claims, tomb, inc, stats, closed, nonce = pipe.execute()
+        ns, queued, claims, tomb, inc, stats, nonce = pipe.execute()
+        closed = None if repo not in flags else flags[repo].get("reason") or "fail-closed"
         repos.append(RepoStatus(repo, ns or "?", queued, claims, tomb, inc,
                                 {f: int(float(v)) for f, v in (stats or {}).items()}, closed,
                                 rebuild_needs(repo, nonce) if closed else None,

@@ -45,6 +45,12 @@ def test_fail_closed_readers_clear_and_status(redis_client: Any) -> None:
     assert inc["reason"] == "rebuilt" and inc["was"]["reason"] == "log reset"
     assert clear(r, None, reason="all rebuilt", who="t") == 1
     assert fail_closed_reason(r, "b") is None and r.llen(INCIDENTS) == 1
+    # A flag with no reason is still a flag: status says so, as the gate does (status used to
+    # read the reason field alone and showed such a repository as healthy).
+    r.hset(RepoKeys("b").fail_closed, mapping={"at_ms": "3"})
+    assert fail_closed_reason(r, "b") == "repository: fail-closed"
+    assert {x.repository: x.fail_closed for x in collect_status(r).repositories}["b"] \
+        == "fail-closed"
 
 
 def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
