@@ -120,7 +120,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         try:  # resume from what Redis applied, not from the group's offsets
             await t._verify(set(assigned))
         except Exception as exc:  # surfaces in the main loop: never consume unverified
-            t._failure = exc
+            t._fail(exc)
             t.log.error("partition verification failed", error=str(exc))
         finally:
             t._assigning.set()
@@ -215,6 +215,10 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
                 await self._cycle(consumer)
             await self._drain()
         finally:
+            # Its loops end now, also after an error: one whose cancellation is lost (seen: the
+            # meta loop cancelled inside a Redis connect went on; asyncio.wait_for before Python
+            # 3.12 can swallow a cancellation) ends at its next check, not ~10 s later.
+            self._stop.set()
             for task in (meta_task, self._heal_task):
                 if task is not None:
                     task.cancel()
@@ -317,13 +321,25 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
                                 consumer.last_poll_timestamp(TopicPartition(topic, p)))
         else:
             self._sample(consumer)
+        # A verification that fails in the rebalance listener leaves its partitions unsought:
+        # each wait of the cycle also ends on that failure, which is raised (_raise_failure).
+        failed = asyncio.ensure_future(self._failed.wait())
+        try:
+            await self._fetch_and_prepare(consumer, failed)
+        finally:
+            failed.cancel()
+
+    async def _fetch_and_prepare(self, consumer: AIOKafkaConsumer,
+                                 failed: asyncio.Future[Any]) -> None:
+        s = self.settings
         stop_wait = asyncio.ensure_future(self._stop.wait())
         fetch = asyncio.ensure_future(
             consumer.getmany(timeout_ms=s.tracker_poll_ms, max_records=s.tracker_batch_max))
-        await asyncio.wait({fetch, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({fetch, stop_wait, failed}, return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
-        if not fetch.done():  # stopping: getmany returns within its timeout
-            await asyncio.wait({fetch})
+        if not fetch.done() and not failed.done():  # stopping: getmany returns in its timeout
+            await asyncio.wait({fetch, failed}, return_when=asyncio.FIRST_COMPLETED)
+        await self._raise_failure(fetch)  # (what it fetched may come from unverified positions)
         try:
             data = fetch.result()
         except NoOffsetForPartitionError:
@@ -343,16 +359,21 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             data = {}
         self._sample(consumer)
         async with self._lock:
+            if self._failure is not None:  # (a failed assignment since the fetch)
+                raise self._failure
             assigned = consumer.assignment()
             data = {tp: recs for tp, recs in data.items() if tp in assigned and recs}
             t0 = time.perf_counter()
             batch = await self._prepare(data)
             batch.t0 = t0
+            # Every record before these positions is in this batch or an earlier one.
+            positions = asyncio.ensure_future(self._positions(consumer, assigned))
+            await asyncio.wait({positions, failed}, return_when=asyncio.FIRST_COMPLETED)
+            await self._raise_failure(positions)
             lags: dict[int, tuple[int, int | None, bool]] = {}
-            for tp in assigned:  # every record before these positions is in this batch or
-                with contextlib.suppress(Exception):  # an earlier one
-                    pos = batch.positions[tp.partition] = await consumer.position(tp)
-                    lags[tp.partition] = (pos, consumer.highwater(tp), buffered(consumer, tp))
+            for tp, pos in positions.result().items():
+                batch.positions[tp.partition] = pos
+                lags[tp.partition] = (pos, consumer.highwater(tp), buffered(consumer, tp))
             self._set_fetch_wait(consumer,
                                  self._fetch_wait.after_fetch(lags, time.monotonic()))
             await self._drain()
@@ -360,7 +381,38 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
                 self._reverify = False
                 await self._verify(set(consumer.assignment()))
                 return
+            if self._failure is not None:  # found while preparing: the batch is dropped
+                raise self._failure
             self._pending = asyncio.ensure_future(self._apply(consumer, batch))
+
+    @staticmethod
+    async def _positions(consumer: AIOKafkaConsumer, assigned: Any) -> dict[Any, int]:
+        """The consumer's position of each assigned partition that has one. aiokafka's
+        ``position()`` waits until the partition has one, without end (it retries every
+        ``request_timeout_ms``): after a seek from Redis that is at once."""
+        found = {}
+        for tp in assigned:
+            with contextlib.suppress(Exception):
+                found[tp] = await consumer.position(tp)
+        return found
+
+    async def _raise_failure(self, waited: asyncio.Future[Any]) -> None:
+        """After a wait of the cycle that the failure also ends: if the tracker failed, the
+        wait is cancelled (or what it got dropped) and the failure raised. A partition the
+        listener did not seek has no position: with no offset of the group (and
+        auto_offset_reset "none") aiokafka's ``position()`` waits for one for ever (it retries
+        every request_timeout_ms, AIOKafkaConsumer.position); with one, its fetcher resumes
+        from that (Fetcher._update_fetch_positions) and getmany returns records nobody
+        verified (the apply script's log guard then refused them as "Redis lost applied
+        records"). Nothing fetched after the failure is prepared or applied."""
+        if self._failure is None:
+            return
+        if not waited.done():
+            waited.cancel()
+            await asyncio.wait({waited})
+        if not waited.cancelled():
+            waited.exception()  # (retrieved: an error of the dropped wait is not the story)
+        raise self._failure
 
     def _set_fetch_wait(self, consumer: AIOKafkaConsumer, ms: int) -> None:
         was = set_fetch_max_wait(consumer, ms)
@@ -379,7 +431,7 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             try:
                 await pending
             except Exception as exc:
-                self._failure = exc  # surfaces in the main loop even if a revoke drained it
+                self._fail(exc)  # surfaces in the main loop even if a revoke drained it
                 raise
 
     async def _prepare(self, data: dict[Any, list[Any]]) -> _Batch:

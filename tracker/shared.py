@@ -60,7 +60,8 @@ class TrackerShared:
         self._lag_labels: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._pending: asyncio.Future[None] | None = None
-        self._failure: Exception | None = None
+        self._failure: Exception | None = None  # raised by run(): the tracker stops
+        self._failed = asyncio.Event()  # set with it: wakes the main loop wherever it waits
         self._last_time_read = 0.0
         self._redis: Any = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -88,6 +89,13 @@ class TrackerShared:
         self._fetch_wait = FetchWait(min(settings.tracker_poll_ms, 500),
                                      settings.tracker_catchup_wait_ms)
         self.metrics.fetch_wait.set(self._fetch_wait.current)
+
+    def _fail(self, exc: Exception) -> None:
+        """Record the error that stops the tracker (its ``run()`` raises it). Found outside the
+        main loop (the rebalance listener, a revoke's drain): the loop is woken from whatever
+        it awaits, since an unverified partition may give it nothing to return."""
+        self._failure = exc
+        self._failed.set()
 
     async def _retrying(self, call: Any, budget_s: float = 60.0) -> Any:
         """Retry a Redis call on connection trouble (every call here is idempotent)."""
