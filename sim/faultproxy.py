@@ -47,6 +47,9 @@ class Faults:
     hold_deletes: threading.Event | None = None  # DeleteObjects wait until this is set
     deletes_waiting: threading.Event = field(default_factory=threading.Event)
     drop_held: bool = False  # once released, held deletes are dropped, never forwarded
+    # Once released, every held delete answers 503 SlowDown: each request that was in flight
+    # while the test acted is retried (several sweep tasks may be in flight at once).
+    throttle_held: bool = False
     delete_requests: int = 0
     # A seeded share of DeleteObjects requests answer 503, and the same share of the keys of
     # the others fail with InternalError (0 disables).
@@ -83,12 +86,19 @@ class FaultProxy:
                 is_delete = self.command == "POST" and "delete" in self.path.split("?", 1)[-1]
                 hold = proxy.faults.hold_deletes
                 if is_delete and hold is not None:
+                    held = not hold.is_set()
                     proxy.faults.deletes_waiting.set()
                     # (30 s ran out under a loaded suite: the request went on before the
                     # test's action, and a sweep test failed for the harness' reason)
                     hold.wait(120)
                     if proxy.faults.drop_held:
                         self.close_connection = True
+                        return
+                    if proxy.faults.throttle_held and held:
+                        with proxy.faults.lock:
+                            proxy.faults.delete_requests += 1
+                        self._reply(503, b"<Error><Code>SlowDown</Code><Message>"
+                                         b"Reduce your request rate.</Message></Error>")
                         return
                 if is_delete:
                     with proxy.faults.lock:

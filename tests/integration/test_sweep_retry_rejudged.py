@@ -37,10 +37,15 @@ def rsettings(settings):
 
 def _during_first_delete(proxy: FaultProxy, action: Any) -> threading.Thread:
     """Hold the sweep's first DeleteObjects, run ``action`` while it is in flight, then let
-    the store answer it 503 SlowDown (the gate retries: re-check, then a new request)."""
+    the store answer it 503 SlowDown (the gate retries: re-check, then a new request).
+
+    Every request held meanwhile is answered 503: the sweep's tasks run in parallel, and a
+    second task's request, in flight while the action ran, was once let through (a request
+    already sent cannot be recalled; what must hold is that a retried one is judged again).
+    The test then failed for the harness' reason, twice in loaded suites."""
     hold = threading.Event()
     proxy.faults.hold_deletes = hold
-    proxy.faults.throttle_deletes = 1
+    proxy.faults.throttle_held = True
     errors: list[BaseException] = []
 
     def run() -> None:
