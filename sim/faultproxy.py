@@ -34,6 +34,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
 _KEY_RE = re.compile(rb"<Object>\s*<Key>(.*?)</Key>.*?</Object>", re.S)
+_SLOW_DOWN = b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>"
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive"}
 # Dropped from a rewritten request, and set again by its new signature.
 _RESIGNED_HEADERS = {"host", "content-md5", "x-amz-sdk-checksum-algorithm", "authorization",
@@ -97,8 +98,7 @@ class FaultProxy:
                     if proxy.faults.throttle_held and held:
                         with proxy.faults.lock:
                             proxy.faults.delete_requests += 1
-                        self._reply(503, b"<Error><Code>SlowDown</Code><Message>"
-                                         b"Reduce your request rate.</Message></Error>")
+                        self._reply(503, _SLOW_DOWN)
                         return
                 if is_delete:
                     with proxy.faults.lock:
@@ -111,8 +111,7 @@ class FaultProxy:
                         if proxy.faults.throttle_deletes > 0 or random_503:
                             if not random_503:
                                 proxy.faults.throttle_deletes -= 1
-                            self._reply(503, b"<Error><Code>SlowDown</Code><Message>"
-                                             b"Reduce your request rate.</Message></Error>")
+                            self._reply(503, _SLOW_DOWN)
                             return
                         body, injected = proxy._strip_failing(body)
                         if injected and not _KEY_RE.search(body):

@@ -21,7 +21,7 @@ log = get_logger("sim.soak")
 
 
 class Drain(SoakBase):
-    """(see the module)"""
+    """The end of a run: recover, replay the dead letters, reap, reconcile."""
 
     async def _drain(self) -> bool:
         """Stop the faults, let everything recover, reap, reconcile; True if the trackers

@@ -32,7 +32,7 @@ log = get_logger("sim.soak")
 
 
 class FaultInjection(SoakBase):
-    """(see the module)"""
+    """Carries out the plan's faults (one ``_fault_<kind>`` per kind)."""
 
     async def _fault_kill_tracker(self, step: Step) -> None:
         async def kill() -> None:

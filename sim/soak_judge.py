@@ -30,7 +30,7 @@ log = get_logger("sim.soak")
 
 
 class Judging(SoakBase):
-    """(see the module)"""
+    """The verdict: the model's truth against the store and the product's records."""
 
     async def _verdict(self, caught_up: bool) -> SoakVerdict:
         listed = await self._check("end")
