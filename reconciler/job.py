@@ -569,8 +569,10 @@ class Run:
 
     def _sweep(self, lease_id: str, parts: list[str], lease: Lease,
                delete: bool = True) -> SweepStats:
+        if self.summary.cutoff_ms is None:  # (a mark always records one before it is swept)
+            raise ReconcileError(f"run {self.summary.run_id} has no cutoff: it cannot be swept")
         return sweep(self.spark, self.settings, self.opts.repo, lease_id, self.ns, parts,
-                     cutoff_ms=int(self.summary.cutoff_ms or 0), recheck=self.opts.recheck,
+                     cutoff_ms=self.summary.cutoff_ms, recheck=self.opts.recheck,
                      delete=delete, report_run_id=self.summary.run_id,
                      refs=self._refs, export_vouched=False)
 
