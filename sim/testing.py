@@ -27,6 +27,22 @@ from tracker import codec
 from tracker.references import RefusedRepository, RepoState, World
 from tracker.state import ApplyScript
 
+# The test fixtures (tests/conftest.py) that start or reach a server: a test that asks for one
+# is an integration test and lives in tests/integration/.
+SERVER_FIXTURES = frozenset({"stack", "redis_cluster", "settings", "redis_client", "s3",
+                             "bucket", "cli", "spark"})
+
+
+def misplaced_tests(tests: Iterable[tuple[str, bool, Iterable[str]]]) -> list[str]:
+    """Of (test id, in tests/integration/?, its fixture names): each test outside
+    tests/integration/ that asks for a server fixture, with the fixtures it asks for."""
+    out = []
+    for nodeid, integration, fixtures in tests:
+        servers = sorted(SERVER_FIXTURES & set(fixtures))
+        if servers and not integration:
+            out.append(f"{nodeid} uses {', '.join(servers)}")
+    return out
+
 
 def base_settings(**overrides: Any) -> Settings:
     """Settings for tests: short timeouts, tiny grace (explicitly allowed as unsafe)."""

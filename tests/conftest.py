@@ -18,7 +18,7 @@ import pytest
 from core.clients import redis_sync, s3_client
 from core.settings import Settings
 from sim.stack import Server, Stack, embedded_stack, reset_s3, start_redis_cluster
-from sim.testing import base_settings
+from sim.testing import base_settings, misplaced_tests
 
 os.environ.setdefault("HARDELETE_LOG_FORMAT", "console")
 # pytest-xdist's workers export the runner's COLUMNS; the CLI subprocesses the tests start
@@ -27,9 +27,6 @@ os.environ.pop("COLUMNS", None)
 os.environ.pop("LINES", None)
 
 
-# The fixtures that start or reach a server: a test that asks for one is an integration test.
-SERVER_FIXTURES = frozenset({"stack", "redis_cluster", "settings", "redis_client", "s3",
-                             "bucket", "cli", "spark"})
 _INTEGRATION = Path(__file__).parent / "integration"
 
 
@@ -40,14 +37,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     Tests marked ``slow`` first: the suite runs on parallel workers (pytest-xdist), and a
     long test started last would run alone at the end."""
-    misplaced = []
+    kinds = []
     for item in items:
-        if _INTEGRATION in Path(str(item.path)).parents:
+        integration = _INTEGRATION in Path(str(item.path)).parents
+        if integration:
             item.add_marker(pytest.mark.integration)
-        else:
-            servers = sorted(SERVER_FIXTURES & set(getattr(item, "fixturenames", ())))
-            if servers:
-                misplaced.append(f"{item.nodeid} uses {', '.join(servers)}")
+        kinds.append((item.nodeid, integration, getattr(item, "fixturenames", ())))
+    misplaced = misplaced_tests(kinds)
     if misplaced:
         raise pytest.UsageError("tests that reach a server belong in tests/integration/: "
                                 + "; ".join(misplaced))

@@ -73,3 +73,12 @@ def test_no_test_module_imports_another() -> None:
 def test_every_package_has_a_floor() -> None:
     packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests"}
     assert packages == set(FLOORS)
+
+
+def test_a_unit_test_that_reaches_a_server_is_named() -> None:
+    from sim.testing import misplaced_tests
+
+    found = misplaced_tests([("tests/unit/test_a.py::test_pure", False, ["tmp_path"]),
+                             ("tests/unit/test_a.py::test_redis", False, ["redis_client", "s3"]),
+                             ("tests/integration/test_b.py::test_kafka", True, ["settings"])])
+    assert found == ["tests/unit/test_a.py::test_redis uses redis_client, s3"]
