@@ -66,7 +66,7 @@ def plan_retention(state: CommittedState, now_s: float, *,
                    mode: ExpirationMode = "seed",
                    delete_expired_refs: bool = False) -> RetentionPlan:
     """Which commits are retained and which manifests to read (pure, no I/O)."""
-    graph = state.graph
+    graph = state.commits
     days = (expire_older_than_days if expire_older_than_days is not None
             else state.expire_older_than_days)
     expire_at = None if days is None else now_s - days * SECONDS_PER_DAY

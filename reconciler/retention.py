@@ -23,7 +23,8 @@ Two policies are modelled:
 computed on the rewritten graph.
 
 Conventions: a commit's ``time`` is in epoch seconds and its first parent is its main
-ancestry. The graph is a ``Mapping[str, Commit]`` keyed by ``Commit.id``. Ids that are
+ancestry. The graph is a ``Mapping[str, CommitRecord]`` keyed by commit id (the mirror's one commit
+record, ``schemas/records.py``). Ids that are
 referenced (as a parent or by a ref) but absent from the mapping never cause an error: a
 walk simply ends there. A cycle in the first-parent relation is corrupt input: it never
 loops forever, and raises ``ValueError`` when met on a branch ancestry or by expiration.
@@ -35,12 +36,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar
+
+from schemas.records import CommitRecord
 
 __all__ = [
     "SECONDS_PER_DAY",
-    "Commit",
     "ExpirationMode",
     "ExpirationResult",
     "FrozenMap",
@@ -109,21 +111,6 @@ class FrozenMap(Mapping[K, V]):
 
 
 @dataclass(frozen=True, slots=True)
-class Commit:
-    """A commit (snapshot). ``parents[0]``, if any, is its main ancestry."""
-
-    id: str
-    parents: tuple[str, ...]
-    time: float
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.parents, tuple):
-            object.__setattr__(self, "parents", tuple(self.parents))
-        if math.isnan(self.time):
-            raise ValueError(f"commit {self.id!r}: time is NaN")
-
-
-@dataclass(frozen=True, slots=True)
 class RetentionPolicy:
     """Retention in days: a repository default and optional per-branch overrides.
 
@@ -165,7 +152,7 @@ class ExpirationResult:
       alive; deleting them (:func:`delete_expired_refs`) frees more.
     """
 
-    commits: FrozenMap[str, Commit]
+    commits: FrozenMap[str, CommitRecord]
     edited: frozenset[str]
     expired: frozenset[str]
     refs_pointing_to_expired: tuple[Ref, ...]
@@ -174,17 +161,11 @@ class ExpirationResult:
 # --------------------------------------------------------------------------- helpers
 
 
-def _check_graph(commits: Mapping[str, Commit]) -> None:
-    for key, commit in commits.items():
-        if key != commit.id:
-            raise ValueError(f"commit keyed {key!r} has id {commit.id!r}")
-
-
 def _cycle(start: str, at: str) -> ValueError:
     return ValueError(f"first-parent cycle reached from {start!r} at {at!r}")
 
 
-def _first_parent_chain(commits: Mapping[str, Commit], start: str) -> list[str]:
+def _first_parent_chain(commits: Mapping[str, CommitRecord], start: str) -> list[str]:
     """Present commits on the first-parent chain from ``start`` (inclusive), head first.
 
     Ends at a commit without parents or whose first parent is absent from ``commits``.
@@ -203,7 +184,7 @@ def _first_parent_chain(commits: Mapping[str, Commit], start: str) -> list[str]:
 
 
 def _walk_retention(
-    commits: Mapping[str, Commit],
+    commits: Mapping[str, CommitRecord],
     start: str,
     threshold: float,
     active: set[str],
@@ -268,7 +249,7 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"expiration mode must be one of {EXPIRATION_MODES}, got {mode!r}")
 
 
-def _expire_into(graph: dict[str, Commit], target: str, older_than: float,
+def _expire_into(graph: dict[str, CommitRecord], target: str, older_than: float,
                  mode: ExpirationMode = "seed") -> str | None:
     """Apply "update A in place" for one ref to ``graph``; return the edited id, if any."""
     head = graph.get(target)
@@ -293,14 +274,14 @@ def _expire_into(graph: dict[str, Commit], target: str, older_than: float,
         return None
     # Only the main-ancestry link is cut: merge parents of A are not part of {X1..Xn}.
     parents = (root, *(p for p in commit.parents[1:] if p != root))
-    graph[editable] = Commit(commit.id, parents, commit.time)
+    graph[editable] = replace(commit, parents=parents)
     return editable
 
 
 # --------------------------------------------------------------------------- public API
 
 
-def reachable(commits: Mapping[str, Commit], heads: Iterable[str]) -> frozenset[str]:
+def reachable(commits: Mapping[str, CommitRecord], heads: Iterable[str]) -> frozenset[str]:
     """Ids reachable from ``heads`` following *all* parents (heads included).
 
     Referenced ids absent from ``commits`` (a missing head or parent) are included - they
@@ -320,7 +301,7 @@ def reachable(commits: Mapping[str, Commit], heads: Iterable[str]) -> frozenset[
 
 
 def active_commits(
-    commits: Mapping[str, Commit],
+    commits: Mapping[str, CommitRecord],
     branch_heads: Mapping[str, str],
     tags: Mapping[str, str],
     policy: RetentionPolicy,
@@ -347,7 +328,6 @@ def active_commits(
 
     Longer retention never shrinks the result.
     """
-    _check_graph(commits)
     active: set[str] = set()
     walked: dict[str, float] = {}
 
@@ -371,9 +351,9 @@ def active_commits(
 
 
 def expire_ref(
-    commits: Mapping[str, Commit], target: str, older_than: float,
+    commits: Mapping[str, CommitRecord], target: str, older_than: float,
     mode: ExpirationMode = "seed",
-) -> FrozenMap[str, Commit]:
+) -> FrozenMap[str, CommitRecord]:
     """One step of "update A in place" for the ref pointing at ``target``; returns a new graph.
 
     If ``target`` is absent, or (mode ``seed``) older than ``older_than``, nothing changes.
@@ -385,7 +365,6 @@ def expire_ref(
     ``root`` or already points at it); A's merge parents are kept. If the ancestry ends at
     a parent missing from ``commits``, the last present commit acts as ``root``.
     """
-    _check_graph(commits)
     _check_mode(mode)
     graph = dict(commits)
     _expire_into(graph, target, older_than, mode)
@@ -393,7 +372,7 @@ def expire_ref(
 
 
 def expire_snapshots(
-    commits: Mapping[str, Commit],
+    commits: Mapping[str, CommitRecord],
     branch_heads: Mapping[str, str],
     tags: Mapping[str, str],
     older_than: float,
@@ -412,7 +391,6 @@ def expire_snapshots(
     re-parented to the root (:func:`expire_ref`). With monotone timestamps no commit newer
     than the threshold that was reachable from a ref becomes unreachable.
     """
-    _check_graph(commits)
     _check_mode(mode)
     refs = _resolve_order(branch_heads, tags, order)
     heads = [*branch_heads.values(), *tags.values()]
@@ -460,7 +438,7 @@ def delete_expired_refs(
 
 
 def retained_commits(
-    commits: Mapping[str, Commit],
+    commits: Mapping[str, CommitRecord],
     branch_heads: Mapping[str, str],
     tags: Mapping[str, str],
     policy: RetentionPolicy,

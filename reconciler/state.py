@@ -20,7 +20,7 @@ import orjson
 
 from reconciler.errors import LeaseBusy, ReconcileError
 from reconciler.records import token_state, verdict
-from reconciler.retention import Commit, RetentionPolicy
+from reconciler.retention import RetentionPolicy
 from reconciler.s3io import Namespace, put_parquet
 from schemas.address import address_forms, canonical_namespace
 from schemas.layout import (
@@ -32,7 +32,14 @@ from schemas.layout import (
     OutsideNamespace,
     RepoKeys,
 )
-from schemas.records import CommitRecord, RecordError, decode_branch, decode_commit
+from schemas.records import (
+    CommitRecord,
+    RecordError,
+    RepoMeta,
+    decode_branch,
+    decode_commit,
+    decode_meta,
+)
 
 
 def tracker_watermark_ms(r: Any) -> int | None:
@@ -82,21 +89,27 @@ class CommittedState:
     # the sweep compares it with the mark's to know whether retention must be judged again.
     fingerprint: str = ""
 
-    @property
-    def graph(self) -> dict[str, Commit]:
-        return {cid: Commit(cid, c.parents, c.time) for cid, c in self.commits.items()}
+
+def _meta(raw: dict[str, str], repo: str) -> RepoMeta:
+    try:
+        meta = decode_meta(raw, repo)
+    except RecordError as exc:
+        raise ReconcileError(str(exc)) from None
+    if meta is None:
+        raise ReconcileError(f"repository {repo!r} is unknown to the tracker "
+                             f"(no {RepoKeys(repo).meta})")
+    return meta
+
+
+def _namespace(meta: RepoMeta) -> Namespace:
+    try:
+        return Namespace(meta.namespace)
+    except ValueError as exc:
+        raise ReconcileError(str(exc)) from None
 
 
 def load_namespace(r: Any, repo: str) -> Namespace:
-    keys = RepoKeys(repo)
-    meta = r.hgetall(keys.meta) or {}
-    ns = meta.get("namespace") or meta.get("storage_namespace")
-    if not ns:
-        raise ReconcileError(f"repository {repo!r} is unknown to the tracker (no {keys.meta})")
-    try:
-        return Namespace(ns)
-    except ValueError as exc:
-        raise ReconcileError(str(exc)) from None
+    return _namespace(_meta(r.hgetall(RepoKeys(repo).meta), repo))
 
 
 def load_repo(r: Any, repo: str) -> CommittedState:
@@ -107,29 +120,15 @@ def load_repo(r: Any, repo: str) -> CommittedState:
     for name in (keys.meta, keys.commits, keys.branches, keys.tags):
         pipe.hgetall(name)
     raw_meta, raw_commits, raw_branches, raw_tags = (x or {} for x in pipe.execute())
-    meta = raw_meta
-    namespace = load_namespace(r, repo)
+    meta = _meta(raw_meta, repo)
+    namespace = _namespace(meta)
     fingerprint = retention_fingerprint(raw_meta, raw_commits, raw_branches, raw_tags)
-    raw_default = meta.get("default_retention_days")
     # No retention configured: keep everything (doubt keeps).
-    default_days = math.inf if raw_default in (None, "") else _num(raw_default,
-                                                                   "default_retention_days")
-    branch_days: dict[str, float] = {}
-    raw_branch = meta.get("branch_retention") or meta.get("branch_retention_days")
-    if raw_branch:
-        try:
-            parsed = orjson.loads(raw_branch)
-        except orjson.JSONDecodeError:
-            raise ReconcileError(f"{keys.meta} branch_retention is not JSON") from None
-        if not isinstance(parsed, dict):
-            raise ReconcileError(f"{keys.meta} branch_retention is not an object")
-        branch_days = {str(b): _num(d, f"branch_retention.{b}") for b, d in parsed.items()}
+    default_days = math.inf if meta.default_retention_days is None else meta.default_retention_days
     try:
-        policy = RetentionPolicy(default_days, branch_days)
+        policy = RetentionPolicy(default_days, meta.branch_retention_days)
     except ValueError as exc:
         raise ReconcileError(str(exc)) from None
-    raw_expire = meta.get("expire_older_than_days")
-    expire = None if raw_expire in (None, "") else _num(raw_expire, "expire_older_than_days")
 
     # The tracker's records through the one codec (schemas.records); a garbled one fails the
     # run, naming it.
@@ -150,8 +149,8 @@ def load_repo(r: Any, repo: str) -> CommittedState:
     except RecordError as exc:
         raise ReconcileError(str(exc)) from None
     tags = {str(k): str(v) for k, v in raw_tags.items()}
-    return CommittedState(repo, namespace, meta.get("default_branch"), policy, expire, commits,
-                     heads, tags, staging, fingerprint)
+    return CommittedState(repo, namespace, meta.default_branch or None, policy,
+                          meta.expire_older_than_days, commits, heads, tags, staging, fingerprint)
 
 
 def retention_fingerprint(*hashes: dict[str, str]) -> str:

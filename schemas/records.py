@@ -8,7 +8,8 @@ the tests) decodes through here, so a field means the same thing everywhere:
   ``committed``, ``iu``, ``size``, ``lease_until``, ``claimer``, ``reaped_at``;
 * a token value ``'<state>:<ms>'`` (:func:`decode_token`, :func:`token_state`,
   :func:`encode_token`);
-* branch and commit JSON (:func:`decode_branch`, :func:`decode_commit`, and their encoders).
+* branch and commit JSON (:func:`decode_branch`, :func:`decode_commit`, and their encoders);
+* the repository metadata hash ``hd:{R}:meta`` (:func:`decode_meta`).
 
 Decoding an address never raises: what cannot be read is kept as text and named in
 ``AddressRecord.malformed``, and the liveness judgment (``schemas/liveness.py``) keeps such an
@@ -17,6 +18,7 @@ address (SPEC safety 6: every doubt keeps the object).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -181,12 +183,20 @@ class BranchRecord:
 @dataclass(frozen=True)
 class CommitRecord:
     """A commit as the mirror records it (``RepoKeys.commits``; ``time`` in epoch seconds as
-    the event gave it, ``branch`` and ``manifest`` empty when unknown)."""
+    the event gave it, ``branch`` and ``manifest`` empty when unknown). Its id is the key it is
+    stored under. The one commit shape: the mirror, the rebuild's export and the pure
+    retention computation (``parents[0]``, if any, is the main ancestry) all use it."""
 
     parents: tuple[str, ...]
     time: float
-    branch: str
-    manifest: str
+    branch: str = ""
+    manifest: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.parents, tuple):
+            object.__setattr__(self, "parents", tuple(self.parents))
+        if math.isnan(self.time):
+            raise RecordError(f"commit with parents {self.parents!r}: time is NaN")
 
 
 def _json_object(kind: str, name: str, raw: Any) -> dict[str, Any]:
@@ -226,3 +236,57 @@ def decode_commit(raw: Any, name: str = "?") -> CommitRecord:
 def encode_commit(c: CommitRecord) -> str:
     return orjson.dumps({"parents": list(c.parents), "time": c.time, "branch": c.branch,
                          "manifest": c.manifest}).decode()
+
+
+# --- repository metadata -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RepoMeta:
+    """A repository's metadata (``RepoKeys.meta``, written by its ``repository_created``).
+
+    ``default_retention_days`` None: no retention configured (the reconciler keeps every
+    commit: doubt keeps). ``expire_older_than_days`` is set by an operator, never by an event.
+    """
+
+    namespace: str
+    default_branch: str = ""
+    default_retention_days: float | None = None
+    branch_retention_days: Mapping[str, float] = field(default_factory=dict)
+    expire_older_than_days: float | None = None
+
+
+def _days(repo: str, what: str, value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise RecordError(f"repository {repo!r}: {what} is not a number: {value!r}") from None
+    if math.isnan(out):
+        raise RecordError(f"repository {repo!r}: {what} is NaN")
+    return out
+
+
+def decode_meta(fields: Mapping[str, str] | None, repo: str = "?") -> RepoMeta | None:
+    """The metadata hash as a record; None when it names no namespace (a repository the
+    tracker has not seen). Older spellings (``storage_namespace``, ``branch_retention_days``)
+    are read too; a garbled number or retention map raises :class:`RecordError` naming it."""
+    fields = fields or {}
+    ns = fields.get("namespace") or fields.get("storage_namespace")
+    if not ns:
+        return None
+    raw_default = fields.get("default_retention_days")
+    default = None if raw_default in (None, "") else _days(repo, "default_retention_days",
+                                                           raw_default)
+    branch: dict[str, float] = {}
+    raw_branch = fields.get("branch_retention") or fields.get("branch_retention_days")
+    if raw_branch:
+        try:
+            parsed = orjson.loads(raw_branch)
+        except orjson.JSONDecodeError:
+            raise RecordError(f"repository {repo!r}: branch_retention is not JSON") from None
+        if not isinstance(parsed, dict):
+            raise RecordError(f"repository {repo!r}: branch_retention is not an object")
+        branch = {str(b): _days(repo, f"branch_retention.{b}", d) for b, d in parsed.items()}
+    raw_expire = fields.get("expire_older_than_days")
+    expire = None if raw_expire in (None, "") else _days(repo, "expire_older_than_days",
+                                                         raw_expire)
+    return RepoMeta(str(ns), str(fields.get("default_branch") or ""), default, branch, expire)

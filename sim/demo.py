@@ -247,7 +247,7 @@ async def run_reconcile_phase(settings: Settings, service: ModelService,
     from pyspark.sql import SparkSession
 
     from reconciler.job import RunOptions, reconcile
-    from reconciler.retention import Commit, RetentionPolicy, retained_commits
+    from reconciler.retention import RetentionPolicy, retained_commits
     from reconciler.spark import get_spark
 
     model = service.model
@@ -276,8 +276,7 @@ async def run_reconcile_phase(settings: Settings, service: ModelService,
             })
             # The model's answer, with retention computed at the run's clock.
             r = model.repository(repo)
-            graph = {c.id: Commit(c.id, c.parents, c.time) for c in model.commits.values()
-                     if c.repository == repo}
+            graph = model.commit_graph(repo)
             heads = {b: br.head for b, br in r.branches.items() if br.head}
             retained = retained_commits(
                 graph, heads, dict(r.tags),

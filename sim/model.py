@@ -60,6 +60,7 @@ from schemas.events import (
     TagDeleted,
 )
 from schemas.layout import DATA_PREFIX, MANIFESTS_PREFIX, TokenState
+from schemas.records import BranchRecord, CommitRecord
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -444,6 +445,11 @@ class Model:
             return self.repositories[repo]
         except KeyError:
             raise ModelError(f"no repository {repo!r}") from None
+
+    def commit_graph(self, repo: str) -> dict[str, CommitRecord]:
+        """The repository's commits as the mirror records them (retention's input)."""
+        return {c.id: CommitRecord(c.parents, c.time, c.branch, c.manifest)
+                for c in self.commits.values() if c.repository == repo}
 
     def branch(self, repo: str, branch: str) -> Branch:
         r = self.repository(repo)
@@ -880,7 +886,7 @@ class Model:
         branches and tags with their ref versions, the live references of every open or
         sealed token, every commit, every unexpired issued upload address. ``nonce`` is the
         prepared rebuild's: the service reads it before it exports."""
-        from tracker.rebuild import ExportBranch, ExportCommit, ExportEntry, StateExport
+        from tracker.rebuild import ExportEntry, StateExport
 
         now = self.clock() if now is None else now
         r = self.repository(repo)
@@ -895,8 +901,8 @@ class Model:
                                                         if ref.address in self.objects else 0))
         return StateExport(
             repository=repo, exported_at_ms=int(now * 1000), nonce=nonce,
-            branches={n: ExportBranch(b.head, b.staging_token, tuple(b.sealed_tokens),
-                                      r.ref_versions.get(f"b:{n}", 0))
+            branches={n: (BranchRecord(b.head, b.staging_token, tuple(b.sealed_tokens)),
+                          r.ref_versions.get(f"b:{n}", 0))
                       for n, b in r.branches.items()},
             tags={t: (c, r.ref_versions.get(f"t:{t}", 0)) for t, c in r.tags.items()},
             deleted_branches={ref[2:]: v for ref, v in r.ref_versions.items()
@@ -904,9 +910,7 @@ class Model:
             deleted_tags={ref[2:]: v for ref, v in r.ref_versions.items()
                           if ref.startswith("t:") and ref[2:] not in r.tags},
             tokens={t: (s, tuple(es)) for t, (s, es) in tokens.items()},
-            commits={cid: ExportCommit(cid, self.commits[cid].branch, self.commits[cid].parents,
-                                       self.commits[cid].time, self.commits[cid].manifest)
-                     for cid in r.commit_ids},
+            commits=self.commit_graph(repo),
             issued={a: int(i.expires_at * 1000) for a, i in self.issued.items()
                     if i.repository == repo and i.linked_at is None and i.expires_at > now},
             ended={t.id: t.state.value for t in self.tokens.values() if t.repository == repo

@@ -3,7 +3,7 @@ the mark tests."""
 
 from __future__ import annotations
 
-from reconciler.retention import Commit
+from schemas.records import CommitRecord
 
 # ---------------------------------------------------------------- seed 001 (Icechunk)
 #
@@ -27,7 +27,7 @@ PARENTS_001: dict[str, tuple[str, ...]] = {
     "13": ("12",),  # main
     "14": ("13",),  # main
 }
-G001 = {k: Commit(k, ps, 1000.0 + 3600.0 * int(k)) for k, ps in PARENTS_001.items()}
+G001 = {k: CommitRecord(ps, 1000.0 + 3600.0 * int(k)) for k, ps in PARENTS_001.items()}
 THRESHOLD_001 = 1000.0 + 3600.0 * 7.5
 BRANCHES_001 = {"main": "14", "develop": "11", "test": "9", "qa": "8"}
 TAGS_001 = {"tag1": "3", "tag2": "5"}

@@ -18,7 +18,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from reconciler.retention import Commit, RetentionPolicy, retained_commits
+from reconciler.retention import RetentionPolicy, retained_commits
 from sim.model import Model
 from sim.soak_plan import NEEDS_FIX, FaultKind
 
@@ -28,8 +28,7 @@ RECLAIM_TARGET = 0.999
 def retained(model: Model, repo: str, now: float) -> set[str]:
     """The commits of ``repo`` that retention keeps at ``now`` (the reconciler's own rule)."""
     r = model.repository(repo)
-    graph = {c.id: Commit(c.id, c.parents, c.time) for c in model.commits.values()
-             if c.repository == repo}
+    graph = model.commit_graph(repo)
     heads = {b: br.head for b, br in r.branches.items() if br.head}
     return set(retained_commits(graph, heads, dict(r.tags),
                                 RetentionPolicy(r.default_retention_days,

@@ -56,6 +56,7 @@ from schemas.layout import (
     RepoKeys,
     TokenState,
 )
+from schemas.records import BranchRecord, CommitRecord, encode_branch, encode_commit
 from tracker.references import RepoState
 from tracker.state import ApplyScript, read_repo_state
 
@@ -209,23 +210,6 @@ class ExportEntry:
 
 
 @dataclass(frozen=True)
-class ExportBranch:
-    head: str | None
-    staging_token: str
-    sealed_tokens: tuple[str, ...]
-    ref_version: int
-
-
-@dataclass(frozen=True)
-class ExportCommit:
-    id: str
-    branch: str
-    parents: tuple[str, ...]
-    committed_at: float
-    manifest: str
-
-
-@dataclass(frozen=True)
 class StateExport:
     """The service's whole state of one repository (lakeFS: its refs and commit log, plus
     ``PrepareGCUncommitted``'s staged entries, ref ids included)."""
@@ -233,10 +217,12 @@ class StateExport:
     repository: str
     exported_at_ms: int
     nonce: str
-    branches: dict[str, ExportBranch]
+    # The mirror's own records (schemas/records.py), each ref with the version the service
+    # gave its last change.
+    branches: dict[str, tuple[BranchRecord, int]]  # branch -> (record, ref version)
     tags: dict[str, tuple[str, int]]  # tag -> (commit id, ref version)
     tokens: dict[str, tuple[str, tuple[ExportEntry, ...]]]  # open/sealed -> (state, entries)
-    commits: dict[str, ExportCommit]
+    commits: dict[str, CommitRecord]  # id -> record
     issued: dict[str, int]  # unexpired issued upload address -> expires_at (ms)
     location: str = ""
     # Staging tokens the service committed or dropped (token -> state). Optional: a token the
@@ -255,14 +241,14 @@ class StateExport:
             "exported_at": self.exported_at_ms, "rebuild_nonce": self.nonce,
             "branches": {b: {"head": v.head, "staging_token": v.staging_token,
                              "sealed_tokens": list(v.sealed_tokens),
-                             "ref_version": v.ref_version} for b, v in self.branches.items()},
+                             "ref_version": ver} for b, (v, ver) in self.branches.items()},
             "tags": {t: {"commit": c, "ref_version": v} for t, (c, v) in self.tags.items()},
             "tokens": {t: {"state": s, "entries": [
                 {"address": e.address, "ref_id": e.ref_id, "size": e.size} for e in es]}
                 for t, (s, es) in self.tokens.items()},
-            "commits": [{"id": c.id, "branch": c.branch, "parents": list(c.parents),
-                         "committed_at": c.committed_at, "manifest": c.manifest}
-                        for c in self.commits.values()],
+            "commits": [{"id": cid, "branch": c.branch, "parents": list(c.parents),
+                         "committed_at": c.time, "manifest": c.manifest}
+                        for cid, c in self.commits.items()],
             "issued": [{"address": a, "expires_at": t} for a, t in self.issued.items()],
             "ended_tokens": self.ended,
             "deleted_branches": self.deleted_branches, "deleted_tags": self.deleted_tags,
@@ -300,9 +286,10 @@ def parse_export(raw: bytes, namespace: str, repo: str, where: str) -> StateExpo
             raise fail(str(exc)) from None
 
     try:
-        branches = {str(b): ExportBranch(v["head"], str(v["staging_token"]),
-                                         tuple(map(str, v.get("sealed_tokens") or ())),
-                                         version(v["ref_version"], f"branch {b!r}"))
+        branches = {str(b): (BranchRecord(None if v["head"] is None else str(v["head"]),
+                                          str(v["staging_token"]),
+                                          tuple(map(str, v.get("sealed_tokens") or ()))),
+                             version(v["ref_version"], f"branch {b!r}"))
                     for b, v in d["branches"].items()}
         tags = {str(t): (str(v["commit"]), version(v["ref_version"], f"tag {t!r}"))
                 for t, v in d["tags"].items()}
@@ -313,9 +300,9 @@ def parse_export(raw: bytes, namespace: str, repo: str, where: str) -> StateExpo
             tokens[str(t)] = (str(v["state"]), tuple(
                 ExportEntry(addr(e["address"]), str(e["ref_id"]), int(e["size"]))
                 for e in v["entries"]))
-        commits = {str(c["id"]): ExportCommit(str(c["id"]), str(c["branch"]),
-                                              tuple(map(str, c["parents"])),
-                                              float(c["committed_at"]), addr(c["manifest"]))
+        commits = {str(c["id"]): CommitRecord(tuple(map(str, c["parents"])),
+                                              float(c["committed_at"]), str(c["branch"]),
+                                              addr(c["manifest"]))
                    for c in d["commits"]}
         issued = {addr(i["address"]): int(i["expires_at"]) for i in d["issued"]}
         ended: dict[str, str] = {}
@@ -383,9 +370,9 @@ class RebuildPlan:
     drop_tokens: list[str] = field(default_factory=list)
     tokens: list[tuple[str, str]] = field(default_factory=list)  # token, open|sealed
     add_refs: list[tuple[str, str, str, int]] = field(default_factory=list)
-    commits: list[ExportCommit] = field(default_factory=list)  # unknown to the mirror
+    commits: list[tuple[str, CommitRecord]] = field(default_factory=list)  # unknown to mirror
     committed: list[str] = field(default_factory=list)  # their manifests' addresses
-    branches: list[tuple[str, ExportBranch]] = field(default_factory=list)
+    branches: list[tuple[str, tuple[BranchRecord, int]]] = field(default_factory=list)
     branches_gone: list[tuple[str, int]] = field(default_factory=list)  # name, snapshot's v
     # name, the version of its deletion at the service (a tombstone, whether the mirror
     # knew the ref or not)
@@ -440,7 +427,7 @@ def plan(snap: Snapshot, export: StateExport,
     p.tokens = sorted((t, s) for t, (s, _) in export.tokens.items())
     p.add_refs = sorted((e.address, e.ref_id, t, e.size)
                         for t, (_, es) in export.tokens.items() for e in es)
-    p.commits = [c for cid, c in sorted(export.commits.items()) if cid not in known]
+    p.commits = [(cid, c) for cid, c in sorted(export.commits.items()) if cid not in known]
     missing = [cid for cid in sorted(export.commits) if cid not in manifests]
     if missing:
         raise RebuildError(f"no manifest read for commit(s) {missing[:5]}")
@@ -479,14 +466,10 @@ def ops(p: RebuildPlan) -> Iterator[list[Any]]:
     # retry used to judge that commit known and mark nothing, then drop its token).
     for a in p.committed:
         yield [13, "comm", a]
-    for c in p.commits:
-        record = orjson.dumps({"parents": list(c.parents), "time": c.committed_at,
-                               "branch": c.branch, "manifest": c.manifest}).decode()
-        yield [13, "commit", c.id, record]
-    for b, v in p.branches:
-        j = orjson.dumps({"head": v.head, "staging_token": v.staging_token,
-                          "sealed_tokens": list(v.sealed_tokens)}).decode()
-        yield [13, "branch", b, j, v.ref_version]
+    for cid, c in p.commits:
+        yield [13, "commit", cid, encode_commit(c)]
+    for b, (v, ver) in p.branches:
+        yield [13, "branch", b, encode_branch(v), ver]
     for t, commit_id, ver in p.tags:
         yield [13, "tag", t, commit_id, ver]
     for a, ttl in p.issued:
@@ -522,7 +505,7 @@ class RebuildReport:
                 "incidents": self.incidents}
 
 
-def manifest_addresses(s3: Any, namespace: str, commit: ExportCommit) -> list[str]:
+def manifest_addresses(s3: Any, namespace: str, cid: str, commit: CommitRecord) -> list[str]:
     """The addresses a commit's Parquet manifest lists, canonical (a row outside the
     namespace fails the rebuild, as it fails a mark)."""
     import pyarrow.parquet as pq
@@ -533,9 +516,9 @@ def manifest_addresses(s3: Any, namespace: str, commit: ExportCommit) -> list[st
         rows = pq.read_table(io.BytesIO(body), columns=["address"]).column(0).to_pylist()
         return [canonical_address(namespace, a) for a in rows]
     except OutsideNamespace as exc:
-        raise RebuildError(f"commit {commit.id}: manifest {commit.manifest}: {exc}") from None
+        raise RebuildError(f"commit {cid}: manifest {commit.manifest}: {exc}") from None
     except Exception as exc:
-        raise RebuildError(f"commit {commit.id}: manifest {commit.manifest} cannot be read "
+        raise RebuildError(f"commit {cid}: manifest {commit.manifest} cannot be read "
                            f"({type(exc).__name__}: {exc})") from None
 
 
@@ -585,7 +568,8 @@ def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
     snap = Snapshot.from_json(raw)
     # Every commit's manifest, known to the mirror or not: a commit the mirror applied may
     # have taken writes whose events were lost with the log (see plan).
-    manifests = {c.id: manifest_addresses(s3, namespace, c) for c in export.commits.values()}
+    manifests = {cid: manifest_addresses(s3, namespace, cid, c)
+                 for cid, c in export.commits.items()}
     p = plan(snap, export, manifests)
     body = list(ops(p))
     incidents = 0

@@ -62,17 +62,9 @@ from schemas.layout import (
     TokenState,
 )
 from schemas.namespaces import namespace_problem, registration_problem
-from schemas.records import AddressRecord, BranchRecord, CommitRecord
+from schemas.records import AddressRecord, BranchRecord, CommitRecord, RepoMeta
 
 HELD_BY_REAPER = frozenset({AddressState.REAPING, AddressState.REAPED})
-
-
-@dataclass(frozen=True)
-class RepoMeta:
-    namespace: str
-    default_branch: str
-    default_retention_days: float
-    branch_retention_days: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, order=True)

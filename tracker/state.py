@@ -31,11 +31,11 @@ from schemas.records import (
     decode_address,
     decode_branch,
     decode_commit,
+    decode_meta,
     decode_token,
 )
 from tracker.references import (
     Incident,
-    RepoMeta,
     RepoState,
 )
 
@@ -278,10 +278,7 @@ def _assemble(repo: str, meta: dict[str, str], addr_hashes: dict[str, dict[str, 
               ref_seen: tuple[list[str], dict[str, str]] | None = None,
               stats: dict[str, str] | None = None) -> RepoState:
     st = RepoState(repo)
-    if meta.get("namespace"):
-        st.meta = RepoMeta(meta["namespace"], meta.get("default_branch", ""),
-                           float(meta.get("default_retention_days", "0")),
-                           orjson.loads(meta.get("branch_retention", "{}")))
+    st.meta = decode_meta(meta, repo)
     st.addresses = {a: parse_address(h) for a, h in addr_hashes.items()}
     st.token_addresses = {t: set(m) for t, m in token_sets.items()}
     st.tokens = {t: parse_token(v) for t, v in tokens.items()}

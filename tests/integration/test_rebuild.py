@@ -342,12 +342,13 @@ async def _export_heal_and_reap(s: Any, s3: Any, r: Any, ns: str, deadline: floa
     from core.guards import fail_closed_reason
     from reaper.daemon import Reaper
     from schemas import events as ev
+    from schemas.records import BranchRecord
     from sim.testing import publish, redis_now, wait_horizon
-    from tracker.rebuild import ExportBranch, ExportEntry, StateExport
+    from tracker.rebuild import ExportEntry, StateExport
 
     nonce = r.hget(RepoKeys("repo0").rebuild, "nonce")
     export = StateExport(
-        "repo0", await redis_now(s), nonce, {"main": ExportBranch(None, "t1", (), 1)}, {},
+        "repo0", await redis_now(s), nonce, {"main": (BranchRecord(None, "t1"), 1)}, {},
         {"t1": ("open", (ExportEntry(ns + "data/keep", "k1", 1),
                          ExportEntry(ns + "data/new", "n1", 1)))}, {}, {})
     write_export(s3, f"{ns}_hardelete/exports/state-1/", export)

@@ -15,7 +15,7 @@ from core.errors import UserError
 from reconciler.errors import LeaseBusy, SweepRefused
 from reconciler.job import RunOptions, reconcile
 from reconciler.report import read_summary
-from reconciler.retention import Commit, RetentionPolicy, retained_commits
+from reconciler.retention import RetentionPolicy, retained_commits
 from reconciler.s3io import Namespace
 from schemas.layout import PROGRESS, RECONCILER_LEASE, RepoKeys
 from sim.model import Model, ModelService, Workload, seeded_ids
@@ -30,8 +30,7 @@ def expected_garbage(w: World, repo: str, now_ms: int, objects: set[str],
     grace window measured against ``horizon_ms`` (default: the run's clock)."""
     m = w.model
     rep = m.repository(repo)
-    graph = {c.id: Commit(c.id, c.parents, c.time) for c in m.commits.values()
-             if c.repository == repo}
+    graph = m.commit_graph(repo)
     heads = {b: br.head for b, br in rep.branches.items() if br.head}
     policy = RetentionPolicy(rep.default_retention_days, rep.branch_retention_days)
     retained = retained_commits(graph, heads, dict(rep.tags), policy, now_ms / 1000)

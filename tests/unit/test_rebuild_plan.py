@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tracker.rebuild import ExportCommit, ExportEntry, RebuildError, Snapshot, StateExport, plan
+from schemas.records import BranchRecord, CommitRecord
+from tracker.rebuild import ExportEntry, RebuildError, Snapshot, StateExport, plan
 
 NS = "s3://b/r/"
 
@@ -13,7 +14,7 @@ NS = "s3://b/r/"
 def _export(tokens: dict[str, tuple[str, tuple[ExportEntry, ...]]],
             commits: list[str]) -> StateExport:
     return StateExport("r", 1_000, "n", {}, {}, tokens,
-                       {c: ExportCommit(c, "main", (), 1.0, f"{NS}_hardelete/m/{c}")
+                       {c: CommitRecord((), 1.0, "main", f"{NS}_hardelete/m/{c}")
                         for c in commits}, {})
 
 
@@ -22,7 +23,7 @@ def test_every_exported_commits_manifest_is_marked_known_or_not() -> None:
     snap = Snapshot(frozenset(), {}, {}, {}, frozenset({"c1"}))
     p = plan(snap, _export({}, ["c1", "c2"]), {"c1": [NS + "lost"], "c2": [NS + "x"]})
     assert p.committed == [NS + "lost", NS + "x"]
-    assert [c.id for c in p.commits] == ["c2"]  # only the unknown one's record is written
+    assert [cid for cid, _ in p.commits] == ["c2"]  # only the unknown one's record is written
     with pytest.raises(RebuildError, match="no manifest read"):
         plan(snap, _export({}, ["c1", "c2"]), {"c2": [NS + "x"]})
 
@@ -74,11 +75,11 @@ def test_the_ended_tokens_are_read_and_checked() -> None:
 def test_a_ref_the_service_deleted_is_removed_at_the_version_of_its_deletion() -> None:
     """With the deletion's version a tombstone is written (an older event of the ref, delivered
     late, is stale); without it, the snapshot's version decides as before."""
-    from tracker.rebuild import ExportBranch, ops
+    from tracker.rebuild import ops
 
     snap = Snapshot(frozenset(), {}, {"dev": 3, "old": 2, "main": 1}, {"v0": 1},
                     frozenset())
-    export = StateExport("r", 1_000, "n", {"main": ExportBranch(None, "T", (), 1)}, {}, {},
+    export = StateExport("r", 1_000, "n", {"main": (BranchRecord(None, "T"), 1)}, {}, {},
                          {}, {}, deleted_branches={"dev": 5, "gone-before": 9},
                          deleted_tags={"v0": 2})
     p = plan(snap, export, {})
@@ -96,9 +97,9 @@ def test_a_ref_the_service_deleted_is_removed_at_the_version_of_its_deletion() -
 def test_the_deleted_refs_are_read_and_checked() -> None:
     import orjson
 
-    from tracker.rebuild import ExportBranch, parse_export
+    from tracker.rebuild import parse_export
 
-    good = StateExport("r", 1_000, "n", {"main": ExportBranch(None, "T", (), 1)}, {}, {}, {},
+    good = StateExport("r", 1_000, "n", {"main": (BranchRecord(None, "T"), 1)}, {}, {}, {},
                        {}, deleted_branches={"dev": 4}, deleted_tags={"v0": 2})
     got = parse_export(good.to_json(), NS, "r", "x")
     assert got.deleted_branches == {"dev": 4} and got.deleted_tags == {"v0": 2}

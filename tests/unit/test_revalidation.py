@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from reconciler.committed import plan_retention
 from reconciler.mark import Listed, compute_mark
 from reconciler.records import verdict
-from reconciler.retention import Commit, RetentionPolicy, retained_commits
+from reconciler.retention import RetentionPolicy, retained_commits
 from reconciler.s3io import Namespace
 from reconciler.state import CommittedState, record_digest, retention_fingerprint
 from schemas.records import AddressRecord
@@ -202,8 +202,7 @@ def test_nothing_referenced_at_sweep_time_is_deleted(seed: int, ops: int,
 
     # ---- the truth at sweep time: what the model says may go
     rep = model.repository(repo)
-    graph = {c.id: Commit(c.id, c.parents, c.time) for c in model.commits.values()
-             if c.repository == repo}
+    graph = model.commit_graph(repo)
     heads = {b: br.head for b, br in rep.branches.items() if br.head}
     retained_now = retained_commits(graph, heads, dict(rep.tags),
                                     RetentionPolicy(rep.default_retention_days,
