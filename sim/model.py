@@ -907,8 +907,11 @@ class Model:
             commits={cid: ExportCommit(cid, self.commits[cid].branch, self.commits[cid].parents,
                                        self.commits[cid].time, self.commits[cid].manifest)
                      for cid in r.commit_ids},
+            # Every unexpired ticket, linked or not: the address stays protected until it
+            # expires whatever became of its references (truth's issued_unexpired), and the
+            # rebuilt mirror may never have seen its address_issued (lost with the log).
             issued={a: int(i.expires_at * 1000) for a, i in self.issued.items()
-                    if i.repository == repo and i.linked_at is None and i.expires_at > now},
+                    if i.repository == repo and i.expires_at > now},
             ended={t.id: t.state.value for t in self.tokens.values() if t.repository == repo
                    and t.state in (TokenState.COMMITTED, TokenState.DROPPED)})
 
