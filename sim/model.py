@@ -911,8 +911,11 @@ class Model:
                           if ref.startswith("t:") and ref[2:] not in r.tags},
             tokens={t: (s, tuple(es)) for t, (s, es) in tokens.items()},
             commits=self.commit_graph(repo),
+            # Every unexpired ticket, linked or not: the address stays protected until it
+            # expires whatever became of its references (truth's issued_unexpired), and the
+            # rebuilt mirror may never have seen its address_issued (lost with the log).
             issued={a: int(i.expires_at * 1000) for a, i in self.issued.items()
-                    if i.repository == repo and i.linked_at is None and i.expires_at > now},
+                    if i.repository == repo and i.expires_at > now},
             ended={t.id: t.state.value for t in self.tokens.values() if t.repository == repo
                    and t.state in (TokenState.COMMITTED, TokenState.DROPPED)})
 
