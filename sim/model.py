@@ -878,7 +878,7 @@ class Model:
                if ref.repository == repo and ref.removed_at is None
                and self.tokens[ref.token].state in (TokenState.OPEN, TokenState.SEALED)}
         out.update(a for a, i in self.issued.items()
-                   if i.repository == repo and i.linked_at is None and i.expires_at > now)
+                   if i.repository == repo and i.expires_at > now)
         return frozenset(out)
 
     def state_export(self, repo: str, nonce: str, now: float | None = None) -> StateExport:
