@@ -63,6 +63,7 @@ from reconciler.mark import (
 )
 from reconciler.report import (
     REPORT_FORMAT,
+    MarkSection,
     RunSummary,
     SweepOutcome,
     TrackerView,
@@ -374,11 +375,13 @@ class Run:
             raise SweepRefused(f"the mark of run {run_id} is {age_h:.1f} h old (limit "
                                f"{self.opts.max_mark_age_hours:g} h): run a new mark")
         self.summary = RunSummary.from_dict(summary)
+        if self.summary.mark is None:
+            raise SweepRefused(f"run {run_id} has no mark to sweep")
         lease_id = f"{run_id}:sweep:{uuid.uuid4().hex[:6]}"
         lease = Lease(self.r, self.opts.repo, lease_id, self.opts.lease_ttl_ms)
         lease.acquire()
         try:
-            self._do_sweep(lease_id, list(summary["mark"]["parts"]), lease)
+            self._do_sweep(lease_id, list(self.summary.mark.parts), lease)
             if self.summary.sweep is not None and self.summary.sweep.status == "done":
                 self.summary.status = "done"
             self._save()
@@ -518,7 +521,7 @@ class Run:
         with self.ui.phase(f"write the mark ({tally.marked:,} objects)"):
             marked = classified.filter(F.col("category").isin(*MARKED_CATEGORIES))
             parts = _write_mark(self.spark, self.settings, ns, run_id, marked)
-        s.mark = {**tally.as_dict(), "parts": parts}
+        s.mark = MarkSection(tally, parts)
         s.marked_at_ms = redis_time_ms(self.r)
         timed("write_mark_s", t0)
         t0 = time.monotonic()
@@ -727,7 +730,7 @@ class Run:
                                                  before=s.run_id)
                         if (p.get("sweep") or {}).get("status") == "done"),
                        cfg.sweep_history_runs)]
-        verdict = judge_blast_radius(marked, int((s.mark or {}).get("listed") or 0), history,
+        verdict = judge_blast_radius(marked, s.listed, history,
                                      max_share=cfg.sweep_max_share,
                                      max_growth=cfg.sweep_max_growth,
                                      floor=cfg.sweep_growth_floor,

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from reconciler.mark import Tally
 from reconciler.s3io import Namespace, get_json, list_dirs, put_json
 from reconciler.sweep import SweepStats
 from schemas.layout import REPORTS_PREFIX
@@ -139,6 +140,28 @@ class SweepOutcome:
                    None if stats is not None else d.get("samples"))
 
 
+# The mark section's keys that the tally gives (it recomputes them from the categories).
+_TALLY_KEYS = frozenset({"categories", "listed", "listed_bytes", "marked", "marked_bytes"})
+
+
+@dataclass
+class MarkSection:
+    """The mark's part of the summary: the tally by category and the Parquet parts holding the
+    marked keys (the sweep's input). Keys written by another version are kept in ``extra``."""
+
+    tally: Tally
+    parts: list[str]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.tally.as_dict(), "parts": list(self.parts), **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MarkSection:
+        return cls(Tally.from_dict(d), [str(p) for p in d.get("parts") or ()],
+                   {k: v for k, v in d.items() if k not in _TALLY_KEYS | {"parts"}})
+
+
 # The summary's keys, in the order it is written; any other key of a stored summary (written by
 # another version) is kept as it was.
 _SECTIONS = ("uncommitted", "retention", "listing", "service_export", "fail_closed", "mark",
@@ -175,7 +198,7 @@ class RunSummary:
     listing: dict[str, Any] | None = None
     service_export: dict[str, Any] | None = None
     fail_closed: dict[str, Any] | None = None
-    mark: dict[str, Any] | None = None
+    mark: MarkSection | None = None
     marked_at_ms: int | None = None
     crosscheck: dict[str, Any] = field(default_factory=dict)
     revalidation: dict[str, Any] = field(default_factory=dict)
@@ -186,7 +209,11 @@ class RunSummary:
 
     @property
     def marked(self) -> int:
-        return int((self.mark or {}).get("marked") or 0)
+        return 0 if self.mark is None else self.mark.tally.marked
+
+    @property
+    def listed(self) -> int:
+        return 0 if self.mark is None else self.mark.tally.listed
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -201,6 +228,7 @@ class RunSummary:
             "cutoff_source": self.cutoff_source,
             "tracker": None if self.tracker is None else self.tracker.as_dict(),
             **{name: getattr(self, name) or None for name in _SECTIONS},
+            "mark": None if self.mark is None else self.mark.as_dict(),
             "sweep": None if self.sweep is None else self.sweep.as_dict(),
             "metrics": self.metrics}
         optional["marked_at_ms"] = self.marked_at_ms
@@ -217,11 +245,13 @@ class RunSummary:
                 bool(d.get("success")), str(d.get("status")), d.get("error"))
         for name in known - {"run_id", "repository", "namespace", "mode", "dry_run",
                              "started_at", "now_ms", "format", "success", "status", "error",
-                             "tracker", "sweep"}:
+                             "tracker", "sweep", "mark"}:
             if d.get(name) is not None:
                 setattr(s, name, d[name])
         if isinstance(d.get("tracker"), dict):
             s.tracker = TrackerView.from_dict(d["tracker"])
+        if isinstance(d.get("mark"), dict):
+            s.mark = MarkSection.from_dict(d["mark"])
         if isinstance(d.get("sweep"), dict):
             s.sweep = SweepOutcome.from_dict(d["sweep"])
         s.extra = {k: v for k, v in d.items() if k not in known}

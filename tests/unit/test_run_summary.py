@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import orjson
 
-from reconciler.report import RunSummary, SweepOutcome, TrackerView
+from reconciler.mark import CATEGORIES, MARKED_CATEGORIES, Tally
+from reconciler.report import MarkSection, RunSummary, SweepOutcome, TrackerView
 from reconciler.sweep import SweepStats
 
 
@@ -16,7 +17,10 @@ def _full() -> RunSummary:
     s.cutoff_ms, s.cutoff, s.cutoff_source = 1_000, "c", "tracker_watermark"
     s.tracker = TrackerView(900, "w", False, export_started_ms=950, grace_ms=2_000,
                             grace_horizon_ms=900)
-    s.mark = {"marked": 3, "listed": 10, "parts": ["p0"], "categories": {}}
+    tally = Tally()
+    tally.add(sorted(MARKED_CATEGORIES)[0], 30, 3)
+    tally.add(sorted(set(CATEGORIES) - set(MARKED_CATEGORIES))[0], 70, 7)
+    s.mark = MarkSection(tally, ["p0"])
     s.marked_at_ms = 1_100
     s.crosscheck = {"marked_but_referenced_online": {"count": 0, "sample": []}}
     stats = SweepStats(marked=3, confirmed=2, skipped_guard=1)
@@ -34,6 +38,10 @@ def test_a_summary_reads_back_as_it_was_written() -> None:
     assert stored["sweep"]["confirmed"] == 2 and stored["sweep"]["status"] == "done"
     assert stored["sweep"]["samples"] == {"skipped_guard": ["data/x: held"]}
     assert stored["tracker"]["grace_horizon_ms"] == 900
+    # the mark section as before: the tally's counts beside the parts the sweep reads
+    assert (stored["mark"]["marked"], stored["mark"]["listed"]) == (3, 10)
+    assert stored["mark"]["marked_bytes"] == 30 and stored["mark"]["parts"] == ["p0"]
+    assert (s.marked, s.listed) == (3, 10)
 
 
 def test_what_a_phase_did_not_reach_is_absent_not_null() -> None:
@@ -48,7 +56,10 @@ def test_what_a_phase_did_not_reach_is_absent_not_null() -> None:
 
 
 def test_keys_of_another_version_are_kept() -> None:
-    stored = {**_full().to_dict(), "future_section": {"x": 1}}
+    stored = _full().to_dict()
+    stored = {**stored, "future_section": {"x": 1},
+              "mark": {**stored["mark"], "future_count": 4}}
     s = RunSummary.from_dict(stored)
     s.status = "done"
     assert s.to_dict()["future_section"] == {"x": 1}
+    assert s.to_dict()["mark"]["future_count"] == 4
