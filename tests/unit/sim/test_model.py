@@ -634,9 +634,13 @@ def test_the_services_uncommitted_list_and_the_grace_rule_of_the_garbage_oracle(
     ended = clock.now
     uncommitted = m.uncommitted_addresses("r")
     assert {sealed, pending} <= uncommitted
-    assert staged not in uncommitted and committed not in uncommitted  # committed since
-    assert leak not in uncommitted and gone not in uncommitted
-    assert pending not in m.uncommitted_addresses("r", now=clock.now + 1_000)  # expired
+    # every unexpired upload ticket is listed, linked or not: it protects its address until
+    # it expires, whatever became of the references (the truth's issued_unexpired)
+    assert {staged, committed, gone} <= uncommitted and leak not in uncommitted
+    expired = m.uncommitted_addresses("r", now=clock.now + 1_000)  # every ticket expired
+    assert sealed in expired  # its token is still sealed
+    assert staged not in expired and committed not in expired  # committed since
+    assert pending not in expired and gone not in expired and leak not in expired
     # grace: an address unreferenced less than grace before the horizon is not garbage
     later = ended + 1_000  # every upload expired
     assert gone not in m.reconciler_garbage([], repository="r", now=later,
