@@ -7,7 +7,7 @@ reader that decides or explains a deletion uses it: the reaper (Python side of i
 right before its request), the sweep's re-check (``reconciler.sweep.still_referenced``), the
 mark's export (``reconciler.records.verdict``) and ``hardelete explain``. ``reaper/claims.lua``
 and ``tracker/apply.lua`` implement the same rules inside Redis; differential tests on a real
-Redis prove they agree (``tests/integration/test_liveness_lua.py``).
+Redis prove they agree (``tests/integration/schemas/test_liveness_lua.py``).
 
 Two paths ask:
 
@@ -217,7 +217,8 @@ def judge(rec: AddressRecord | None, token_states: Mapping[str, str | None], *,
 def tombstone_keeps(rec: AddressRecord, token_states: Mapping[str, str | None], *,
                     now_ms: int, tombstone_ms: int) -> bool:
     """Whether the reaper's prune must keep a ``reaped`` record older than ``tombstone_ms``
-    (``reaper/claims.lua`` ``prune`` is this rule; ``tests/integration/test_reaped_authority.py``).
+    (``reaper/claims.lua`` ``prune`` is this rule;
+    ``tests/integration/reaper/test_reaped_authority.py``).
 
     Dropping the record makes the address untracked, which the reconciler leaves to its
     listing: so a record is dropped only when it protects nothing. It keeps while a reference

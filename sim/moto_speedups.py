@@ -14,8 +14,9 @@ host-to-service lookup are computed once; ``list_objects_v2`` walks a sorted ind
 bucket's key names from where the page starts, up to one key past the page; and each
 object's ``<Contents>`` element, rendered by moto's serializer, is reused while the object's
 fields are the same. Everything else (objects, versions, markers, tokens, errors) is moto's
-own code. The equivalence with moto is a test (``tests/integration/test_moto_speedups.py``: the same
-pages and the same response bytes as an unpatched server).
+own code. The equivalence with moto is a test
+(``tests/integration/sim/test_moto_speedups.py``: the same pages and the same response bytes
+as an unpatched server).
 
 Run as ``python -m sim.moto_speedups -H 127.0.0.1 -p PORT`` (moto_server's arguments).
 """

@@ -1,7 +1,7 @@
 """The soak's fault scheduler: which fault, and which reconciler run, before which operation.
 
 Pure and seeded: :func:`plan` is a function of its arguments only (no clock, no I/O), so a soak
-is repeatable by its seed and the schedule is tested alone (tests/unit/test_soak_plan.py). The
+is repeatable by its seed and the schedule is tested alone (tests/unit/sim/test_soak_plan.py). The
 harness (:mod:`sim.soak`) executes the steps; it decides nothing about *when*.
 
 Fault kinds come in two groups:
@@ -68,7 +68,7 @@ SURVIVED: frozenset[FaultKind] = frozenset({
     FaultKind.KILL_TRACKER, FaultKind.KILL_REAPER, FaultKind.KILL_RECONCILER,
     FaultKind.REDIS_RESTART, FaultKind.DUPLICATE, FaultKind.DELAY,
     FaultKind.DELAY_BEYOND, FaultKind.MALFORMED, FaultKind.S3_ERRORS,
-    # closed by issue 8 and issue 9 (merged): checked by tests/integration/test_soak.py
+    # closed by issue 8 and issue 9 (merged): checked by tests/integration/sim/test_soak.py
     FaultKind.REDIS_ROLLBACK, FaultKind.BROKER_LOG_LOST, FaultKind.BROKER_KILL,
     FaultKind.BROKER_RESTART, FaultKind.REORDER, FaultKind.OVERSIZED, FaultKind.MISKEYED,
     FaultKind.NAMESPACE_CLAIM, FaultKind.MARK_SWEEP_RACE,

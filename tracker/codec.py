@@ -6,7 +6,7 @@ with a validator per event type generated from the event dataclasses at import (
 and falls back to ``decode`` whenever anything looks off:
 ``decode`` then names the problem (the dead-letter reason) or, if it accepts the event after all,
 its result is used. So the fast path never accepts what ``decode`` rejects and never changes a
-value (``tests/unit/test_tracker_codec.py`` checks this on random and mutated events).
+value (``tests/unit/tracker/test_tracker_codec.py`` checks this on random and mutated events).
 
 The compact form is one JSON array per event, ``[offset, op, ...]`` (see ``OP_*`` below), with
 ``""`` for an absent optional string (the contract forbids empty strings there).

@@ -1,7 +1,7 @@
 """The reference state machine: the specification of what the tracker does with each event.
 
 Pure data and functions, no I/O. ``tracker/apply.lua`` implements exactly this machine inside
-Redis (a differential test, ``tests/integration/test_tracker_lua.py``, proves they agree);
+Redis (a differential test, ``tests/integration/tracker/test_tracker_lua.py``, proves they agree);
 everything that
 reads the tracker's Redis state back (``tracker.state``) produces these dataclasses.
 
@@ -192,7 +192,8 @@ def _derive(state: RepoState, address: str, rec: AddressRecord, now: int) -> Non
         # The reaper's state stays, but what references did meanwhile is recorded: when the
         # claim is given back (a refused delete, an expired lease) the address is judged again
         # with its grace restarted from its last reference, never on its original since.
-        # (Not queued: the claim's release queues it, tests/integration/test_liveness_lua.py.)
+        # (Not queued: the claim's release queues it,
+        # tests/integration/schemas/test_liveness_lua.py.)
         if not rec.committed and not live:
             rec.since = now
         return

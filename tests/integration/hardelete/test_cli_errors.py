@@ -180,7 +180,7 @@ def test_piped_output_is_full_width(settings, tmp_path: Path) -> None:
 def test_readme_running_it_covers_every_command() -> None:
     from hardelete.cli import COMMANDS as ALL
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     section = readme[readme.index("## Running it"):readme.index("## Safety, in one paragraph")]
     missing = [" ".join(p) for p, _t, _h in ALL if p != ("bench",) and " ".join(p) not in section]
     assert not missing

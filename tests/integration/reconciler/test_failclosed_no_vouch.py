@@ -10,7 +10,7 @@ vouched, and the sweep deletes it although it is in the branch head's commit.
 
 Real stack: MinIO, Redis with the tracker's apply script, local Spark; the fail-closed flag is
 the one the tracker writes for a log gap (written here as
-tests/integration/test_reconcile_safety.py does).
+tests/integration/reconciler/test_reconcile_safety.py does).
 """
 
 from __future__ import annotations

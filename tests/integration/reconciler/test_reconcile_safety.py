@@ -1,7 +1,8 @@
 """Safety II, end to end (MinIO + Redis + the tracker's apply script + local Spark): the sweep
 re-validates what changed since the mark, grace binds the mark, the service's own export is a
 second witness, addresses are compared in one canonical form, and a retired repository is
-refused. (The blast-radius guard and the cross-check gate: tests/integration/test_reconcile.py.)"""
+refused. (The blast-radius guard and the cross-check gate:
+tests/integration/reconciler/test_reconcile.py.)"""
 
 from __future__ import annotations
 
@@ -190,7 +191,7 @@ def test_a_staged_object_without_a_tracker_record_is_kept_through_the_service_ex
     assert held["mark"]["marked"] == 0 and leak2 in w.data("r")
     # A fresh export does not vouch either: it lists the uncommitted side only, and a commit
     # lost in the gap would make its objects look leaked
-    # (tests/integration/test_failclosed_no_vouch.py).
+    # (tests/integration/reconciler/test_failclosed_no_vouch.py).
     fresh = asyncio.run(w.svc.write_uncommitted_export("r"))
     still = reconcile(spark, rsettings, RunOptions("r", cutoff_ms=cutoff2,
                                                    uncommitted_export=fresh,

@@ -67,7 +67,7 @@ def test_short_soak_survives_and_recovers_from_every_fault_that_does_not_stall()
     assert verdict.illegitimate_incidents == 0, report
     # A copy published beyond the contract after its source was reaped: an incident each,
     # never silence. (On a loaded machine the source may not be reaped before the copy is
-    # published; then the copy is simply applied. tests/integration/test_reaper.py covers the
+    # published; then the copy is simply applied. tests/integration/reaper/test_reaper.py covers the
     # incident.)
     late = {i.address for i in verdict.incidents
             if i.legitimate and i.type not in ("fail_closed", "rebuilt")}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FLOORS = {"schemas": 1, "core": 2, "tracker": 3, "reaper": 3, "reconciler": 3,
           "hardelete": 4, "sim": 5}
 
@@ -82,3 +82,15 @@ def test_a_unit_test_that_reaches_a_server_is_named() -> None:
                              ("tests/unit/test_a.py::test_redis", False, ["redis_client", "s3"]),
                              ("tests/integration/test_b.py::test_kafka", True, ["settings"])])
     assert found == ["tests/unit/test_a.py::test_redis uses redis_client, s3"]
+
+
+def test_every_test_sits_in_its_components_folder() -> None:
+    """tests/<unit|integration>/<component>/test_*.py, the component a package of the house
+    (or ``project`` for the checks of the whole tree): one place to look for a component's
+    tests."""
+    components = set(FLOORS) | {"project"}
+    misplaced = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "tests").rglob("test_*.py"))
+                 if len(p.relative_to(ROOT / "tests").parts) != 3
+                 or p.relative_to(ROOT / "tests").parts[0] not in ("unit", "integration")
+                 or p.parent.name not in components]
+    assert misplaced == []

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from core.settings import describe
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_ci_runs_the_readme_test_command() -> None:

@@ -130,7 +130,7 @@ def test_hold_targets_only_known_repositories_and_their_namespace() -> None:
                                   b"r1", ns) == []
     # a repository not known (yet): held on its own keys, everything when what the record
     # names cannot be read (no type); and on the live owner of the address, when the registry
-    # is given (tests/integration/test_dlq_unknown_repository_held.py end to end)
+    # is given (tests/integration/tracker/test_dlq_unknown_repository_held.py end to end)
     nope = orjson.dumps({"repository": "nope", "address": "s3://b/r1/x"})
     assert codec.hold_targets(nope, None, ns) == [("nope", codec.EVERYTHING)]
     assert codec.hold_targets(nope, None, ns, {"s3://b/r1/": "r1"}) == [
