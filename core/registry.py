@@ -6,7 +6,7 @@ repository metadata in whatever order."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from schemas.address import canonical_namespace, canonical_uri
@@ -87,6 +87,30 @@ def repo_namespace(r: Any, repo: str) -> str | None:
 async def arepo_namespace(r: Any, repo: str) -> str | None:
     ns = await r.hget(RepoKeys(repo).meta, "namespace")
     return str(ns) if ns else None
+
+
+# A repository's namespace and whether it is retired: the two metadata fields every lifecycle
+# check reads (a retired repository keeps its namespace in its metadata, for explain).
+_LIFECYCLE = ("namespace", "retired_at")
+
+
+def _lifecycle(values: Any) -> tuple[str | None, bool]:
+    ns, retired_at = values
+    return (str(ns) if ns else None), bool(retired_at)
+
+
+def repo_lifecycle(r: Any, repo: str) -> tuple[str | None, bool]:
+    """(namespace or None, retired?) of a repository, from its metadata."""
+    return _lifecycle(r.hmget(RepoKeys(repo).meta, list(_LIFECYCLE)))
+
+
+async def arepo_lifecycles(r: Any, repos: Iterable[str]) -> dict[str, tuple[str | None, bool]]:
+    """:func:`repo_lifecycle` of many repositories in one round trip."""
+    ordered = list(repos)
+    pipe = r.pipeline(transaction=False)
+    for repo in ordered:
+        pipe.hmget(RepoKeys(repo).meta, list(_LIFECYCLE))
+    return {repo: _lifecycle(v) for repo, v in zip(ordered, await pipe.execute(), strict=True)}
 
 
 def owner_of(registry: Mapping[str, str], address: str) -> tuple[str, str] | None:

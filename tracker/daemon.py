@@ -49,7 +49,7 @@ from redis.exceptions import ResponseError
 
 from core.clients import redis_async, redis_sync
 from core.clock import aredis_time_ms, atracker_horizon_ms
-from core.registry import aregister_namespace
+from core.registry import aregister_namespace, arepo_lifecycles
 from core.settings import Settings
 from schemas import reaper_auth
 from schemas.events import EventError
@@ -557,9 +557,9 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             return problem
         ns = body["storage_namespace"]
         if problem is None:  # retired by another tracker since this gate cached it?
-            old_ns, retired_at = await self._retrying(
-                lambda: self._redis.hmget(RepoKeys(repo).meta, ["namespace", "retired_at"]))
-            if retired_at:
+            old_ns, retired = (await self._retrying(
+                lambda: arepo_lifecycles(self._redis, [repo])))[repo]
+            if retired:
                 self.gate.forget(repo)
                 self.gate.retired[repo] = old_ns
                 problem = admission_problem(repo, "repository_created", [], old_ns, ns,
@@ -588,11 +588,8 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
         if not repos:
             return
         registry = await self._redis.hgetall(NAMESPACES)
-        pipe = self._redis.pipeline(transaction=False)
-        for repo in repos:
-            pipe.hmget(RepoKeys(repo).meta, ["namespace", "retired_at"])
-        for repo, (ns, retired_at) in zip(repos, await pipe.execute(), strict=True):
-            if not ns or retired_at or registry.get(ns) == repo:
+        for repo, (ns, retired) in (await arepo_lifecycles(self._redis, repos)).items():
+            if not ns or retired or registry.get(ns) == repo:
                 continue
             problem = await aregister_namespace(self._redis, repo, ns)
             if problem is not None:
@@ -726,12 +723,8 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             await self._retrying(lambda: self._applied_script(keys=[APPLIED], args=[payload]))
 
     async def _load_namespaces(self, repos: set[str]) -> None:
-        ordered = sorted(repos)
-        pipe = self._redis.pipeline(transaction=False)
-        for repo in ordered:
-            pipe.hmget(RepoKeys(repo).meta, ["namespace", "retired_at"])
-        for repo, (ns, retired_at) in zip(ordered, await pipe.execute(), strict=True):
-            if ns and retired_at:
+        for repo, (ns, retired) in (await arepo_lifecycles(self._redis, sorted(repos))).items():
+            if ns and retired:
                 self.gate.retired[repo] = ns
             elif ns:
                 self.gate.namespaces[repo] = ns

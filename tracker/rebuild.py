@@ -46,7 +46,7 @@ import orjson
 
 from core.clock import redis_time_ms
 from core.gate import applied_regression
-from core.registry import repo_namespace
+from core.registry import repo_lifecycle, repo_namespace
 from schemas.address import canonical_address
 from schemas.layout import (
     APPLIED,
@@ -537,7 +537,7 @@ def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
     if losses != prepared.get("losses", ""):
         raise RebuildError(f"{repo}: the log was lost again since the rebuild was prepared; "
                            "prepare again")
-    namespace, retired = r.hmget(k.meta, ["namespace", "retired_at"])
+    namespace, retired = repo_lifecycle(r, repo)
     if not namespace:
         raise RebuildError(f"{repo}: the mirror has no namespace for it (repository unknown)")
     if retired:

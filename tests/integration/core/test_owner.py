@@ -48,3 +48,23 @@ def test_without_a_registry_the_repositories_namespaces_stand_in(redis_client: A
     r.sadd(REPOS, "old")
     r.hset(RepoKeys("old").meta, mapping={"namespace": "S3://Old-Bucket/ns"})
     assert find_owner(r, "s3://old-bucket/ns/k") == ("old", "s3://old-bucket/ns/")
+
+
+async def test_a_repositorys_namespace_and_retirement_are_read_one_way(redis_client: Any,
+                                                                        settings: Any) -> None:
+    """core.registry's lifecycle reads (the tracker's admission, its registry backfill and
+    cache, the rebuild): a retired repository keeps its namespace; an unknown one has none."""
+    from core.clients import redis_async
+    from core.registry import arepo_lifecycles, repo_lifecycle
+
+    r = redis_client
+    r.hset(RepoKeys("live").meta, mapping={"namespace": "s3://bkt/l/"})
+    r.hset(RepoKeys("old").meta, mapping={"namespace": "s3://bkt/o/", "retired_at": "7"})
+    expected = {"live": ("s3://bkt/l/", False), "old": ("s3://bkt/o/", True),
+                "never": (None, False)}
+    assert {repo: repo_lifecycle(r, repo) for repo in expected} == expected
+    ar = redis_async(settings)
+    try:
+        assert await arepo_lifecycles(ar, sorted(expected)) == expected
+    finally:
+        await ar.aclose()
