@@ -64,6 +64,7 @@ from reconciler.mark import (
 from reconciler.report import (
     REPORT_FORMAT,
     MarkSection,
+    RetentionSection,
     RunSummary,
     SweepOutcome,
     TrackerView,
@@ -439,15 +440,13 @@ class Run:
                               expire_older_than_days=o.expire_older_than_days,
                               mode=o.expiration_mode,  # type: ignore[arg-type]
                               delete_expired_refs=o.delete_expired_refs)
-        retention = s.retention = {**plan.as_dict(), "policy": {
-            "default_days": state.policy.default_days,
-            "branch_days": dict(state.policy.branch_days)},
-            "expire_older_than_days": (o.expire_older_than_days
-                                       if o.expire_older_than_days is not None
-                                       else state.expire_older_than_days),
-            "expiration_mode": o.expiration_mode,
-            "delete_expired_refs": o.delete_expired_refs,
-            "fingerprint": state.fingerprint, "retained_key": report + "retained.json"}
+        retention = s.retention = RetentionSection(
+            plan.as_dict(), {"default_days": state.policy.default_days,
+                             "branch_days": dict(state.policy.branch_days)},
+            (o.expire_older_than_days if o.expire_older_than_days is not None
+             else state.expire_older_than_days),
+            o.expiration_mode, o.delete_expired_refs, state.fingerprint,
+            report + "retained.json")
         # What retention kept at the mark: the sweep re-judges retention against it.
         put_json(self.s3, ns.bucket, report + "retained.json",
                  {"retained": sorted(plan.retained),
@@ -461,7 +460,7 @@ class Run:
             # is garbage; a retained commit whose manifest is missing fails the run above/here.
             committed = (manifest_keys_df(self.spark, self.settings, ns, plan.manifests)
                          .distinct().persist(StorageLevel.MEMORY_AND_DISK))
-            retention["committed_keys"] = committed.count()
+            retention.committed_keys = committed.count()
         timed("committed_s", t0)
         lease.check()
 
@@ -482,10 +481,10 @@ class Run:
         else:
             units = discover_units(self.s3, ns)
             if baseline is not None:
-                last = (baseline.get("listing") or {}).get("last_read_slice")
+                last = (baseline.listing or {}).get("last_read_slice")
                 chosen = select_optimized(units, last)
                 s.listing = {"source": "s3", "units": len(chosen), "units_total": len(units),
-                                "baseline_run": baseline["run_id"],
+                                "baseline_run": baseline.run_id,
                                 "baseline_last_read_slice": last,
                                 "last_read_slice": newest_slice(chosen) or last}
             else:
@@ -497,7 +496,7 @@ class Run:
             if baseline is not None:
                 # Flow 2 step 1: the previous run's uncommitted set, re-checked now.
                 prev = export_df(self.spark, self.settings, ns.bucket,
-                                 list((baseline.get("uncommitted") or {}).get("part_keys", [])))
+                                 list((baseline.uncommitted or {}).get("part_keys", [])))
                 prev_live = prev.filter(F.col("live")).select("key")
                 candidates = prev_live.join(known.filter(F.col("live")).select("key"), "key",
                                             "left_anti")
@@ -659,7 +658,7 @@ class Run:
         """
         s = self.summary
         retained = SweepStats()
-        ret = s.retention or {}
+        ret = s.retention
         reval: dict[str, Any] = {}
         s.revalidation = reval
         reason = fail_closed_reason(self.r, self.opts.repo)
@@ -671,24 +670,30 @@ class Run:
         # point stops the sweep, one before it is in the state judged below).
         self._refs = refs_fingerprint(self.r, self.opts.repo)
         state = load_repo(self.r, self.opts.repo)
-        reval.update(fingerprint_at_mark=ret.get("fingerprint"),
+        at_mark_fingerprint = None if ret is None else ret.fingerprint
+        reval.update(fingerprint_at_mark=at_mark_fingerprint,
                      fingerprint_now=state.fingerprint,
-                     retention_changed=state.fingerprint != ret.get("fingerprint"))
+                     retention_changed=state.fingerprint != at_mark_fingerprint)
         if not reval["retention_changed"]:
             return None, parts, retained
+        if ret is None or ret.retained_key is None:
+            return ("the mark recorded no retention to judge again against: nothing deleted, "
+                    "run a new mark", parts, retained)
         # The mark's own retention options (expiration mode and ref deletion, when the mark
         # recorded them): the same rules, applied to the refs and commits of now.
-        same: dict[str, Any] = {param: ret[key] for key, param in
-                                (("expiration_mode", "mode"),
-                                 ("delete_expired_refs", "delete_expired_refs")) if key in ret}
+        same: dict[str, Any] = {}
+        if ret.expiration_mode is not None:
+            same["mode"] = ret.expiration_mode
+        if ret.delete_expired_refs is not None:
+            same["delete_expired_refs"] = ret.delete_expired_refs
         try:
             plan = plan_retention(state, s.now_ms / 1000.0,
-                                  expire_older_than_days=ret.get("expire_older_than_days"),
+                                  expire_older_than_days=ret.expire_older_than_days,
                                   **same)
         except ReconcileError as exc:
             return (f"branches, tags or commits changed since the mark and retention cannot "
                     f"be judged again ({exc}): nothing deleted, run a new mark", parts, retained)
-        at_mark = get_json(self.s3, self.ns.bucket, ret["retained_key"])
+        at_mark = get_json(self.s3, self.ns.bucket, ret.retained_key)
         mark_manifests = {tuple(m) for m in at_mark["manifests"]}
         new = [m for m in plan.manifests if tuple(m) not in mark_manifests]
         reval.update(newly_retained_commits=len(plan.retained - set(at_mark["retained"])),
@@ -724,12 +729,11 @@ class Run:
         (``reconciler/blast_radius.py`` decides)."""
         s, cfg = self.summary, self.settings
         marked = s.marked - retained.skipped_retained
-        history = [int((p.get("sweep") or {}).get("confirmed") or 0)
-                   for p in itertools.islice(
-                       (p for p in previous_runs(self.s3, self.ns, self.opts.repo,
-                                                 before=s.run_id)
-                        if (p.get("sweep") or {}).get("status") == "done"),
-                       cfg.sweep_history_runs)]
+        done = (p.sweep for p in previous_runs(self.s3, self.ns, self.opts.repo,
+                                               before=s.run_id)
+                if p.sweep is not None and p.sweep.status == "done")
+        history = [0 if d.stats is None else d.stats.confirmed
+                   for d in itertools.islice(done, cfg.sweep_history_runs)]
         verdict = judge_blast_radius(marked, s.listed, history,
                                      max_share=cfg.sweep_max_share,
                                      max_growth=cfg.sweep_max_growth,

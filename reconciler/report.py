@@ -59,19 +59,20 @@ def run_ids(s3: Any, ns: Namespace) -> list[str]:
 
 
 def previous_runs(s3: Any, ns: Namespace, repo: str,
-                  before: str | None = None) -> Iterator[dict[str, Any]]:
-    """Summaries of this repository's earlier runs, newest first."""
+                  before: str | None = None) -> Iterator[RunSummary]:
+    """Summaries of this repository's earlier runs, newest first (one with no run id is not
+    a run's)."""
     for rid in run_ids(s3, ns):
         if before is not None and rid >= before:
             continue
         summary = read_summary(s3, ns, rid)
-        if summary and summary.get("repository") == repo:
-            yield summary
+        if summary and summary.get("repository") == repo and summary.get("run_id"):
+            yield RunSummary.from_dict(summary)
 
 
-def is_swept_baseline(summary: dict[str, Any]) -> bool:
+def is_swept_baseline(summary: RunSummary) -> bool:
     """A run an optimized run may start from: a successful mark whose sweep completed."""
-    return bool(summary.get("success")) and (summary.get("sweep") or {}).get("status") == "done"
+    return summary.success and summary.sweep is not None and summary.sweep.status == "done"
 
 
 # --- the run summary (summary.json) ------------------------------------------------------------
@@ -162,6 +163,42 @@ class MarkSection:
                    {k: v for k, v in d.items() if k not in _TALLY_KEYS | {"parts"}})
 
 
+@dataclass
+class RetentionSection:
+    """The mark's retention: what it retained (the plan's counts), under which policy and
+    options, the fingerprint of its inputs and where its retained commits were written. The
+    sweep reads it back to judge retention again when the inputs changed since the mark."""
+
+    counts: dict[str, Any]  # RetentionPlan.as_dict
+    policy: dict[str, Any]
+    expire_older_than_days: float | None
+    # None: a summary written before the mark recorded them (the sweep then uses the
+    # defaults, as it did)
+    expiration_mode: str | None = None
+    delete_expired_refs: bool | None = None
+    fingerprint: str | None = None
+    retained_key: str | None = None
+    committed_keys: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    _OWN = ("policy", "expire_older_than_days", "expiration_mode", "delete_expired_refs",
+            "fingerprint", "retained_key", "committed_keys")
+    _COUNTS = ("commits", "retained", "manifests", "expired_commits", "refs_pointing_to_expired")
+
+    def as_dict(self) -> dict[str, Any]:
+        own = {"policy": self.policy, "expire_older_than_days": self.expire_older_than_days,
+               **{k: getattr(self, k) for k in self._OWN[2:] if getattr(self, k) is not None}}
+        return {**self.counts, **own, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RetentionSection:
+        return cls({k: d[k] for k in cls._COUNTS if k in d}, dict(d.get("policy") or {}),
+                   d.get("expire_older_than_days"), d.get("expiration_mode"),
+                   d.get("delete_expired_refs"), d.get("fingerprint"), d.get("retained_key"),
+                   d.get("committed_keys"),
+                   {k: v for k, v in d.items() if k not in cls._OWN and k not in cls._COUNTS})
+
+
 # The summary's keys, in the order it is written; any other key of a stored summary (written by
 # another version) is kept as it was.
 _SECTIONS = ("uncommitted", "retention", "listing", "service_export", "fail_closed", "mark",
@@ -194,7 +231,7 @@ class RunSummary:
     cutoff_source: str | None = None
     tracker: TrackerView | None = None
     uncommitted: dict[str, Any] | None = None
-    retention: dict[str, Any] | None = None
+    retention: RetentionSection | None = None
     listing: dict[str, Any] | None = None
     service_export: dict[str, Any] | None = None
     fail_closed: dict[str, Any] | None = None
@@ -229,6 +266,7 @@ class RunSummary:
             "tracker": None if self.tracker is None else self.tracker.as_dict(),
             **{name: getattr(self, name) or None for name in _SECTIONS},
             "mark": None if self.mark is None else self.mark.as_dict(),
+            "retention": None if self.retention is None else self.retention.as_dict(),
             "sweep": None if self.sweep is None else self.sweep.as_dict(),
             "metrics": self.metrics}
         optional["marked_at_ms"] = self.marked_at_ms
@@ -245,11 +283,13 @@ class RunSummary:
                 bool(d.get("success")), str(d.get("status")), d.get("error"))
         for name in known - {"run_id", "repository", "namespace", "mode", "dry_run",
                              "started_at", "now_ms", "format", "success", "status", "error",
-                             "tracker", "sweep", "mark"}:
+                             "tracker", "sweep", "mark", "retention"}:
             if d.get(name) is not None:
                 setattr(s, name, d[name])
         if isinstance(d.get("tracker"), dict):
             s.tracker = TrackerView.from_dict(d["tracker"])
+        if isinstance(d.get("retention"), dict):
+            s.retention = RetentionSection.from_dict(d["retention"])
         if isinstance(d.get("mark"), dict):
             s.mark = MarkSection.from_dict(d["mark"])
         if isinstance(d.get("sweep"), dict):

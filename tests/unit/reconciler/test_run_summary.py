@@ -6,7 +6,13 @@ from __future__ import annotations
 import orjson
 
 from reconciler.mark import CATEGORIES, MARKED_CATEGORIES, Tally
-from reconciler.report import MarkSection, RunSummary, SweepOutcome, TrackerView
+from reconciler.report import (
+    MarkSection,
+    RetentionSection,
+    RunSummary,
+    SweepOutcome,
+    TrackerView,
+)
 from reconciler.sweep import SweepStats
 
 
@@ -21,6 +27,10 @@ def _full() -> RunSummary:
     tally.add(sorted(MARKED_CATEGORIES)[0], 30, 3)
     tally.add(sorted(set(CATEGORIES) - set(MARKED_CATEGORIES))[0], 70, 7)
     s.mark = MarkSection(tally, ["p0"])
+    s.retention = RetentionSection(
+        {"commits": 4, "retained": 2, "manifests": 2, "expired_commits": 0,
+         "refs_pointing_to_expired": []}, {"default_days": 7.0, "branch_days": {}}, None,
+        "seed", False, "f00d", "reports/r/retained.json", committed_keys=12)
     s.marked_at_ms = 1_100
     s.crosscheck = {"marked_but_referenced_online": {"count": 0, "sample": []}}
     stats = SweepStats(marked=3, confirmed=2, skipped_guard=1)
@@ -63,3 +73,19 @@ def test_keys_of_another_version_are_kept() -> None:
     s.status = "done"
     assert s.to_dict()["future_section"] == {"x": 1}
     assert s.to_dict()["mark"]["future_count"] == 4
+
+
+def test_the_retention_the_sweep_reads_back_is_the_marks() -> None:
+    stored = orjson.loads(orjson.dumps(_full().to_dict()))
+    ret = stored["retention"]
+    assert (ret["retained"], ret["fingerprint"], ret["retained_key"]) == (
+        2, "f00d", "reports/r/retained.json")
+    assert ret["expiration_mode"] == "seed" and ret["delete_expired_refs"] is False
+    assert ret["committed_keys"] == 12 and ret["expire_older_than_days"] is None
+    # A mark written before the options were recorded: they read back as "not recorded" (the
+    # sweep then uses the defaults) and are not written back as nulls.
+    del ret["expiration_mode"], ret["delete_expired_refs"]
+    old = RunSummary.from_dict(stored)
+    assert old.retention is not None and old.retention.expiration_mode is None
+    assert "expiration_mode" not in old.to_dict()["retention"]
+    assert old.to_dict()["retention"] == ret
