@@ -105,8 +105,9 @@ class Tally:
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            # every category counted, those of another version (read back) included
             "categories": {c: {"count": self.counts.get(c, 0), "bytes": self.bytes.get(c, 0)}
-                           for c in CATEGORIES},
+                           for c in (*CATEGORIES, *sorted(set(self.counts) - set(CATEGORIES)))},
             "listed": self.listed,
             "listed_bytes": sum(self.bytes.values()),
             "marked": self.marked,

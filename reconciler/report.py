@@ -145,22 +145,43 @@ class SweepOutcome:
 _TALLY_KEYS = frozenset({"categories", "listed", "listed_bytes", "marked", "marked_bytes"})
 
 
+def _count(value: Any) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
 @dataclass
 class MarkSection:
     """The mark's part of the summary: the tally by category and the Parquet parts holding the
-    marked keys (the sweep's input). Keys written by another version are kept in ``extra``."""
+    marked keys (the sweep's input). Keys written by another version are kept in ``extra``.
+
+    ``stored``: the totals (``marked``, ``listed``, ...) as the marking version wrote them,
+    when read back. Another version may count a marked category this one does not know: the
+    blast-radius guard of ``--sweep-only`` judges the larger of its count and the stored one
+    (never fewer than the mark holds), and the stored totals are written back unchanged.
+    """
 
     tally: Tally
     parts: list[str]
     extra: dict[str, Any] = field(default_factory=dict)
+    stored: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def marked(self) -> int:
+        return max(self.tally.marked, _count(self.stored.get("marked")) or 0)
+
+    @property
+    def listed(self) -> int:
+        stored = _count(self.stored.get("listed"))
+        return self.tally.listed if stored is None else stored
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.tally.as_dict(), "parts": list(self.parts), **self.extra}
+        return {**self.tally.as_dict(), **self.stored, "parts": list(self.parts), **self.extra}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MarkSection:
         return cls(Tally.from_dict(d), [str(p) for p in d.get("parts") or ()],
-                   {k: v for k, v in d.items() if k not in _TALLY_KEYS | {"parts"}})
+                   {k: v for k, v in d.items() if k not in _TALLY_KEYS | {"parts"}},
+                   {k: d[k] for k in _TALLY_KEYS - {"categories"} if k in d})
 
 
 @dataclass
@@ -246,11 +267,11 @@ class RunSummary:
 
     @property
     def marked(self) -> int:
-        return 0 if self.mark is None else self.mark.tally.marked
+        return 0 if self.mark is None else self.mark.marked
 
     @property
     def listed(self) -> int:
-        return 0 if self.mark is None else self.mark.tally.listed
+        return 0 if self.mark is None else self.mark.listed
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {

@@ -262,6 +262,10 @@ def _days(repo: str, what: str, value: Any) -> float:
         raise RecordError(f"repository {repo!r}: {what} is not a number: {value!r}") from None
     if math.isnan(out):
         raise RecordError(f"repository {repo!r}: {what} is NaN")
+    # Days are never negative (the CLI refuses --expire-older-than-days < 0 and the retention
+    # policy negative days): an expiration threshold in the future is a typo, not a policy.
+    if out < 0:
+        raise RecordError(f"repository {repo!r}: {what} is negative: {value!r}")
     return out
 
 

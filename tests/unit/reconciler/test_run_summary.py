@@ -89,3 +89,42 @@ def test_the_retention_the_sweep_reads_back_is_the_marks() -> None:
     assert old.retention is not None and old.retention.expiration_mode is None
     assert "expiration_mode" not in old.to_dict()["retention"]
     assert old.to_dict()["retention"] == ret
+
+
+def _other_version_mark() -> dict:
+    """A stored summary whose mark was written by another version (same report format): it
+    counts a marked category this version does not know (here 9,000 of its 9,003 marked)."""
+    stored = _full().to_dict()
+    mark = stored["mark"]
+    mark["categories"]["future_marked_category"] = {"count": 9_000, "bytes": 90_000}
+    mark["marked"] += 9_000
+    mark["marked_bytes"] += 90_000
+    mark["listed"] += 9_000
+    mark["listed_bytes"] += 90_000
+    return stored
+
+
+def test_the_sweep_counts_what_the_marking_version_marked() -> None:
+    # The blast-radius guard of --sweep-only judges RunSummary.marked / .listed (job.py
+    # _blast_radius): recomputing them from only the categories this version knows would
+    # show 3 marked where the mark holds 9,003 keys, and a sweep the guard must refuse would
+    # go through (the old reader took the stored "marked" and "listed").
+    stored = _other_version_mark()
+    s = RunSummary.from_dict(orjson.loads(orjson.dumps(stored)))
+    assert s.marked >= stored["mark"]["marked"] == 9_003
+    assert s.listed == stored["mark"]["listed"] == 9_010
+    from reconciler.blast_radius import judge_blast_radius
+    verdict = judge_blast_radius(s.marked, s.listed, [100], max_share=0.5, max_growth=10,
+                                 floor=1_000, history_runs=5)
+    assert verdict.refused
+
+
+def test_a_mark_of_another_version_is_written_back_as_it_was() -> None:
+    # --sweep-only saves the summary again: the mark's counts and categories of another
+    # version stay as they were stored (a retried sweep reads them again).
+    stored = _other_version_mark()
+    s = RunSummary.from_dict(orjson.loads(orjson.dumps(stored)))
+    again = s.to_dict()["mark"]
+    assert again["categories"]["future_marked_category"] == {"count": 9_000, "bytes": 90_000}
+    for k in ("marked", "marked_bytes", "listed", "listed_bytes"):
+        assert again[k] == stored["mark"][k], k

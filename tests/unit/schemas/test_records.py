@@ -41,6 +41,12 @@ def test_a_repository_without_a_namespace_has_no_metadata() -> None:
     ("branch_retention", "[1]", "branch_retention"),
     ("branch_retention", '{"dev": "x"}', "branch_retention.dev"),
     ("expire_older_than_days", "soon", "expire_older_than_days"),
+    # negative days: refused as the CLI refuses --expire-older-than-days < 0 (the stored
+    # field used to be taken: "-1" put the expiration threshold a day in the future)
+    ("expire_older_than_days", "-1", "expire_older_than_days"),
+    ("expire_older_than_days", "-inf", "expire_older_than_days"),
+    ("default_retention_days", "-2", "default_retention_days"),
+    ("branch_retention", '{"dev": -1}', "branch_retention.dev"),
 ])
 def test_a_garbled_field_is_named(field: str, value: str, named: str) -> None:
     raw = {"namespace": "s3://b/r/", field: value}
