@@ -369,6 +369,12 @@ class Run:
             raise SweepRefused(f"run {run_id} was marked by an older reconciler (report format "
                                f"{summary.get('format')}): it cannot be re-validated; run a "
                                "new mark")
+        if int(summary.get("format") or 0) > REPORT_FORMAT:
+            # A newer mark may hold what this version cannot judge (a category, a check): it
+            # is swept by the version that wrote it, or marked again by this one.
+            raise SweepRefused(f"run {run_id} was marked by a newer reconciler (report format "
+                               f"{summary.get('format')}, this one reads {REPORT_FORMAT}): "
+                               "sweep it with that version, or run a new mark")
         marked_at = summary.get("marked_at_ms") or 0
         now_ms = redis_time_ms(self.r)
         age_h = (now_ms - int(marked_at)) / 3_600_000

@@ -398,3 +398,27 @@ def test_a_named_export_that_is_not_an_export_refuses_the_run_and_deletes_nothin
     assert not res["success"] and "no export.json" in res["error"], res.get("error")
     assert res["sweep"]["status"] == "not_run"
     assert lost in w.data("r")
+
+
+@pytest.mark.parametrize("shift", [-1, 1], ids=["older", "newer"])
+def test_a_mark_of_another_report_format_is_not_swept(spark, rsettings, s3, redis_client,
+                                                      shift: int) -> None:
+    """--sweep-only judges a mark again with the rules of the version that reads it: a mark of
+    an older format lacks what re-validation needs, one of a newer format may hold what this
+    version cannot judge. Both are refused; nothing is deleted."""
+    from reconciler.errors import SweepRefused
+    from reconciler.report import REPORT_FORMAT, read_summary, write_summary
+
+    w = make(rsettings, s3, redis_client)
+    history(w, f"s3://{BUCKET}/fmt/r/")
+    data_before = w.data("r")
+    dry = reconcile(spark, rsettings, RunOptions("r", dry_run=True, cutoff_ms=boundary()))
+    assert dry["success"] and dry["mark"]["marked"] == 3, dry
+    ns = Namespace(w.model.repository("r").storage_namespace)
+    stored = read_summary(s3, ns, dry["run_id"])
+    assert stored is not None
+    write_summary(s3, ns, {**stored, "format": REPORT_FORMAT + shift})
+    with pytest.raises(SweepRefused, match="older" if shift < 0 else "newer"):
+        reconcile(spark, rsettings, RunOptions("r", sweep_only=dry["run_id"],
+                                               allow_large_sweep=True))
+    assert w.data("r") == data_before
