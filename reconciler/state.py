@@ -55,20 +55,8 @@ def _escape_glob(text: str) -> str:
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
-def _num(value: Any, what: str) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise ReconcileError(f"{what}: not a number: {value!r}") from None
-    if math.isnan(out):
-        raise ReconcileError(f"{what}: NaN")
-    return out
-
-
-
-def commit_time_seconds(value: Any, what: str) -> float:
+def commit_time_seconds(t: float) -> float:
     """Commit times are epoch seconds; a value that can only be milliseconds is converted."""
-    t = _num(value, what)
     return t / 1000.0 if t > 1e11 else t
 
 
@@ -138,7 +126,7 @@ def load_repo(r: Any, repo: str) -> CommittedState:
     try:
         for cid, raw in raw_commits.items():
             c = decode_commit(raw, cid)
-            commits[cid] = replace(c, time=commit_time_seconds(c.time, f"commit {cid!r} time"))
+            commits[cid] = replace(c, time=commit_time_seconds(c.time))
         for branch, raw in raw_branches.items():
             b = decode_branch(raw, branch)
             if b.head:

@@ -199,18 +199,18 @@ class CommitRecord:
             raise RecordError(f"commit with parents {self.parents!r}: time is NaN")
 
 
-def _json_object(kind: str, name: str, raw: Any) -> dict[str, Any]:
+def _json_object(what: str, raw: Any) -> dict[str, Any]:
     try:
         d = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        raise RecordError(f"{kind} {name!r}: record is not JSON") from None
+        raise RecordError(f"{what} is not JSON") from None
     if not isinstance(d, dict):
-        raise RecordError(f"{kind} {name!r}: record is not an object")
+        raise RecordError(f"{what} is not an object")
     return d
 
 
 def decode_branch(raw: Any, name: str = "?") -> BranchRecord:
-    d = _json_object("branch", name, raw)
+    d = _json_object(f"branch {name!r}: record", raw)
     try:
         head = d.get("head")
         return BranchRecord(None if head is None else str(head), str(d["staging_token"]),
@@ -225,7 +225,7 @@ def encode_branch(b: BranchRecord) -> str:
 
 
 def decode_commit(raw: Any, name: str = "?") -> CommitRecord:
-    d = _json_object("commit", name, raw)
+    d = _json_object(f"commit {name!r}: record", raw)
     try:
         return CommitRecord(tuple(str(p) for p in d.get("parents") or ()), float(d["time"]),
                             str(d.get("branch") or ""), str(d.get("manifest") or ""))
@@ -283,12 +283,7 @@ def decode_meta(fields: Mapping[str, str] | None, repo: str = "?") -> RepoMeta |
     branch: dict[str, float] = {}
     raw_branch = fields.get("branch_retention") or fields.get("branch_retention_days")
     if raw_branch:
-        try:
-            parsed = orjson.loads(raw_branch)
-        except orjson.JSONDecodeError:
-            raise RecordError(f"repository {repo!r}: branch_retention is not JSON") from None
-        if not isinstance(parsed, dict):
-            raise RecordError(f"repository {repo!r}: branch_retention is not an object")
+        parsed = _json_object(f"repository {repo!r}: branch_retention", raw_branch)
         branch = {str(b): _days(repo, f"branch_retention.{b}", d) for b, d in parsed.items()}
     raw_expire = fields.get("expire_older_than_days")
     expire = None if raw_expire in (None, "") else _days(repo, "expire_older_than_days",
