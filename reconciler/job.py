@@ -63,11 +63,13 @@ from reconciler.mark import (
 )
 from reconciler.report import (
     REPORT_FORMAT,
+    ListingSection,
     MarkSection,
     RetentionSection,
     RunSummary,
     SweepOutcome,
     TrackerView,
+    UncommittedSection,
     is_swept_baseline,
     iso,
     new_run_id,
@@ -435,7 +437,7 @@ class Run:
                 now_ms=now_ms,
                 commit_ids=set(pre_state.commits), grace_ms=grace_ms, horizon_ms=horizon,
                 progress=self.ui.count)
-        s.uncommitted = {**export.as_dict(), "part_keys": export.parts}
+        s.uncommitted = UncommittedSection(export.as_dict(), export.parts)
         timed("export_s", t0)
         lease.check()
 
@@ -482,27 +484,27 @@ class Run:
         if o.inventory:
             files = named_inventory(self.s3, o.inventory)
             listing = inventory_df(self.spark, self.settings, ns, files)
-            s.listing = {"source": "inventory", "inventory": o.inventory,
-                            "files": len(files), "last_read_slice": None}
+            s.listing = ListingSection("inventory", None,
+                                       {"inventory": o.inventory, "files": len(files)})
         else:
             units = discover_units(self.s3, ns)
             if baseline is not None:
-                last = (baseline.listing or {}).get("last_read_slice")
+                last = None if baseline.listing is None else baseline.listing.last_read_slice
                 chosen = select_optimized(units, last)
-                s.listing = {"source": "s3", "units": len(chosen), "units_total": len(units),
-                                "baseline_run": baseline.run_id,
-                                "baseline_last_read_slice": last,
-                                "last_read_slice": newest_slice(chosen) or last}
+                s.listing = ListingSection("s3", newest_slice(chosen) or last, {
+                    "units": len(chosen), "units_total": len(units),
+                    "baseline_run": baseline.run_id, "baseline_last_read_slice": last})
             else:
                 chosen = units
-                s.listing = {"source": "s3", "units": len(chosen),
-                             "slices": sum(1 for u in units if u.slice is not None),
-                                "last_read_slice": newest_slice(units)}
+                s.listing = ListingSection("s3", newest_slice(units), {
+                    "units": len(chosen),
+                    "slices": sum(1 for u in units if u.slice is not None)})
             listing = listing_df(self.spark, self.settings, ns, chosen)
             if baseline is not None:
                 # Flow 2 step 1: the previous run's uncommitted set, re-checked now.
                 prev = export_df(self.spark, self.settings, ns.bucket,
-                                 list((baseline.uncommitted or {}).get("part_keys", [])))
+                                 [] if baseline.uncommitted is None
+                                 else list(baseline.uncommitted.part_keys))
                 prev_live = prev.filter(F.col("live")).select("key")
                 candidates = prev_live.join(known.filter(F.col("live")).select("key"), "key",
                                             "left_anti")

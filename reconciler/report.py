@@ -185,6 +185,47 @@ class MarkSection:
 
 
 @dataclass
+class UncommittedSection:
+    """The tracker's uncommitted export at the mark: its counts (``ExportResult.as_dict``) and
+    the bucket keys of its Parquet parts (an optimized run re-checks the previous run's set)."""
+
+    counts: dict[str, Any]
+    part_keys: list[str]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    _COUNTS = ("parts", "addresses", "live", "outside_namespace", "extra_forms",
+               "live_by_reason", "by_kind")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.counts, "part_keys": list(self.part_keys), **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> UncommittedSection:
+        return cls({k: d[k] for k in cls._COUNTS if k in d},
+                   [str(k) for k in d.get("part_keys") or ()],
+                   {k: v for k, v in d.items() if k not in cls._COUNTS and k != "part_keys"})
+
+
+@dataclass
+class ListingSection:
+    """How the mark listed the namespace: ``s3`` (its slices; an optimized run only those
+    newer than its baseline's ``last_read_slice``) or an ``inventory``; ``details`` are the
+    counts and names shown (units, slices, files, the baseline run)."""
+
+    source: str
+    last_read_slice: str | None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, **self.details, "last_read_slice": self.last_read_slice}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ListingSection:
+        return cls(str(d.get("source")), d.get("last_read_slice"),
+                   {k: v for k, v in d.items() if k not in ("source", "last_read_slice")})
+
+
+@dataclass
 class RetentionSection:
     """The mark's retention: what it retained (the plan's counts), under which policy and
     options, the fingerprint of its inputs and where its retained commits were written. The
@@ -251,9 +292,9 @@ class RunSummary:
     cutoff: str | None = None
     cutoff_source: str | None = None
     tracker: TrackerView | None = None
-    uncommitted: dict[str, Any] | None = None
+    uncommitted: UncommittedSection | None = None
     retention: RetentionSection | None = None
-    listing: dict[str, Any] | None = None
+    listing: ListingSection | None = None
     service_export: dict[str, Any] | None = None
     fail_closed: dict[str, Any] | None = None
     mark: MarkSection | None = None
@@ -288,6 +329,8 @@ class RunSummary:
             **{name: getattr(self, name) or None for name in _SECTIONS},
             "mark": None if self.mark is None else self.mark.as_dict(),
             "retention": None if self.retention is None else self.retention.as_dict(),
+            "uncommitted": None if self.uncommitted is None else self.uncommitted.as_dict(),
+            "listing": None if self.listing is None else self.listing.as_dict(),
             "sweep": None if self.sweep is None else self.sweep.as_dict(),
             "metrics": self.metrics}
         optional["marked_at_ms"] = self.marked_at_ms
@@ -304,11 +347,16 @@ class RunSummary:
                 bool(d.get("success")), str(d.get("status")), d.get("error"))
         for name in known - {"run_id", "repository", "namespace", "mode", "dry_run",
                              "started_at", "now_ms", "format", "success", "status", "error",
-                             "tracker", "sweep", "mark", "retention"}:
+                             "tracker", "sweep", "mark", "retention", "uncommitted",
+                             "listing"}:
             if d.get(name) is not None:
                 setattr(s, name, d[name])
         if isinstance(d.get("tracker"), dict):
             s.tracker = TrackerView.from_dict(d["tracker"])
+        if isinstance(d.get("uncommitted"), dict):
+            s.uncommitted = UncommittedSection.from_dict(d["uncommitted"])
+        if isinstance(d.get("listing"), dict):
+            s.listing = ListingSection.from_dict(d["listing"])
         if isinstance(d.get("retention"), dict):
             s.retention = RetentionSection.from_dict(d["retention"])
         if isinstance(d.get("mark"), dict):

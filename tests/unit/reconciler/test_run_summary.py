@@ -7,11 +7,13 @@ import orjson
 
 from reconciler.mark import CATEGORIES, MARKED_CATEGORIES, Tally
 from reconciler.report import (
+    ListingSection,
     MarkSection,
     RetentionSection,
     RunSummary,
     SweepOutcome,
     TrackerView,
+    UncommittedSection,
 )
 from reconciler.sweep import SweepStats
 
@@ -26,6 +28,12 @@ def _full() -> RunSummary:
     tally = Tally()
     tally.add(sorted(MARKED_CATEGORIES)[0], 30, 3)
     tally.add(sorted(set(CATEGORIES) - set(MARKED_CATEGORIES))[0], 70, 7)
+    s.uncommitted = UncommittedSection(
+        {"parts": 1, "addresses": 5, "live": 2, "outside_namespace": 0, "extra_forms": 0,
+         "live_by_reason": {"staged": 2}, "by_kind": {}}, ["reports/r/uncommitted/0.parquet"])
+    s.listing = ListingSection("s3", "2026/01/01", {"units": 2, "units_total": 3,
+                                                    "baseline_run": "b",
+                                                    "baseline_last_read_slice": "2025/12/31"})
     s.mark = MarkSection(tally, ["p0"])
     s.retention = RetentionSection(
         {"commits": 4, "retained": 2, "manifests": 2, "expired_commits": 0,
@@ -48,6 +56,12 @@ def test_a_summary_reads_back_as_it_was_written() -> None:
     assert stored["sweep"]["confirmed"] == 2 and stored["sweep"]["status"] == "done"
     assert stored["sweep"]["samples"] == {"skipped_guard": ["data/x: held"]}
     assert stored["tracker"]["grace_horizon_ms"] == 900
+    # what an optimized run reads back from its baseline, in the JSON as before
+    assert stored["uncommitted"]["part_keys"] == ["reports/r/uncommitted/0.parquet"]
+    assert stored["uncommitted"]["live_by_reason"] == {"staged": 2}
+    assert list(stored["listing"]) == ["source", "units", "units_total", "baseline_run",
+                                       "baseline_last_read_slice", "last_read_slice"]
+    assert stored["listing"]["last_read_slice"] == "2026/01/01"
     # the mark section as before: the tally's counts beside the parts the sweep reads
     assert (stored["mark"]["marked"], stored["mark"]["listed"]) == (3, 10)
     assert stored["mark"]["marked_bytes"] == 30 and stored["mark"]["parts"] == ["p0"]
