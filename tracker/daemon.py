@@ -371,9 +371,14 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             await asyncio.wait({positions, failed}, return_when=asyncio.FIRST_COMPLETED)
             await self._raise_failure(positions)
             lags: dict[int, tuple[int, int | None, bool]] = {}
+            # A rebalance may revoke a partition while its position is awaited (the listener
+            # then waits for this batch): its lag is not sampled (aiokafka's highwater()
+            # asserts an assigned partition; the tracker died of it in a two-tracker test).
+            held = consumer.assignment()
             for tp, pos in positions.result().items():
                 batch.positions[tp.partition] = pos
-                lags[tp.partition] = (pos, consumer.highwater(tp), buffered(consumer, tp))
+                if tp in held:
+                    lags[tp.partition] = (pos, consumer.highwater(tp), buffered(consumer, tp))
             self._set_fetch_wait(consumer,
                                  self._fetch_wait.after_fetch(lags, time.monotonic()))
             await self._drain()
