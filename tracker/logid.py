@@ -12,7 +12,9 @@ A record with nothing applied behind it (a fresh log, or one whose unapplied hea
 took) has no fingerprint, and a topic re-created on the same cluster would pass for it. So the
 tracker writes an **anchor** into such a log (a marker record it ignores when applying) and
 keeps the marker's offset and fingerprint in the record (``<epoch>:<offset>:@<at>.<fp>``): the
-log is known by the anchor until a record applied after it gives the fingerprint.
+log is known by the anchor until a record applied after it gives the fingerprint. A log the
+broker refused the anchor for is known by nothing: only the tracker that recorded it, holding
+it since, may go on with it (and anchor it again); any other verification fails it closed.
 
 On assignment the tracker resumes from what Redis says it applied (not from the group's offsets),
 so a Redis that went back in time is repaired by replay; :func:`decide` is the pure rule for
@@ -165,7 +167,8 @@ NOT_FETCHED = "\x00not fetched"
 
 
 def decide(rec: LogRecord | None, start: int, end: int, found_fp: str | None,
-           epoch: str, *, group_committed: bool = False, cluster: str | None = None) -> Decision:
+           epoch: str, *, group_committed: bool = False, cluster: str | None = None,
+           held: bool = False) -> Decision:
     """The rule for one partition.
 
     rec: Redis' log record (None: Redis has none). start/end: the log's first offset and high
@@ -173,7 +176,9 @@ def decide(rec: LogRecord | None, start: int, end: int, found_fp: str | None,
     fetched now (None: no such record; :data:`NOT_FETCHED` when the offset is outside [start,
     end)). epoch: a fresh
     epoch to use if the log changed. group_committed: the consumer group has committed offsets.
-    cluster: the broker's cluster id now (None: unknown).
+    cluster: the broker's cluster id now (None: unknown). held: this tracker wrote ``rec``
+    itself and has held (and consumed) the partition without a break since (its re-check of a
+    log it could not anchor); False whenever the log may have gone unwatched.
     """
     if rec is None:
         fresh = LogRecord(epoch, start - 1, "")
@@ -203,7 +208,7 @@ def decide(rec: LogRecord | None, start: int, end: int, found_fp: str | None,
         return Decision(start, LogRecord(rec.epoch, start - 1, ""), False, fail_repos=why,
                         detail=why)
     if not rec.fingerprint:
-        return _by_anchor(rec, start, end, found_fp, epoch)
+        return _by_anchor(rec, start, end, found_fp, epoch, held)
     if rec.offset < start:
         # Retention took the record last applied (the log starts right after it): nothing
         # left to compare, so the tracker anchors the log again.
@@ -219,7 +224,7 @@ def decide(rec: LogRecord | None, start: int, end: int, found_fp: str | None,
 
 
 def _by_anchor(rec: LogRecord, start: int, end: int, found_fp: str | None,
-               epoch: str) -> Decision:
+               epoch: str, held: bool = False) -> Decision:
     """A record with no fingerprint (nothing applied since the log started at ``offset + 1``):
     the log's start, which never goes back within one log, and the anchor record tell."""
     nxt = rec.offset + 1
@@ -229,9 +234,22 @@ def _by_anchor(rec: LogRecord, start: int, end: int, found_fp: str | None,
                f"log that started at {nxt}")
         return Decision(start, reset, True, fail_repos=why, detail=why)
     if rec.anchor is None:
-        # Written by a tracker that could not anchor (the broker refused the marker); the
-        # next verification anchors it.
-        return Decision(nxt, rec, False, detail="resumed (no anchor to compare)")
+        # Written by a tracker that could not anchor (the broker refused the marker). Nothing
+        # tells this log from one reset on the same cluster since (a partition's directory
+        # lost, an unclean leader election, the topic re-created): records published to the
+        # old one and not applied would be lost unnoticed. The tracker that wrote it, holding
+        # the partition since, applied what the log took as it came (the first record applied
+        # gives the fingerprint) and anchors again now. Any other one (a restart, a rebalance)
+        # cannot know what the log held while nobody watched it: fail closed (found by review:
+        # a repository keyed to a partition added under a broker that refused the anchor lost
+        # a copy with that partition's log while the tracker was down; nothing was failed
+        # closed and the reaper deleted the copied object).
+        if held:
+            return Decision(nxt, rec, False, detail="resumed (not anchored yet; held since)")
+        why = (f"log unproven: epoch {rec.epoch} was recorded with nothing applied from it and "
+               "no anchor (the broker refused it), and the log went unwatched since: a log "
+               "reset on the same cluster cannot be told from it")
+        return Decision(start, reset, True, fail_repos=why, detail=why)
     at, fp = rec.anchor
     if end <= at:
         why = (f"log reset or re-created: it ends at {end}, before the anchor record at offset "

@@ -179,8 +179,11 @@ class LogVerification(TrackerShared):
             if rec is None:
                 with contextlib.suppress(Exception):
                     committed = await consumer.committed(tp)
+            # Held: this tracker wrote what Redis holds and has kept the partition since (a
+            # revocation forgets it): its re-check of a log it could not anchor.
+            held = bool(value) and self._logrec.get(tp.partition) == value
             d = decide(rec, start, end, found, new_epoch(cluster),
-                       group_committed=committed is not None, cluster=cluster)
+                       group_committed=committed is not None, cluster=cluster, held=held)
             decided.append((d, start, end))
         # Logs known by no record get an anchor, all at once (each waits for the broker's ack).
         unknown = [i for i, (d, _, _) in enumerate(decided) if d.record.witness is None]

@@ -166,13 +166,19 @@ def test_a_replaced_cluster_fails_closed_even_with_nothing_applied_from_the_log(
     d = decide(nothing, 0, 5, NOT_FETCHED, new_epoch("cluster-b"), cluster="cluster-b")
     assert d.reset and d.fail_repos and "cluster changed" in d.fail_repos and d.seek == 0
     assert epoch_cluster(d.record.epoch) == cluster_tag("cluster-b")
-    # the same cluster: nothing to say (no record to compare), as before
-    d = decide(nothing, 0, 5, NOT_FETCHED, new_epoch("cluster-a"), cluster="cluster-a")
+    # the same cluster: no record to compare; the tracker that wrote it and held the log since
+    # goes on (it anchors again)...
+    d = decide(nothing, 0, 5, NOT_FETCHED, new_epoch("cluster-a"), cluster="cluster-a",
+               held=True)
     assert not d.reset and not d.fail_repos and d.seek == 0
+    # ... any other fails closed, but not for a changed cluster (test_an_unanchored_log_...)
+    d = decide(nothing, 0, 5, NOT_FETCHED, new_epoch("cluster-a"), cluster="cluster-a")
+    assert d.fail_repos and "cluster changed" not in d.fail_repos
     # an epoch minted without a cluster id, or the id unknown now: the old rules only
     legacy = LogRecord(new_epoch(), -1, "")
-    assert not decide(legacy, 0, 5, NOT_FETCHED, new_epoch("b"), cluster="b").fail_repos
-    assert not decide(nothing, 0, 5, NOT_FETCHED, new_epoch(), cluster=None).fail_repos
+    assert not decide(legacy, 0, 5, NOT_FETCHED, new_epoch("b"), cluster="b",
+                      held=True).fail_repos
+    assert not decide(nothing, 0, 5, NOT_FETCHED, new_epoch(), cluster=None, held=True).fail_repos
 
 
 def test_a_record_without_a_fingerprint_does_not_let_a_new_log_be_skipped() -> None:
@@ -209,8 +215,30 @@ def test_a_log_known_by_its_anchor_resumes_only_while_the_anchor_is_there() -> N
     short = decide(rec, 0, 3, None, E)  # another log, shorter than the anchor's offset
     assert short.reset and short.fail_repos and "before the anchor" in short.fail_repos
     assert decide(rec, 0, 10, None, E).fail_repos  # no record fetched there
-    # without an anchor (the broker refused it) the same log resumes, as it did
-    assert decide(LogRecord("e", -1, ""), 0, 10, NOT_FETCHED, E).seek == 0
+    # without an anchor (the broker refused it): test_an_unanchored_log_...
+
+
+def test_an_unanchored_log_goes_on_only_with_the_tracker_that_held_it() -> None:
+    """Found by review: the broker refused the anchor of a log nothing was applied from
+    (``e:-1:``); the tracker stopped; the log was reset on the same cluster (a partition's
+    directory lost: same cluster id, offsets reused) with a copy in it that was never applied.
+    Resumed "(no anchor to compare)", the copy was lost unnoticed and the reaper deleted the
+    copied object (tests/integration/tracker/test_unanchored_log.py). Only the tracker that
+    recorded it and held the partition since (it applied what came) may go on with it."""
+    for rec in (LogRecord("e", -1, ""), LogRecord("e", 9, "")):  # fresh; retention took it
+        nxt = rec.offset + 1
+        for end in (nxt, nxt + 5):  # an empty log is no proof either (the old one had records)
+            d = decide(rec, nxt, end, NOT_FETCHED, E)
+            assert d.reset and d.fail_repos and "unproven" in d.fail_repos
+            assert d.seek == nxt and d.record == LogRecord(E, nxt - 1, "")
+            held = decide(rec, nxt, end, NOT_FETCHED, E, held=True)
+            assert (held.seek, held.record, held.reset, held.fail_repos) == (nxt, rec, False,
+                                                                             None)
+    # what told a changed log before still tells it, held or not
+    assert decide(LogRecord("e", 9, ""), 0, 20, NOT_FETCHED, E, held=True).fail_repos
+    assert decide(LogRecord("e", 9, ""), 12, 20, NOT_FETCHED, E, held=True).fail_repos
+    # an anchored log is judged by its anchor, held or not
+    assert not decide(LogRecord("e", -1, "", (3, "fp")), 0, 10, "fp", E).fail_repos
 
 
 def test_an_anchor_lost_right_after_its_ack_is_a_reset_not_a_log_known_by_nothing() -> None:
