@@ -169,3 +169,92 @@ async def test_a_tracker_holding_an_unanchored_log_goes_on_with_it(
     assert fail_closed_reason(r, repo) is None and fail_closed_reason(r, _repo_on(0, 2)) is None
     assert r.hgetall(FAIL_CLOSED) == {}
     r.close()
+
+
+@pytest.mark.parametrize("anchor_refused", [True, False], ids=["unanchored", "anchored"])
+async def test_a_reset_under_the_holding_tracker_loses_nothing_it_had_not_fetched(
+        settings: Settings, s3: Any, bucket: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, anchor_refused: bool) -> None:
+    """The "held" exception of the rule above (found by adversarial review): the tracker that
+    recorded the unanchored log keeps the partition the whole time, but had not fetched a copy
+    published to it (it lagged: here its fetch of partition 1 is held back) when the log is
+    lost on the same cluster. Holding the partition proves nothing about records it had not
+    fetched yet: the copy must not be lost unnoticed (X must survive, the loss be known).
+    ``anchored``: the same with the anchor taken, the tracker lagging behind it (the anchor
+    and the copy after it lost with the log; the new log's first record is applied at the
+    anchor's offset)."""
+    import tracker.verification as verification
+
+    refusing = {"on": anchor_refused}
+    real_send = AIOKafkaProducer.send_and_wait
+    # The periodic check of the witness (every 5 s) comes after the new log's first record is
+    # applied (a race: before the fix it did in one of two runs of ``anchored``).
+    monkeypatch.setattr(verification, "_LOG_CHECK_ROUNDS", 10**9)
+
+    async def send_and_wait(self: Any, topic: str, value: Any = None, key: Any = None,
+                            partition: Any = None, **kw: Any) -> Any:
+        if refusing["on"] and key == ANCHOR_KEY and partition == 1:
+            raise KafkaTimeoutError("injected: the broker did not take the anchor")
+        return await real_send(self, topic, value, key=key, partition=partition, **kw)
+
+    monkeypatch.setattr(AIOKafkaProducer, "send_and_wait", send_and_wait)
+    server = kafka_server(tmp_path)
+    await asyncio.to_thread(server.start)
+    try:
+        # A session that outlives the broker's restart: the tracker keeps its membership (and
+        # the partition) across it, as it does across any short broker outage.
+        s = settings.replace(kafka_bootstrap=f"127.0.0.1:{server.port}", topic_partitions=1,
+                             session_timeout_ms=120_000, heartbeat_interval_ms=3_000)
+        repo = _repo_on(1, 2)
+        ns = f"s3://{bucket}/{repo}/"
+        x = ns + "data/x"
+        s3.put_object(Bucket=bucket, Key=f"{repo}/data/x", Body=b"x")
+        r = redis_sync(s)
+        field = log_field(s.events_topic, 1)
+        async with running_tracker(s) as t:
+            await wait_horizon(s, await publish(s, [*repo_events(ns, repo), write(repo, x, "a")]))
+            admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+            await admin.start()
+            try:
+                await admin.create_partitions({s.events_topic: NewPartitions(total_count=2)})
+            finally:
+                await admin.close()
+            deadline = time.monotonic() + 60
+            while r.hget(PROGRESS_META, "partitions") != "2" or not r.hget(LOG, field):
+                assert time.monotonic() < deadline, "partition 1 never assigned"
+                await asyncio.sleep(0.05)
+            rec = LogRecord.decode(r.hget(LOG, field))
+            assert rec is not None and (rec.witness is None) == anchor_refused, rec
+            tp1 = TopicPartition(s.events_topic, 1)
+            assert t._consumer is not None
+            t._consumer.pause(tp1)  # the tracker lags on partition 1: nothing fetched from it
+            await publish(s, [ev.ObjectCopied(repository=repo, branch="main",
+                                              staging_token="t1", path="b", address=x, size=1,
+                                              ref_id="b", source_read_at=time.time())])
+            before = await _end(s, 1)
+            assert before == (1 if anchor_refused else 2)  # (the anchor, then the copy)
+            # Partition 1's log is lost on the same cluster while the tracker holds it.
+            await asyncio.to_thread(server.stop)
+            shutil.rmtree(server.data_dir / f"{s.events_topic}-1")
+            await asyncio.to_thread(server.start, move_on_clash=False)
+            assert await _end(s, 1) < before  # (a new anchor, if the tracker saw it at once)
+            refusing["on"] = False
+            t._consumer.resume(tp1)
+            await wait_horizon(s, await publish(s, [delete(repo, x, "a")]), timeout=90)
+            unref = r.zscore(RepoKeys(repo).unreferenced, x)
+            if unref is not None:
+                await wait_horizon(s, int(unref) + 1_500, timeout=60)
+                reaper = Reaper(s)
+                try:
+                    await reaper.run_once()
+                finally:
+                    await reaper.close()
+            revoked_meanwhile = t._logrec.get(1) is None
+        assert s3.list_objects_v2(Bucket=bucket, Prefix=f"{repo}/data/x")["KeyCount"] == 1, (
+            f"the reaper deleted a live object (partition kept throughout: "
+            f"{not revoked_meanwhile})")
+        reason = fail_closed_reason(r, repo)
+        assert reason is not None and "log" in reason, reason
+        r.close()
+    finally:
+        await asyncio.to_thread(server.stop)
