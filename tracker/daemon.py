@@ -471,11 +471,6 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
                 if t == "repository_created":
                     creates.append(body["event_id"])
                 parsed.append((p, rec, body, t))
-            if self._anchor_missed(p, records):
-                self.log.error("the log's anchor is not where it was written: resuming from "
-                               "Redis", partition=p)
-                self.regressions += 1
-                self._reverify = True  # (the batch is dropped before it is applied)
             last = records[-1]
             batch.offsets[tp] = OffsetAndMetadata(last.offset + 1, "")
             batch.last[p] = (last.offset, fingerprint(last))

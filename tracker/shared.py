@@ -70,9 +70,6 @@ class TrackerShared:
         self._epochs: dict[int, str] = {}  # partition -> epoch of its log
         self._logrec: dict[int, str] = {}  # partition -> hd:log value Redis must hold
         self._anchor_tried: dict[int, float] = {}  # partition -> monotonic time of last try
-        # A log known by nothing (its anchor refused): the partition's leader as the tracker
-        # watches it (tracker/verification.py: _watch_unanchored)
-        self._unanchored_leader: dict[int, int] = {}
         # Redis Cluster: (repo, partition) -> the applied value Redis must hold (the log
         # guard in the repository's own slot, tracker/apply.lua)
         self._applied_seen: dict[tuple[str, int], str] = {}

@@ -73,12 +73,7 @@ class LogVerification(TrackerShared):
         assert self._probe is not None
         topic = self.settings.events_topic
         at = await aredis_time_ms(self._redis)
-        try:
-            md = await self._probe._client.fetch_all_metadata()
-        except Exception:
-            self._watch_unanchored(None)
-            raise
-        self._watch_unanchored(md)
+        md = await self._probe._client.fetch_all_metadata()
         parts = md.partitions_for_topic(topic)
         if not parts:
             return False
@@ -113,54 +108,6 @@ class LogVerification(TrackerShared):
             await self._retrying(lambda: self._redis.hdel(PROGRESS, str(p)))  # noqa: B023
             self._logrec.pop(p, None)
             self._epochs.pop(p, None)
-
-    def _anchor_missed(self, p: int, records: list[Any]) -> bool:
-        """A log known by its anchor only (nothing applied from it since): a batch that
-        reaches the anchor's offset must hold the anchor there, else the log was reset under a
-        tracker that lagged behind its anchor (found by review: the 5 s check of the anchor
-        came after the new log's first record was applied, whose fingerprint then stood for
-        the old log, and the copy lost with it went unnoticed; the reaper deleted its
-        object). True: resume from Redis (the batch is dropped; decide fails the log closed)."""
-        value = self._logrec.get(p)
-        if not value or ":@" not in value:
-            return False
-        rec = LogRecord.decode(value)
-        if rec is None or rec.fingerprint or rec.anchor is None:
-            return False
-        at, fp = rec.anchor
-        if not records or not records[0].offset <= at <= records[-1].offset:
-            return False
-        for r in records:
-            if r.offset >= at:
-                return r.offset != at or fingerprint(r) != fp
-        return True
-
-    def _watch_unanchored(self, md: Any | None) -> None:
-        """A log known by nothing (the broker refused its anchor) is "held" (tracker/logid.py:
-        decide) only while this tracker watched its broker without a break: a log reset on the
-        same cluster (a partition's directory lost, an unclean leader election, the topic
-        re-created) takes a broker outage or a change of the partition's leader, and records
-        published to the old log that the tracker had not fetched yet (it lagged) are lost with
-        no trace the tracker could compare. ``md``: the cluster metadata just fetched (None: it
-        could not be). A partition whose leader changed or could not be seen is no longer held:
-        its log record is forgotten, so its next apply, progress claim or re-check resumes from
-        Redis and fails it closed (found by review: a tracker lagging on such a partition
-        applied the new log's first record and the reaper deleted an object a lost copy
-        staged)."""
-        topic = self.settings.events_topic
-        for p, value in list(self._logrec.items()):
-            rec = LogRecord.decode(value)
-            if rec is None or rec.witness is not None:
-                self._unanchored_leader.pop(p, None)
-                continue
-            leader = None if md is None else md.leader_for_partition(TopicPartition(topic, p))
-            seen = self._unanchored_leader.setdefault(p, -1 if leader is None else leader)
-            if leader is None or leader < 0 or leader != seen:
-                self.log.error("a log known by nothing went unwatched (broker unreachable or "
-                               "its leader changed): resuming it from Redis", partition=p,
-                               leader=leader, leader_before=seen)
-                self._logrec.pop(p, None)
-                self._unanchored_leader.pop(p, None)
 
     async def _meta_loop(self) -> None:
         rounds = 0
@@ -265,7 +212,6 @@ class LogVerification(TrackerShared):
                     await self._retrying(lambda: self._redis.hdel(PROGRESS, str(p)))  # noqa: B023
             self._epochs[p] = record.epoch
             self._logrec[p] = new
-            self._unanchored_leader.pop(p, None)  # (watched from the next metadata on)
             self._clocks[p] = PartitionClock()  # no claim from samples taken before the seek
             consumer.seek(tp, d.seek)
             self.verified += 1
