@@ -267,6 +267,13 @@ _SECTIONS = ("uncommitted", "retention", "listing", "service_export", "fail_clos
              "marked_at_ms", "crosscheck", "revalidation", "blast_radius")
 
 
+def _stored(value: Any) -> Any:
+    """A section as stored: a typed record's ``as_dict``; an empty dict or None is absent."""
+    if value is None:
+        return None
+    return value.as_dict() if hasattr(value, "as_dict") else (value or None)
+
+
 @dataclass
 class RunSummary:
     """One reconciler run: what lands in ``summary.json`` (written by :func:`write_summary`,
@@ -325,14 +332,9 @@ class RunSummary:
             "finished_at": self.finished_at, "timings": self.timings,
             "cutoff_ms": self.cutoff_ms, "cutoff": self.cutoff,
             "cutoff_source": self.cutoff_source,
-            "tracker": None if self.tracker is None else self.tracker.as_dict(),
-            **{name: getattr(self, name) or None for name in _SECTIONS},
-            "mark": None if self.mark is None else self.mark.as_dict(),
-            "retention": None if self.retention is None else self.retention.as_dict(),
-            "uncommitted": None if self.uncommitted is None else self.uncommitted.as_dict(),
-            "listing": None if self.listing is None else self.listing.as_dict(),
-            "sweep": None if self.sweep is None else self.sweep.as_dict(),
-            "metrics": self.metrics}
+            "tracker": _stored(self.tracker),
+            **{name: _stored(getattr(self, name)) for name in _SECTIONS},
+            "sweep": _stored(self.sweep), "metrics": self.metrics}
         optional["marked_at_ms"] = self.marked_at_ms
         d.update({k: v for k, v in optional.items() if v is not None})
         d.update({k: v for k, v in self.extra.items() if k not in d})
@@ -347,21 +349,17 @@ class RunSummary:
                 bool(d.get("success")), str(d.get("status")), d.get("error"))
         for name in known - {"run_id", "repository", "namespace", "mode", "dry_run",
                              "started_at", "now_ms", "format", "success", "status", "error",
-                             "tracker", "sweep", "mark", "retention", "uncommitted",
-                             "listing"}:
+                             *_TYPED}:
             if d.get(name) is not None:
                 setattr(s, name, d[name])
-        if isinstance(d.get("tracker"), dict):
-            s.tracker = TrackerView.from_dict(d["tracker"])
-        if isinstance(d.get("uncommitted"), dict):
-            s.uncommitted = UncommittedSection.from_dict(d["uncommitted"])
-        if isinstance(d.get("listing"), dict):
-            s.listing = ListingSection.from_dict(d["listing"])
-        if isinstance(d.get("retention"), dict):
-            s.retention = RetentionSection.from_dict(d["retention"])
-        if isinstance(d.get("mark"), dict):
-            s.mark = MarkSection.from_dict(d["mark"])
-        if isinstance(d.get("sweep"), dict):
-            s.sweep = SweepOutcome.from_dict(d["sweep"])
+        for name, record in _TYPED.items():
+            if isinstance(d.get(name), dict):
+                setattr(s, name, record.from_dict(d[name]))
         s.extra = {k: v for k, v in d.items() if k not in known}
         return s
+
+
+# The sections stored as typed records (each with as_dict/from_dict).
+_TYPED: dict[str, Any] = {"tracker": TrackerView, "uncommitted": UncommittedSection,
+                          "listing": ListingSection, "retention": RetentionSection,
+                          "mark": MarkSection, "sweep": SweepOutcome}
