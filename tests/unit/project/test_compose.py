@@ -110,3 +110,16 @@ def test_compose_runs_every_component() -> None:
                     "reconciler:", "prometheus:", "pushgateway:"):
         assert f"\n  {service}" in text
     assert "--appendonly" in text and "KAFKA_PROCESS_ROLES" in text
+
+
+def test_image_copies_every_product_package() -> None:
+    """The image installs the floors the CLI imports: a package missing from its context (core/
+    was) makes the installed `hardelete` fail with ModuleNotFoundError."""
+    import tomllib
+
+    dockerfile = (ROOT / "compose/Dockerfile").read_text()
+    copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")}
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]["include"]
+    product = {name.rstrip("*") for name in include} - {"sim"}  # sim is the simulator, not shipped
+    assert product <= copied, f"compose/Dockerfile does not copy {sorted(product - copied)}"
