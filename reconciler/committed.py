@@ -22,6 +22,7 @@ from typing import Any
 from core.clients import split_s3_uri
 from core.settings import Settings
 from reconciler.errors import ReconcileError
+from reconciler.evidence import manifest_keys, read_bytes
 from reconciler.mark import KEYS_SCHEMA
 from reconciler.retention import (
     SECONDS_PER_DAY,
@@ -32,10 +33,6 @@ from reconciler.retention import (
 from reconciler.s3io import Namespace, cached_s3, read_parquet_rows
 from reconciler.sparkio import distributed
 from reconciler.state import CommittedState
-from schemas.address import address_forms
-from schemas.layout import OutsideNamespace
-
-MANIFEST_ADDRESS_COLUMN = "address"
 
 
 @dataclass
@@ -98,26 +95,22 @@ def plan_retention(state: CommittedState, now_s: float, *,
 
 def manifest_keys_df(spark: Any, settings: Settings, ns: Namespace,
                      manifests: list[tuple[str, str]]) -> Any:
-    """Namespace-relative keys of every address in the manifests (duplicates possible)."""
+    """Namespace-relative keys of every address in the manifests (duplicates possible), and
+    the keys of the manifests themselves that lie in the namespace (a retained commit needs
+    its manifest). Each manifest is read by the one strict reader
+    (``reconciler.evidence.manifest_keys``): a manifest that is missing, of another type,
+    truncated, or holds a row outside the namespace fails the Spark job, and so the run."""
 
     def produce(item: dict[str, Any]) -> Iterator[tuple[str]]:
-        s3 = cached_s3(settings)
-        for (address,) in read_parquet_rows(s3, item["bucket"], item["key"],
-                                            [MANIFEST_ADDRESS_COLUMN]):
-            if address is None:
-                raise ValueError(f"s3://{item['bucket']}/{item['key']}: null address")
-            try:
-                forms = address_forms(ns.uri, str(address))
-            except OutsideNamespace as exc:
-                # A row that cannot be put into the namespace's canonical form would protect
-                # nothing: the mark fails instead (never a silent drop).
-                raise ValueError(f"manifest s3://{item['bucket']}/{item['key']}: row "
-                                 f"{address!r} cannot be read as an address of "
-                                 f"{ns.uri}: {exc}") from None
-            for form in forms:
-                yield (form[len(ns.uri):],)
+        where = f"manifest s3://{item['bucket']}/{item['key']}"
+        data = read_bytes(cached_s3(settings), f"s3://{item['bucket']}/{item['key']}")
+        for key in manifest_keys(data, ns.uri, where):
+            yield (key,)
 
-    return distributed(spark, manifests, "bucket string, key string", produce, KEYS_SCHEMA)
+    own = [(ns.rel_of_key(key),) for bucket, key in manifests
+           if bucket == ns.bucket and ns.rel_of_key(key)]
+    keys = distributed(spark, manifests, "bucket string, key string", produce, KEYS_SCHEMA)
+    return keys.unionByName(spark.createDataFrame(own, KEYS_SCHEMA)) if own else keys
 
 
 def export_df(spark: Any, settings: Settings, bucket: str, parts: list[str]) -> Any:

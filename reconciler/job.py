@@ -45,6 +45,7 @@ from reconciler.committed import (
     plan_retention,
 )
 from reconciler.errors import ReconcileError, SweepRefused
+from reconciler.evidence import EvidenceError, KeepSetProof, Source
 from reconciler.listing import (
     discover_units,
     inventory_df,
@@ -274,6 +275,13 @@ def _crosscheck(classified: Any, committed: Any, known: Any) -> dict[str, Any]:
     return out
 
 
+def _keepset_problem(summary: RunSummary) -> str | None:
+    """Why the mark's keep-set may not be swept from (its proof missing or incomplete)."""
+    if summary.keepset is None:
+        return "the mark recorded no keep-set proof"
+    return summary.keepset.problem()
+
+
 class Run:
     """One reconcile invocation; ``summary`` is what lands in summary.json (RunSummary)."""
 
@@ -386,6 +394,12 @@ class Run:
         self.summary = RunSummary.from_dict(summary)
         if self.summary.mark is None:
             raise SweepRefused(f"run {run_id} has no mark to sweep")
+        if self.summary.namespace != self.ns.uri:
+            raise SweepRefused(f"run {run_id} marked namespace {self.summary.namespace}, the "
+                               f"repository's is {self.ns.uri}: run a new mark")
+        problem = _keepset_problem(self.summary)
+        if problem is not None:
+            raise SweepRefused(f"run {run_id}: {problem}; run a new mark")
         lease_id = f"{run_id}:sweep:{uuid.uuid4().hex[:6]}"
         lease = Lease(self.r, self.opts.repo, lease_id, self.opts.lease_ttl_ms)
         lease.acquire()
@@ -438,6 +452,7 @@ class Run:
                 commit_ids=set(pre_state.commits), grace_ms=grace_ms, horizon_ms=horizon,
                 progress=self.ui.count)
         s.uncommitted = UncommittedSection(export.as_dict(), export.parts)
+        proof = KeepSetProof()
         timed("export_s", t0)
         lease.check()
 
@@ -461,6 +476,11 @@ class Run:
                   "manifests": [list(m) for m in plan.manifests]})
         known = export_df(self.spark, self.settings, ns.bucket, export.parts)
         known = known.persist(StorageLevel.MEMORY_AND_DISK)
+        read_back = known.count()
+        if read_back != export.rows:  # the parts this run wrote a moment ago, read whole
+            raise EvidenceError(f"tracker export {report}uncommitted/: {read_back} rows read "
+                                f"back, {export.rows} written")
+        proof.add(Source("tracker_export", len(export.parts), export.rows))
         with self.ui.phase(f"read {len(plan.manifests)} manifests of "
                            f"{len(plan.retained)} retained commits"):
             # The manifests are the committed truth: a committed record that no retained
@@ -469,6 +489,7 @@ class Run:
             committed = (manifest_keys_df(self.spark, self.settings, ns, plan.manifests)
                          .distinct().persist(StorageLevel.MEMORY_AND_DISK))
             retention.committed_keys = committed.count()
+        proof.add(Source("manifests", len(plan.manifests), keys=retention.committed_keys))
         timed("committed_s", t0)
         lease.check()
 
@@ -482,7 +503,7 @@ class Run:
                 s.mode = "clean"
                 s.mode_note = "optimized run requested, but no earlier swept run: clean run"
         if o.inventory:
-            files = named_inventory(self.s3, o.inventory)
+            files = named_inventory(self.s3, o.inventory, ns.bucket)
             listing = inventory_df(self.spark, self.settings, ns, files)
             s.listing = ListingSection("inventory", None,
                                        {"inventory": o.inventory, "files": len(files)})
@@ -513,7 +534,7 @@ class Run:
                 listing = listing.dropDuplicates(["key"])
 
         # 5. the service's own uncommitted export (a second witness) and fail-closed state
-        service, withhold = self._service_evidence(cutoff_ms)
+        service, withhold = self._service_evidence(cutoff_ms, proof)
 
         # 6. classify and mark
         with self.ui.phase("list the namespace and classify"):
@@ -522,6 +543,9 @@ class Run:
                                      known_unique=export.extra_forms == 0) \
                 .persist(StorageLevel.MEMORY_AND_DISK)
             tally = tally_df(classified)
+        # Every source has been read whole by its strict reader (tally_df forced them all).
+        proof.complete = True
+        s.keepset = proof
         timed("listing_classify_s", t0)
         lease.check()
         t0 = time.monotonic()
@@ -541,7 +565,7 @@ class Run:
         lease.check()
         return parts
 
-    def _service_evidence(self, cutoff_ms: int) -> tuple[Any, bool]:
+    def _service_evidence(self, cutoff_ms: int, proof: KeepSetProof) -> tuple[Any, bool]:
         """The service export's keys (or None) and whether leaks/unreferenced are withheld."""
         o, s = self.opts, self.summary
         setting = o.uncommitted_export if o.uncommitted_export is not None \
@@ -549,7 +573,8 @@ class Run:
         found = None
         if setting:
             location = resolve_location(setting, self.ns, o.repo)
-            found = named_export(self.s3, location, o.repo, now_ms=s.now_ms,
+            found = named_export(self.s3, location, o.repo, self.ns, now_ms=s.now_ms,
+                                 cutoff_ms=cutoff_ms,
                                  max_age_ms=self.settings.uncommitted_export_max_age_seconds
                                  * 1000)
             s.service_export = {**found.as_dict(cutoff_ms), "found": True}
@@ -572,9 +597,7 @@ class Run:
         service = None
         if found is not None:
             service = export_keys_df(self.spark, self.settings, self.ns, o.repo, found)
-            if found.exported_at_ms <= cutoff_ms:
-                s.service_export["note"] = ("exported before the cutoff: used as extra "
-                                            "evidence only")
+            proof.add(found.source())
         return service, withhold
 
     def _sweep(self, lease_id: str, parts: list[str], lease: Lease,
@@ -590,6 +613,10 @@ class Run:
         """Re-validate the mark against what is true now, check the blast radius and the
         cross-check, then sweep. Every refusal leaves the mark standing (``--sweep-only``)."""
         s = self.summary
+        problem = _keepset_problem(s)
+        if problem is not None:
+            s.sweep = SweepOutcome("refused", f"{problem}: nothing is deleted")
+            return
         if not self.opts.ignore_tracker_progress:
             # What happened before the sweep (since the mark: refs, commits, copies) must be
             # visible to its re-validation: wait (a little) for the tracker to have applied

@@ -24,6 +24,7 @@ from typing import Any
 
 from core.clients import split_s3_uri
 from core.settings import Settings
+from reconciler.evidence import EvidenceError, inventory_rows, read_bytes
 from reconciler.mark import LISTING_SCHEMA
 from reconciler.s3io import Namespace, cached_s3, list_dirs, list_keys
 from reconciler.sparkio import distributed
@@ -113,89 +114,108 @@ def raw_listing_count(s3: Any, ns: Namespace) -> tuple[int, int]:
 # ----------------------------------------------------------------------------- inventory
 
 INVENTORY_COLUMNS = ("key", "size", "last_modified")
+INVENTORY_SUFFIXES = (".parquet", ".csv", ".csv.gz")
+INVENTORY_MANIFEST = "manifest.json"
 
 
-def _to_ms(value: Any) -> int:
-    """Inventory last_modified: a datetime, epoch seconds or ms, or an ISO-8601 string."""
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.UTC)
-        return _ms(value)
-    if isinstance(value, int | float):
-        return int(value if value > 1e11 else value * 1000)
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            return _to_ms(float(text))
-        except ValueError:
-            parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-            return _to_ms(parsed)
-    raise ValueError(f"inventory last_modified {value!r} is not a time")
+@dataclass(frozen=True, slots=True)
+class InventoryFile:
+    path: str
+    md5: str | None = None  # from the inventory's manifest.json, checked when read
 
 
-def inventory_files(s3: Any, uri: str) -> list[str]:
-    """The Parquet/CSV files of an inventory: an s3:// prefix or a local directory/file."""
-    suffixes = (".parquet", ".csv", ".csv.gz")
+def inventory_files(s3: Any, uri: str, bucket: str | None = None) -> list[InventoryFile]:
+    """The data files of an inventory: an s3:// prefix or a local directory/file. Where the
+    location holds an S3 Inventory ``manifest.json``, exactly the files it lists (each with its
+    MD5, checked as it is read), and its ``sourceBucket`` must be ``bucket``."""
     if uri.startswith("s3://"):
-        bucket, prefix = split_s3_uri(uri)
-        return [f"s3://{bucket}/{k}" for k in list_keys(s3, bucket, prefix)
-                if k.endswith(suffixes)]
-    from pathlib import Path
+        b, prefix = split_s3_uri(uri)
+        paths = [f"s3://{b}/{k}" for k in list_keys(s3, b, prefix)]
+    else:
+        from pathlib import Path
 
-    p = Path(uri)
-    if p.is_file():
-        return [str(p.resolve())]
-    if not p.is_dir():
-        raise FileNotFoundError(f"inventory {uri!r} is neither a file nor a directory")
-    return sorted(str(f.resolve()) for f in p.rglob("*") if f.name.endswith(suffixes))
+        p = Path(uri)
+        if p.is_file():
+            paths = [str(p.resolve())]
+        elif not p.is_dir():
+            raise FileNotFoundError(f"inventory {uri!r} is neither a file nor a directory")
+        else:
+            paths = sorted(str(f.resolve()) for f in p.rglob("*") if f.is_file())
+    manifests = [f for f in paths if f.rsplit("/", 1)[-1] == INVENTORY_MANIFEST]
+    data = [f for f in paths if f.endswith(INVENTORY_SUFFIXES)]
+    if not manifests:
+        return [InventoryFile(f) for f in data]
+    if len(manifests) > 1:
+        raise EvidenceError(f"inventory {uri}: {len(manifests)} manifest.json files; name one "
+                            "inventory's folder")
+    return _manifest_files(s3, manifests[0], data, bucket)
 
 
-def named_inventory(s3: Any, uri: str) -> list[str]:
+def _manifest_files(s3: Any, manifest: str, data: list[str],
+                    bucket: str | None) -> list[InventoryFile]:
+    import orjson
+
+    where = f"inventory {manifest}"
+    try:
+        d = orjson.loads(read_bytes(s3, manifest))
+    except orjson.JSONDecodeError:
+        raise EvidenceError(f"{where}: not JSON") from None
+    files = d.get("files") if isinstance(d, dict) else None
+    if not isinstance(files, list) or not files:
+        raise EvidenceError(f"{where}: lists no files")
+    source = d.get("sourceBucket")
+    if bucket is not None and source != bucket:
+        raise EvidenceError(f"{where}: an inventory of bucket {source!r}, the namespace's "
+                            f"bucket is {bucket!r}")
+    by_name = {f.rsplit("/", 1)[-1]: f for f in data}
+    out: list[InventoryFile] = []
+    for entry in files:
+        key = entry.get("key") if isinstance(entry, dict) else None
+        md5 = entry.get("MD5checksum") if isinstance(entry, dict) else None
+        if not isinstance(key, str) or not isinstance(md5, str):
+            raise EvidenceError(f"{where}: file entry {entry!r} has no key and MD5checksum")
+        path = by_name.get(key.rsplit("/", 1)[-1])
+        if path is None:
+            raise EvidenceError(f"{where}: listed file {key} is missing")
+        out.append(InventoryFile(path, md5.lower()))
+    return out
+
+
+def named_inventory(s3: Any, uri: str, bucket: str | None = None) -> list[InventoryFile]:
     """The files of the inventory ``--inventory`` named, checked on the driver before anything
-    is listed: missing, empty, or a first file without the inventory's columns refuses the run
+    is listed: missing, empty, or a first file that the strict reader refuses stops the run
     with one line (``ReconcileError``) instead of a task failure deep in Spark."""
     from reconciler.errors import ReconcileError
 
     try:
-        files = inventory_files(s3, uri)
+        files = inventory_files(s3, uri, bucket)
+    except EvidenceError:
+        raise
     except Exception as exc:  # a missing path, no such bucket, access denied
         raise ReconcileError(f"inventory {uri}: cannot be read ({exc})") from None
     if not files:
         raise ReconcileError(f"inventory {uri}: no .parquet or .csv files")
     try:
-        next(iter(_read_inventory_file(s3, files[0])), None)
+        next(iter(_read_inventory_file(s3, files[0], bucket)), None)
+    except EvidenceError:
+        raise
     except Exception as exc:
         raise ReconcileError(f"inventory {uri}: unreadable ({type(exc).__name__}: {exc})") \
             from None
     return files
 
 
-def _read_inventory_file(s3: Any, path: str) -> Iterator[tuple[Any, Any, Any]]:
-    import io
+def _read_inventory_file(s3: Any, file: InventoryFile,
+                         bucket: str | None) -> Iterator[tuple[str, int, int]]:
+    """(bucket key, size, last_modified ms) rows of one inventory file, by the strict reader."""
+    import hashlib
 
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
-    if path.startswith("s3://"):
-        bucket, key = split_s3_uri(path)
-        data: Any = io.BytesIO(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-    else:
-        data = path
-    if path.endswith(".parquet"):
-        pf = pq.ParquetFile(data)
-        missing = [c for c in INVENTORY_COLUMNS if c not in pf.schema_arrow.names]
-        if missing:
-            raise ValueError(f"inventory file {path}: missing column(s) {missing}")
-        batches = pf.iter_batches(columns=list(INVENTORY_COLUMNS), batch_size=65_536)
-    else:
-        table = pacsv.read_csv(data, convert_options=pacsv.ConvertOptions(
-            column_types={"key": "string"}))
-        missing = [c for c in INVENTORY_COLUMNS if c not in table.column_names]
-        if missing:
-            raise ValueError(f"inventory file {path}: missing column(s) {missing}")
-        batches = table.select(list(INVENTORY_COLUMNS)).to_batches(max_chunksize=65_536)
-    for batch in batches:
-        yield from zip(*(batch.column(c).to_pylist() for c in INVENTORY_COLUMNS), strict=True)
+    data = read_bytes(s3, file.path)
+    where = f"inventory file {file.path}"
+    if file.md5 is not None and hashlib.md5(data).hexdigest() != file.md5:
+        raise EvidenceError(f"{where}: its MD5 is not the one manifest.json declares")
+    for raw, size, modified in inventory_rows(data, file.path, where, bucket=bucket):
+        yield inventory_key(raw, file.path), size, modified
 
 
 def inventory_key(raw: str, path: str) -> str:
@@ -212,7 +232,8 @@ def inventory_key(raw: str, path: str) -> str:
     return unquote_plus(raw, errors="strict")
 
 
-def inventory_df(spark: Any, settings: Settings, ns: Namespace, files: Sequence[str]) -> Any:
+def inventory_df(spark: Any, settings: Settings, ns: Namespace,
+                 files: Sequence[InventoryFile]) -> Any:
     """The listing from inventory files, read inside Spark tasks; keys are bucket keys (as S3
     Inventory writes them: URL-encoded in CSV, see :func:`inventory_key`) and only those
     under the namespace are kept."""
@@ -220,15 +241,13 @@ def inventory_df(spark: Any, settings: Settings, ns: Namespace, files: Sequence[
         raise ValueError("the inventory has no .parquet or .csv files")
     plen = len(ns.prefix)
     prefix = ns.prefix
+    bucket = ns.bucket
 
     def produce(item: dict[str, Any]) -> Iterator[tuple[str, int, int]]:
-        path = item["path"]
-        for raw, size, modified in _read_inventory_file(cached_s3(settings), path):
-            if raw is None:
-                continue
-            key = inventory_key(str(raw), path)
-            if not key.startswith(prefix):
-                continue
-            yield key[plen:], int(size or 0), _to_ms(modified)
+        file = InventoryFile(item["path"], item["md5"])
+        for key, size, modified in _read_inventory_file(cached_s3(settings), file, bucket):
+            if key.startswith(prefix):
+                yield key[plen:], size, modified
 
-    return distributed(spark, [(f,) for f in files], "path string", produce, LISTING_SCHEMA)
+    return distributed(spark, [(f.path, f.md5) for f in files], "path string, md5 string",
+                       produce, LISTING_SCHEMA)

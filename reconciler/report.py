@@ -8,12 +8,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from reconciler.evidence import KeepSetProof
 from reconciler.mark import Tally
 from reconciler.s3io import Namespace, get_json, list_dirs, put_json
 from reconciler.sweep import SweepStats
 from schemas.layout import REPORTS_PREFIX
 
-REPORT_FORMAT = 2  # 2: digests in the mark, retention fingerprint
+REPORT_FORMAT = 3  # 2: digests in the mark, retention fingerprint; 3: the keep-set's proof
 SUMMARY = "summary.json"
 
 
@@ -193,7 +194,7 @@ class UncommittedSection:
     part_keys: list[str]
     extra: dict[str, Any] = field(default_factory=dict)
 
-    _COUNTS = ("parts", "addresses", "live", "outside_namespace", "extra_forms",
+    _COUNTS = ("parts", "addresses", "live", "outside_namespace", "extra_forms", "rows",
                "live_by_reason", "by_kind")
 
     def as_dict(self) -> dict[str, Any]:
@@ -263,8 +264,8 @@ class RetentionSection:
 
 # The summary's keys, in the order it is written; any other key of a stored summary (written by
 # another version) is kept as it was.
-_SECTIONS = ("uncommitted", "retention", "listing", "service_export", "fail_closed", "mark",
-             "marked_at_ms", "crosscheck", "revalidation", "blast_radius")
+_SECTIONS = ("uncommitted", "retention", "listing", "service_export", "fail_closed", "keepset",
+             "mark", "marked_at_ms", "crosscheck", "revalidation", "blast_radius")
 
 
 def _stored(value: Any) -> Any:
@@ -304,6 +305,7 @@ class RunSummary:
     listing: ListingSection | None = None
     service_export: dict[str, Any] | None = None
     fail_closed: dict[str, Any] | None = None
+    keepset: KeepSetProof | None = None
     mark: MarkSection | None = None
     marked_at_ms: int | None = None
     crosscheck: dict[str, Any] = field(default_factory=dict)
@@ -362,4 +364,5 @@ class RunSummary:
 # The sections stored as typed records (each with as_dict/from_dict).
 _TYPED: dict[str, Any] = {"tracker": TrackerView, "uncommitted": UncommittedSection,
                           "listing": ListingSection, "retention": RetentionSection,
-                          "mark": MarkSection, "sweep": SweepOutcome}
+                          "mark": MarkSection, "sweep": SweepOutcome,
+                          "keepset": KeepSetProof}

@@ -5,21 +5,23 @@ event (dead-lettered, a crash between an operation and its publish, a tracker do
 the topic's retention) leaves the mirror without a record of a staged object. The reconciler
 keeps the union of this export and the tracker's live set.
 
-Format (contract, see ``reconciler/README.md``): a directory or ``s3://`` prefix holding one
-export: ``export.json`` (``{"format": 1, "exported_at": ISO-8601 or epoch ms,
-"repository": "R" (optional)}``) beside ``*.parquet`` / ``*.csv`` files with a column
-``address`` (``s3://`` URI or namespace-relative key) and optionally ``repository`` (rows of
-other repositories are ignored). Given a prefix holding several exports (subdirectories, as
-the model service writes them under ``<namespace>_hardelete/exports/``), the newest export
-of the repository is used. ``exported_at`` tells freshness: an export made after the run's
-cutoff vouches for everything older than the cutoff.
+Format 2 (contract, see ``reconciler/README.md``): a directory or ``s3://`` prefix holding one
+export: ``export.json`` (``{"format": 2, "repository": "R", "namespace": "s3://b/p/",
+"exported_at": epoch ms or ISO-8601 with a zone, "files": [{"name": "part-0.parquet",
+"rows": N}]}``) beside exactly the declared ``*.parquet`` / ``*.csv`` / ``*.csv.gz`` files,
+each with a text column ``address`` (``s3://`` URI or namespace-relative key) and optionally
+``repository``. Given a prefix holding several exports (subdirectories, as the model service
+writes them under ``<namespace>_hardelete/exports/``), the newest export of the repository is
+used. Every file is read by the strict readers of ``reconciler.evidence``: an export that is
+not this repository's, not of its namespace, not made after the run's cutoff, incomplete or
+of the wrong types stops the run.
 """
 
 from __future__ import annotations
 
 import io
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,29 +30,47 @@ import orjson
 from core.clients import split_s3_uri
 from core.settings import Settings
 from reconciler.errors import ReconcileError
+from reconciler.evidence import (
+    EXPORT_META,
+    EvidenceError,
+    ExportFile,
+    ExportMeta,
+    Source,
+    check_export_binding,
+    check_export_files,
+    export_keys,
+    parse_export_meta,
+    read_bytes,
+)
 from reconciler.mark import KEYS_SCHEMA
 from reconciler.s3io import Namespace, cached_s3, list_keys
 from reconciler.sparkio import distributed
-from schemas.address import address_forms
-from schemas.layout import META_PREFIX, OutsideNamespace
+from schemas.layout import META_PREFIX
 
-EXPORT_META = "export.json"
 EXPORTS_PREFIX = META_PREFIX + "exports/"
-DATA_SUFFIXES = (".parquet", ".csv", ".csv.gz")
-
 
 @dataclass
 class ServiceExport:
-    """One export: where, when (ms), and its data files."""
+    """One export: its folder, its ``export.json`` and the paths of its data files."""
 
     location: str
-    exported_at_ms: int
-    files: list[str] = field(default_factory=list)
-    repository: str | None = None
+    meta: ExportMeta
+
+    @property
+    def exported_at_ms(self) -> int:
+        return self.meta.exported_at_ms
+
+    def path(self, name: str) -> str:
+        return self.location + name
+
+    def source(self) -> Source:
+        return Source("service_export", len(self.meta.files), self.meta.rows,
+                      location=self.location)
 
     def as_dict(self, cutoff_ms: int) -> dict[str, Any]:
         return {"location": self.location, "exported_at_ms": self.exported_at_ms,
-                "files": len(self.files), "fresh": self.exported_at_ms > cutoff_ms}
+                "files": len(self.meta.files), "rows": self.meta.rows,
+                "fresh": self.exported_at_ms > cutoff_ms}
 
 
 def resolve_location(setting: str, ns: Namespace, repo: str) -> str:
@@ -59,23 +79,6 @@ def resolve_location(setting: str, ns: Namespace, repo: str) -> str:
     if setting == "namespace":
         return ns.address(EXPORTS_PREFIX)
     return setting.replace("{repo}", repo)
-
-
-def _ms(value: Any, where: str) -> int:
-    from reconciler.listing import _to_ms
-
-    try:
-        return _to_ms(value)
-    except (ValueError, TypeError):
-        raise ReconcileError(f"{where}: exported_at {value!r} is not a time") from None
-
-
-def _read_bytes(s3: Any, path: str) -> bytes:
-    if path.startswith("s3://"):
-        bucket, key = split_s3_uri(path)
-        body: bytes = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-        return body
-    return Path(path).read_bytes()
 
 
 def _all_files(s3: Any, location: str) -> list[str]:
@@ -95,42 +98,33 @@ def _parent(path: str) -> str:
     return path.rsplit("/", 1)[0] + "/"
 
 
-def find_export(s3: Any, location: str, repo: str) -> ServiceExport | None:
-    """The newest export of ``repo`` under ``location`` (None: there is none).
-
-    Only metadata is listed and read on the driver; a garbled ``export.json`` fails the run.
-    """
+def find_export(s3: Any, location: str, repo: str) -> tuple[ServiceExport | None, list[str]]:
+    """The newest export of ``repo`` under ``location`` (None: there is none), and the files
+    of its folder. Every ``export.json`` there is read strictly: one that cannot be read, or
+    names no repository (it could be taken for any of them), stops the run."""
     files = _all_files(s3, location)
-    metas = [f for f in files if f.rsplit("/", 1)[-1] == EXPORT_META]
     best: ServiceExport | None = None
-    for meta_path in metas:
-        try:
-            meta = orjson.loads(_read_bytes(s3, meta_path))
-        except orjson.JSONDecodeError:
-            raise ReconcileError(f"uncommitted export {meta_path}: not JSON") from None
-        if not isinstance(meta, dict) or "exported_at" not in meta:
-            raise ReconcileError(f"uncommitted export {meta_path}: no exported_at")
-        owner = meta.get("repository")
-        if owner not in (None, "", repo):
+    for meta_path in (f for f in files if f.rsplit("/", 1)[-1] == EXPORT_META):
+        meta = parse_export_meta(read_bytes(s3, meta_path), f"uncommitted export {meta_path}")
+        if meta.repository != repo:
             continue
-        at = _ms(meta["exported_at"], meta_path)
-        if best is None or at > best.exported_at_ms:
-            folder = _parent(meta_path)
-            data = [f for f in files if _parent(f) == folder and f.endswith(DATA_SUFFIXES)]
-            best = ServiceExport(folder, at, data, owner or None)
-    return best
+        if best is None or meta.exported_at_ms > best.exported_at_ms:
+            best = ServiceExport(_parent(meta_path), meta)
+    if best is None:
+        return None, files
+    return best, [f for f in files if _parent(f) == best.location]
 
 
-def named_export(s3: Any, location: str, repo: str, *, now_ms: int,
-                 max_age_ms: float) -> ServiceExport:
+def named_export(s3: Any, location: str, repo: str, ns: Namespace, *, now_ms: int,
+                 cutoff_ms: int, max_age_ms: float) -> ServiceExport:
     """The export a command line or the settings *named*: it must be there and be usable.
 
     A named witness that cannot be read is not the same as no witness: the run would go on
     without it and take a staged object whose events were lost for a leak. So every way it
-    can be unusable refuses the run with one line (``ReconcileError``): nothing at the
-    location, no ``export.json`` (a file or folder that is not an export), only other
-    repositories' exports, no data files, a data file without an ``address`` column, an
-    export older than ``max_age_ms`` or dated in the future (it would vouch for everything).
+    can be unusable stops the run with one line: nothing at the location, no ``export.json``,
+    only other repositories' exports, an export of another namespace, made at or before the
+    run's cutoff, older than ``max_age_ms`` or dated in the future, a declared file missing or
+    an undeclared one present. Rows are checked as they are read (``export_keys_df``).
     """
     try:
         files = _all_files(s3, location)
@@ -144,83 +138,44 @@ def named_export(s3: Any, location: str, repo: str, *, now_ms: int,
     if not any(f.rsplit("/", 1)[-1] == EXPORT_META for f in files):
         raise ReconcileError(f"uncommitted export {location}: no {EXPORT_META} (not an "
                              "export; the format is in reconciler/README.md)")
-    found = find_export(s3, location, repo)
+    found, folder = find_export(s3, location, repo)
     if found is None:
         raise ReconcileError(f"uncommitted export {location}: only other repositories' "
                              f"exports, none of {repo!r}")
-    if found.exported_at_ms > now_ms + 60_000:
-        raise ReconcileError(f"uncommitted export {found.location}: exported_at "
-                             f"{found.exported_at_ms} is in the future (now {now_ms})")
+    where = f"uncommitted export {found.location}"
+    check_export_binding(found.meta, where, repo=repo, ns_uri=ns.uri, cutoff_ms=cutoff_ms,
+                         now_ms=now_ms)
     if now_ms - found.exported_at_ms > max_age_ms:
-        raise ReconcileError(
-            f"uncommitted export {found.location}: exported "
-            f"{(now_ms - found.exported_at_ms) / 3_600_000:.1f} h ago, older than "
-            f"uncommitted_export_max_age_seconds ({max_age_ms / 1000:g} s)")
-    if not found.files:
-        raise ReconcileError(f"uncommitted export {found.location}: no data files "
-                             f"({', '.join(DATA_SUFFIXES)})")
-    try:
-        next(iter(_rows(s3, found.files[0])), None)
-    except Exception as exc:  # a missing column, not Parquet, not CSV
-        raise ReconcileError(f"uncommitted export {found.files[0]}: unreadable "
-                             f"({type(exc).__name__}: {exc})") from None
+        raise EvidenceError(
+            f"{where}: exported {(now_ms - found.exported_at_ms) / 3_600_000:.1f} h ago, "
+            f"older than uncommitted_export_max_age_seconds ({max_age_ms / 1000:g} s)")
+    check_export_files(found.meta, folder, where)
     return found
-
-
-def _rows(s3: Any, path: str) -> Iterator[tuple[Any, Any]]:
-    """(address, repository) rows of one export file."""
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
-    data = io.BytesIO(_read_bytes(s3, path))
-    if path.endswith(".parquet"):
-        pf = pq.ParquetFile(data)
-        names = pf.schema_arrow.names
-        cols = [c for c in ("address", "repository") if c in names]
-        if "address" not in cols:
-            raise ValueError(f"uncommitted export file {path}: no column 'address'")
-        batches: Any = pf.iter_batches(columns=cols, batch_size=65_536)
-    else:
-        table = pacsv.read_csv(data, convert_options=pacsv.ConvertOptions(
-            column_types={"address": "string", "repository": "string"}))
-        cols = [c for c in ("address", "repository") if c in table.column_names]
-        if "address" not in cols:
-            raise ValueError(f"uncommitted export file {path}: no column 'address'")
-        batches = table.select(cols).to_batches(max_chunksize=65_536)
-    for batch in batches:
-        addresses = batch.column("address").to_pylist()
-        repos = (batch.column("repository").to_pylist() if "repository" in cols
-                 else [None] * len(addresses))
-        yield from zip(addresses, repos, strict=True)
 
 
 def export_keys_df(spark: Any, settings: Settings, ns: Namespace, repo: str,
                    export: ServiceExport) -> Any:
-    """Namespace-relative keys the service says are uncommitted (read inside tasks).
-
-    Every form an address may name is kept (``schemas.address.address_forms``); rows of
-    other repositories and addresses outside the namespace protect nothing here and are left.
-    """
+    """Namespace-relative keys the service says are uncommitted, read inside tasks by the
+    strict reader (``reconciler.evidence.export_keys``: every form an address may name is
+    kept; a row outside the namespace, of another repository, or a row count other than the
+    declared one fails the job, and so the run)."""
 
     def produce(item: dict[str, Any]) -> Iterator[tuple[str]]:
-        for address, owner in _rows(cached_s3(settings), item["path"]):
-            if address is None or owner not in (None, "", repo):
-                continue
-            try:
-                forms = address_forms(ns.uri, str(address))
-            except OutsideNamespace:
-                continue
-            for form in forms:
-                yield (form[len(ns.uri):],)
+        path = item["path"]
+        data = read_bytes(cached_s3(settings), path)
+        for key in export_keys(data, path, item["rows"], repo=repo, ns_uri=ns.uri,
+                               where=f"uncommitted export {path}"):
+            yield (key,)
 
-    return distributed(spark, [(f,) for f in export.files], "path string", produce,
-                       KEYS_SCHEMA)
+    items = [(export.path(f.name), f.rows) for f in export.meta.files]
+    return distributed(spark, items, "path string, rows long", produce, KEYS_SCHEMA)
 
 
 def write_export(s3: Any, location: str, addresses: list[str], *, exported_at_ms: int,
-                 repository: str | None = None) -> str:
-    """Write one export (Parquet + ``export.json``) to ``location`` (``s3://`` prefix or a
-    local directory); returns the location. Used by the model service and the tests."""
+                 repository: str, namespace: str) -> str:
+    """Write one export (Parquet + ``export.json``, format 2) to ``location`` (``s3://``
+    prefix or a local directory); returns the location. Used by the model service and the
+    tests."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -228,8 +183,8 @@ def write_export(s3: Any, location: str, addresses: list[str], *, exported_at_ms
                       "repository": pa.array([repository] * len(addresses), pa.string())})
     buf = io.BytesIO()
     pq.write_table(table, buf)
-    meta = orjson.dumps({"format": 1, "exported_at": exported_at_ms, "repository": repository,
-                         "rows": len(addresses)})
+    meta = orjson.dumps(ExportMeta(repository, namespace, exported_at_ms,
+                                   (ExportFile("part-00000.parquet", len(addresses)),)).as_dict())
     if not location.endswith("/"):
         location += "/"
     if location.startswith("s3://"):

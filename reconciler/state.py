@@ -212,12 +212,14 @@ class ExportResult:
     live: int = 0
     outside: int = 0
     extra_forms: int = 0  # rows for another form of an address (non-canonical or with %)
+    rows: int = 0  # rows written to the parts (each form of each address)
     by_reason: dict[str, int] = field(default_factory=dict)
     by_kind: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"parts": len(self.parts), "addresses": self.addresses, "live": self.live,
                 "outside_namespace": self.outside, "extra_forms": self.extra_forms,
+                "rows": self.rows,
                 "live_by_reason": self.by_reason,
                 "by_kind": self.by_kind}
 
@@ -299,6 +301,7 @@ def export_addresses(r: Any, s3: Any, repo: str, namespace: Namespace, dest_pref
                 result.live += 1
                 result.by_reason[v.reason] = result.by_reason.get(v.reason, 0) + 1
             result.extra_forms += sum(1 for form in forms if form != address)
+            result.rows += len(forms)
             for form in forms:
                 # A non-canonical or ambiguous (``%``) record protects each form it may name;
                 # only the tracker's own key form may be marked (the sweep re-reads that key).

@@ -1504,7 +1504,8 @@ class ModelService:
                         f"{stamp}-{int(exported_at * 1000) % 1000:03d}/")
         return await asyncio.to_thread(write_export, self.s3, location, addresses,
                                        exported_at_ms=int(exported_at * 1000),
-                                       repository=repo)
+                                       repository=repo,
+                                       namespace=self.model.repository(repo).storage_namespace)
 
     async def write_state_export(self, repo: str, nonce: str,
                                  location: str | None = None) -> str:

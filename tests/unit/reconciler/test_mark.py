@@ -428,24 +428,35 @@ def test_record_digest_sees_references_and_token_states():
     assert record_digest({}, {}) is None and record_digest(None, {}) is None
 
 
+def _meta(folder, **fields) -> None:
+    import orjson
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "export.json").write_bytes(orjson.dumps(fields))
+
+
 def test_service_export_newest_of_the_repository_csv_and_parquet(tmp_path):
     from reconciler.errors import ReconcileError
-    from reconciler.service_export import _rows, find_export, write_export
+    from reconciler.evidence import export_keys
+    from reconciler.service_export import find_export, write_export
 
     old = tmp_path / "e1"
-    old.mkdir()
-    (old / "export.json").write_text('{"format": 1, "exported_at": "2026-01-01T00:00:00Z"}')
-    (old / "a.csv").write_text("address,repository\ns3://b/r/data/x,r\ndata/y,other\n")
-    write_export(None, str(tmp_path / "e2"), ["s3://b/r/data/z"], exported_at_ms=1,
-                 repository="r")
+    _meta(old, format=2, exported_at="2026-01-01T00:00:00Z", repository="r",
+          namespace="s3://b/r/", files=[{"name": "a.csv", "rows": 2}])
+    (old / "a.csv").write_text("address,repository\ns3://b/r/data/x,r\ndata/y,r\n")
+    write_export(None, str(tmp_path / "e2"), ["s3://b/r/data/z"], exported_at_ms=10**11,
+                 repository="r", namespace="s3://b/r/")
     write_export(None, str(tmp_path / "e3"), ["s3://b/q/data/w"], exported_at_ms=2 * 10**12,
-                 repository="q")  # newer, but another repository's
-    found = find_export(None, str(tmp_path), "r")
+                 repository="q", namespace="s3://b/q/")  # newer, but another repository's
+    found, folder = find_export(None, str(tmp_path), "r")
     assert found is not None and found.location.endswith("/e1/")
     assert found.exported_at_ms == 1_767_225_600_000 and found.as_dict(0)["fresh"]
-    assert list(_rows(None, found.files[0])) == [("s3://b/r/data/x", "r"), ("data/y", "other")]
-    assert find_export(None, str(tmp_path / "e3"), "r") is None
-    (old / "export.json").write_text('{"format": 1}')
+    data = (old / "a.csv").read_bytes()
+    assert list(export_keys(data, "a.csv", 2, repo="r", ns_uri="s3://b/r/", where="a")) == [
+        "data/x", "data/y"]
+    assert find_export(None, str(tmp_path / "e3"), "r")[0] is None
+    _meta(old, format=2, repository="r", namespace="s3://b/r/",
+          files=[{"name": "a.csv", "rows": 2}])
     with pytest.raises(ReconcileError, match="exported_at"):
         find_export(None, str(tmp_path), "r")
 
@@ -456,10 +467,12 @@ def test_a_named_export_that_cannot_be_used_refuses_with_one_line(tmp_path):
 
     now = 2 * 10**12
     day = 86_400_000.0
+    ns = Namespace("s3://b/r/")
 
     def refused(location: object, match: str, repo: str = "r") -> None:
         with pytest.raises(ReconcileError, match=match) as info:
-            named_export(None, str(location), repo, now_ms=now, max_age_ms=day)
+            named_export(None, str(location), repo, ns, now_ms=now, cutoff_ms=now - day / 4,
+                         max_age_ms=day)
         assert "\n" not in str(info.value)
 
     refused(tmp_path / "missing", "cannot be read")
@@ -469,23 +482,33 @@ def test_a_named_export_that_cannot_be_used_refuses_with_one_line(tmp_path):
     lone.write_text("address\ns3://b/r/data/x\n")
     refused(lone, "no export.json")
     write_export(None, str(tmp_path / "q"), ["s3://b/q/data/w"], exported_at_ms=now,
-                 repository="q")
+                 repository="q", namespace="s3://b/q/")
     refused(tmp_path / "q", "none of 'r'")
-    write_export(None, str(tmp_path / "old"), [], exported_at_ms=int(now - 2 * day),
-                 repository="r")
-    refused(tmp_path / "old", "older than uncommitted_export_max_age_seconds")
+    write_export(None, str(tmp_path / "old"), [], exported_at_ms=int(now - day / 2),
+                 repository="r", namespace="s3://b/r/")
+    refused(tmp_path / "old", "not after the run's cutoff")
     write_export(None, str(tmp_path / "future"), [], exported_at_ms=int(now + day),
-                 repository="r")
+                 repository="r", namespace="s3://b/r/")
     refused(tmp_path / "future", "in the future")
+    write_export(None, str(tmp_path / "elsewhere"), [], exported_at_ms=now,
+                 repository="r", namespace="s3://b/other/")
+    refused(tmp_path / "elsewhere", "namespace s3://b/other/")
     shape = tmp_path / "shape"
-    shape.mkdir()
-    (shape / "export.json").write_text(f'{{"format": 1, "exported_at": {now}}}')
-    refused(shape, "no data files")
-    (shape / "part.csv").write_text("key\ndata/x\n")
-    refused(shape, "no column 'address'")
+    _meta(shape, format=1, exported_at=now)
+    refused(shape, "format 1")
+    _meta(shape, format=2, exported_at=now, namespace="s3://b/r/",
+          files=[{"name": "part.csv", "rows": 1}])
+    refused(shape, "names no repository")
+    _meta(shape, format=2, exported_at=now, repository="r", namespace="s3://b/r/",
+          files=[{"name": "part.csv", "rows": 1}])
+    refused(shape, "declared file.s. missing: part.csv")
     (shape / "part.csv").write_text("address\ndata/x\n")
-    found = named_export(None, str(shape), "r", now_ms=now, max_age_ms=day)
-    assert found.files and found.exported_at_ms == now
+    (shape / "more.csv").write_text("address\ndata/y\n")
+    refused(shape, "not declared: more.csv")
+    (shape / "more.csv").unlink()
+    found = named_export(None, str(shape), "r", ns, now_ms=now, cutoff_ms=now - 1,
+                         max_age_ms=day)
+    assert found.meta.rows == 1 and found.exported_at_ms == now
 
 
 def test_a_named_inventory_that_cannot_be_used_refuses_with_one_line(tmp_path):
@@ -497,7 +520,8 @@ def test_a_named_inventory_that_cannot_be_used_refuses_with_one_line(tmp_path):
     with pytest.raises(ReconcileError, match=r"no \.parquet or \.csv files"):
         named_inventory(None, str(tmp_path))
     (tmp_path / "inv.csv").write_text("name,size\nx,1\n")
-    with pytest.raises(ReconcileError, match="missing column"):
+    with pytest.raises(ReconcileError, match="no column 'key'"):
         named_inventory(None, str(tmp_path))
     (tmp_path / "inv.csv").write_text("key,size,last_modified\nx,1,2026-01-01T00:00:00Z\n")
-    assert named_inventory(None, str(tmp_path)) == [str((tmp_path / "inv.csv").resolve())]
+    assert [f.path for f in named_inventory(None, str(tmp_path))] == [
+        str((tmp_path / "inv.csv").resolve())]
