@@ -259,7 +259,7 @@ def test_an_inventory_manifest_names_its_files_bucket_and_checksums(tmp_path: An
     with pytest.raises(EvidenceError, match="bucket 'bucket', the namespace's bucket is 'b2'"):
         named_inventory(None, str(tmp_path), "b2")
     manifest(files=[{"key": "inv/b.csv", "MD5checksum": "0" * 32}])
-    with pytest.raises(EvidenceError, match="inv/b.csv is missing"):
+    with pytest.raises(EvidenceError, match=r"inv/b\.csv is missing"):
         named_inventory(None, str(tmp_path), "bucket")
     manifest(files=[{"key": "inv/a.csv", "MD5checksum": "0" * 32}])
     with pytest.raises(EvidenceError, match="MD5"):

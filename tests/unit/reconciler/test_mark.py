@@ -448,7 +448,7 @@ def test_service_export_newest_of_the_repository_csv_and_parquet(tmp_path):
                  repository="r", namespace="s3://b/r/")
     write_export(None, str(tmp_path / "e3"), ["s3://b/q/data/w"], exported_at_ms=2 * 10**12,
                  repository="q", namespace="s3://b/q/")  # newer, but another repository's
-    found, folder = find_export(None, str(tmp_path), "r")
+    found, _ = find_export(None, str(tmp_path), "r")
     assert found is not None and found.location.endswith("/e1/")
     assert found.exported_at_ms == 1_767_225_600_000 and found.as_dict(0)["fresh"]
     data = (old / "a.csv").read_bytes()
