@@ -275,6 +275,25 @@ def _crosscheck(classified: Any, committed: Any, known: Any) -> dict[str, Any]:
     return out
 
 
+MARK_SEAL_TTL_S = 7 * 86_400
+
+
+def mark_seal(s3: Any, ns: Namespace, run_id: str, mark: MarkSection) -> str:
+    """A digest binding a mark to its parts as the run wrote them: their keys (under the run's
+    own ``mark/``), each part's ETag, and the marked count. A part added, removed or rewritten
+    since, or a summary whose counts were edited, gives another digest."""
+    import hashlib
+
+    prefix = ns.report_prefix(run_id) + "mark/"
+    h = hashlib.sha256(f"{run_id}\n{ns.uri}\n{mark.marked}\n".encode())
+    for part in sorted(mark.parts):
+        if not part.startswith(prefix):
+            raise SweepRefused(f"run {run_id}: mark part {part} is not under {prefix}")
+        etag = s3.head_object(Bucket=ns.bucket, Key=part)["ETag"]
+        h.update(f"{part}\n{etag}\n".encode())
+    return h.hexdigest()
+
+
 def _keepset_problem(summary: RunSummary) -> str | None:
     """Why the mark's keep-set may not be swept from (its proof missing or incomplete)."""
     if summary.keepset is None:
@@ -400,6 +419,11 @@ class Run:
         problem = _keepset_problem(self.summary)
         if problem is not None:
             raise SweepRefused(f"run {run_id}: {problem}; run a new mark")
+        sealed = self.r.get(RepoKeys(self.opts.repo).mark_seal(run_id))
+        if sealed is None or sealed != mark_seal(self.s3, self.ns, run_id, self.summary.mark):
+            raise SweepRefused(f"run {run_id}: its mark is not the one the run wrote (its "
+                               "parts or counts changed since, or its seal is gone): run a "
+                               "new mark")
         lease_id = f"{run_id}:sweep:{uuid.uuid4().hex[:6]}"
         lease = Lease(self.r, self.opts.repo, lease_id, self.opts.lease_ttl_ms)
         lease.acquire()
@@ -553,6 +577,8 @@ class Run:
             marked = classified.filter(F.col("category").isin(*MARKED_CATEGORIES))
             parts = _write_mark(self.spark, self.settings, ns, run_id, marked)
         s.mark = MarkSection(tally, parts)
+        self.r.set(RepoKeys(o.repo).mark_seal(run_id), mark_seal(self.s3, ns, run_id, s.mark),
+                   ex=MARK_SEAL_TTL_S)
         s.marked_at_ms = redis_time_ms(self.r)
         timed("write_mark_s", t0)
         t0 = time.monotonic()
@@ -841,6 +867,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
+def _options(args: argparse.Namespace, repo: str) -> RunOptions:
+    """The one typed plan of a run, from the command line."""
+    return RunOptions(
+        repo=repo, dry_run=args.dry_run, sweep_only=args.sweep_only,
+        optimized=args.optimized,
+        cutoff_ms=parse_cutoff(args.cutoff) if args.cutoff else None,
+        inventory=args.inventory, expire_older_than_days=args.expire_older_than_days,
+        expiration_mode=args.expiration_mode, delete_expired_refs=args.delete_expired_refs,
+        ignore_tracker_progress=args.ignore_tracker_progress,
+        max_mark_age_hours=args.max_mark_age_hours,
+        uncommitted_export=args.uncommitted_export,
+        allow_large_sweep=args.allow_large_sweep)
+
+
 def _check_args(args: argparse.Namespace) -> None:
     if args.inventory and args.optimized:
         raise UserError("--inventory and --optimized do not go together")
@@ -852,6 +892,49 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.all and (args.sweep_only or args.inventory):
         raise UserError("--all takes no --sweep-only or --inventory (they name one "
                         "repository's run or input)")
+
+
+def preflight(settings: Settings, opts: RunOptions) -> None:
+    """The mistakes that can be told without Spark, told before it starts (25 to 40 s): an
+    unknown or retired repository, a run id that names no mark of it, an inventory or a
+    service export that is not there or not readable. The run checks each again."""
+    import redis
+
+    from reconciler.listing import named_inventory
+    from reconciler.s3io import check_run_id
+    from reconciler.service_export import find_export
+
+    r = redis_sync(settings)
+    try:
+        ns = load_namespace(r, opts.repo)
+        problem = retired_problem(r, opts.repo, ns)
+    except ReconcileError as exc:
+        raise UserError(str(exc)) from None
+    except redis.exceptions.ConnectionError as exc:
+        raise UserError(f"cannot reach the tracker's Redis ({exc}): nothing was done") from None
+    finally:
+        r.close()
+    if problem:
+        raise UserError(f"{problem}: nothing was done")
+    s3 = s3_client(settings)
+    if opts.sweep_only:
+        if read_summary(s3, ns, check_run_id(opts.sweep_only)) is None:
+            raise SweepRefused(f"no report for run {opts.sweep_only!r} in {ns.uri}")
+        return
+    try:
+        if opts.inventory:
+            named_inventory(s3, opts.inventory, ns.bucket)
+        setting = opts.uncommitted_export if opts.uncommitted_export is not None \
+            else settings.uncommitted_export
+        if setting:
+            location = resolve_location(setting, ns, opts.repo)
+            if find_export(s3, location, opts.repo)[0] is None:
+                raise ReconcileError(f"uncommitted export {location}: no export of "
+                                     f"{opts.repo!r} there (reconciler/README.md)")
+    except ReconcileError as exc:
+        raise UserError(str(exc)) from None
+    except Exception as exc:  # botocore: no such bucket, access denied
+        raise UserError(f"{type(exc).__name__}: {exc}") from None
 
 
 def run_cli(settings: Settings, args: argparse.Namespace) -> int:
@@ -872,6 +955,7 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
             r.close()
     else:
         repos = [args.repo]
+        preflight(settings, _options(args, args.repo))
     from reconciler.spark import get_spark
 
     spark = get_spark(settings)
@@ -879,16 +963,7 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
     summaries = []
     failed = 0
     for repo in repos:
-        opts = RunOptions(
-            repo=repo, dry_run=args.dry_run, sweep_only=args.sweep_only,
-            optimized=args.optimized,
-            cutoff_ms=parse_cutoff(args.cutoff) if args.cutoff else None,
-            inventory=args.inventory, expire_older_than_days=args.expire_older_than_days,
-            expiration_mode=args.expiration_mode, delete_expired_refs=args.delete_expired_refs,
-            ignore_tracker_progress=args.ignore_tracker_progress,
-            max_mark_age_hours=args.max_mark_age_hours,
-            uncommitted_export=args.uncommitted_export,
-            allow_large_sweep=args.allow_large_sweep)
+        opts = _options(args, repo)
         # One repository's failure (reported in its summary) does not stop the others; with
         # --all a refused repository (retired, lease busy) is reported and the others go on.
         try:

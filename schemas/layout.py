@@ -237,6 +237,12 @@ class RepoKeys:
         prefix is held (few entries: delete paths read the whole hash)."""
         return f"{self.tag}:holdprefixes"
 
+    def mark_seal(self, run_id: str) -> str:
+        """string: the reconciler's seal of one run's mark (its parts and their ETags, the
+        marked count), written when the mark is; ``--sweep-only`` sweeps only a mark whose
+        stored summary and parts still match it. Expires with the mark's usable age."""
+        return f"{self.tag}:markseal:{run_id}"
+
     @property
     def paused(self) -> str:
         """string: json {reason, at_ms}. Present: the reaper and the sweep skip the repository."""

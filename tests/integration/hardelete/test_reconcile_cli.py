@@ -96,3 +96,31 @@ def test_cli_all_repositories_dry_run(spark, cli_env, s3, redis_client, capsys):
     assert len(w.data("one")) == 1 and len(w.data("two")) == 2  # a dry run deletes nothing
     assert main(["reconcile", "--all", "--sweep-only", "x"]) == 2
     assert "--all takes no" in capsys.readouterr().err
+
+
+def test_input_mistakes_are_told_before_spark_starts(cli_env, s3, redis_client, capsys,
+                                                     monkeypatch, tmp_path):
+    """An unknown or retired repository, a run id with no report, a missing inventory or
+    export: one line, and Spark (25 to 40 s of start-up) never started."""
+    import reconciler.spark
+
+    def no_spark(*_a: object, **_k: object) -> None:
+        raise AssertionError("Spark started before the inputs were checked")
+
+    monkeypatch.setattr(reconciler.spark, "get_spark", no_spark)
+    clock_start = time.time() - 3600
+    model = Model(clock=lambda: clock_start, upload_secret=cli_env.upload_token_secret)
+    w = World(cli_env, s3, redis_client, None, model, ModelService(cli_env, s3, None,
+                                                                   model=model))  # type: ignore[arg-type]
+    w.run([(Model.create_repository, ("pre", "s3://preb/ns/"))])
+    w.track(None)
+    for argv, says in [
+        (["--repo", "nope", "--dry-run"], "unknown to the tracker"),
+        (["--repo", "pre", "--sweep-only", "20260101T000000Z-abcdef"], "no report for run"),
+        (["--repo", "pre", "--inventory", str(tmp_path / "missing")], "cannot be read"),
+        (["--repo", "pre", "--inventory", str(tmp_path)], "no .parquet or .csv"),
+        (["--repo", "pre", "--uncommitted-export", str(tmp_path)], "no export of 'pre'"),
+    ]:
+        assert main(["reconcile", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err and err.count("\n") == 1, err
