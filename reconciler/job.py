@@ -109,7 +109,7 @@ class RunOptions:
     inventory: str | None = None
     expire_older_than_days: float | None = None
     expiration_mode: str = "seed"  # seed 001 reading: "seed" | "icechunk" (retention.py)
-    delete_expired_refs: bool = False  # refs at expired snapshots no longer retain (Icechunk)
+    delete_expired_refs: bool = False  # list refs at expired snapshots for the service to delete
     ignore_tracker_progress: bool = False
     max_mark_age_hours: float = 24.0
     lease_ttl_ms: int = 60_000
@@ -459,6 +459,14 @@ class Run:
         put_json(self.s3, ns.bucket, report + "retained.json",
                  {"retained": sorted(plan.retained),
                   "manifests": [list(m) for m in plan.manifests]})
+        if o.delete_expired_refs:
+            # The refs for the service to delete (issue 33): they retain until it has.
+            retention.expired_refs_key = report + "expired_refs.json"
+            put_json(self.s3, ns.bucket, retention.expired_refs_key, {
+                "repository": o.repo, "default_branch": state.default_branch,
+                "expire_older_than_days": retention.expire_older_than_days,
+                "refs": [{"kind": r.kind, "name": r.name, "commit": r.commit,
+                          "commit_time": r.commit_time} for r in plan.refs_to_delete or ()]})
         known = export_df(self.spark, self.settings, ns.bucket, export.parts)
         known = known.persist(StorageLevel.MEMORY_AND_DISK)
         with self.ui.phase(f"read {len(plan.manifests)} manifests of "
@@ -682,7 +690,7 @@ class Run:
         reval.update(fingerprint_at_mark=at_mark_fingerprint,
                      fingerprint_now=state.fingerprint,
                      retention_changed=state.fingerprint != at_mark_fingerprint)
-        if not reval["retention_changed"]:
+        if not reval["retention_changed"] and not (ret and ret.dropped_live_refs()):
             return None, parts, retained
         if ret is None or ret.retained_key is None:
             return ("the mark recorded no retention to judge again against: nothing deleted, "
@@ -797,9 +805,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "sample run); icechunk: every ref's snapshot is re-parented to "
                              "the root (Icechunk 1.1)")
     parser.add_argument("--delete-expired-refs", action="store_true",
-                        help="with --expire-older-than-days: branches and tags that point at "
-                             "expired snapshots no longer retain anything (Icechunk's "
-                             "delete-expired-tags/branches)")
+                        help="with expiration: write the branches and tags that point at "
+                             "expired snapshots (never the default branch) to the report's "
+                             "expired_refs.json for the service to delete (Icechunk's "
+                             "delete-expired-tags/branches); they keep their data until the "
+                             "service has deleted them")
     parser.add_argument("--ignore-tracker-progress", action="store_true",
                         help="DANGEROUS: do not hold the cutoff back to the tracker's progress")
     parser.add_argument("--max-mark-age-hours", type=float, default=24.0,

@@ -327,9 +327,15 @@ def test_plan_retention_expiration_modes_on_seed001():
         plan = plan_retention(state, NOW, expire_older_than_days=days, mode=mode)
         assert plan.retained == branch_side | {"3", "5"}  # tags keep their own commit
         assert plan.expired_refs == [("tag", "tag1"), ("tag", "tag2")]
+        assert plan.refs_to_delete is None  # not asked for
+        # --delete-expired-refs lists the tags for the service to delete; they retain until
+        # it has (issue 33: the run never drops a ref the mirror has)
         plan = plan_retention(state, NOW, expire_older_than_days=days, mode=mode,
                               delete_expired_refs=True)
-        assert plan.retained == branch_side
+        assert plan.retained == branch_side | {"3", "5"}
+        assert [(r.kind, r.name, r.commit) for r in plan.refs_to_delete or ()] == [
+            ("tag", "tag1", "3"), ("tag", "tag2", "5")]
+        assert plan.as_dict()["refs_to_delete"] == ["tag:tag1", "tag:tag2"]
     assert plan_retention(state, NOW, expire_older_than_days=days).expired_commits == 2
     assert plan_retention(state, NOW, expire_older_than_days=days,
                           mode="icechunk").expired_commits == 5
