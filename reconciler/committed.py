@@ -81,6 +81,9 @@ def plan_retention(state: CommittedState, now_s: float, *,
     graph = state.commits
     days = (expire_older_than_days if expire_older_than_days is not None
             else state.expire_older_than_days)
+    if days is not None and not days > 0:  # 0 (or NaN) counts every head as expired
+        raise ReconcileError(f"expire_older_than_days must be > 0, got {days!r}: 0 would "
+                             "count every branch and tag head as expired")
     expire_at = None if days is None else now_s - days * SECONDS_PER_DAY
     to_delete: list[ExpiredRef] | None = None
     try:

@@ -799,7 +799,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="S3-Inventory-style Parquet/CSV (key,size,last_modified) instead "
                              "of listing: s3://bucket/prefix/ or a local directory")
     parser.add_argument("--expire-older-than-days", type=float,
-                        help="snapshot expiration (seed 001) before retention")
+                        help="snapshot expiration (seed 001) before retention: days > 0; "
+                             "branch and tag heads are never expired")
     parser.add_argument("--expiration-mode", choices=("seed", "icechunk"), default="seed",
                         help="seed: refs at expired snapshots keep their ancestry (the seed's "
                              "sample run); icechunk: every ref's snapshot is re-parented to "
@@ -830,8 +831,9 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.sweep_only and (args.optimized or args.inventory or args.cutoff
                             or args.uncommitted_export):
         raise UserError("--sweep-only takes no listing options")
-    if args.expire_older_than_days is not None and args.expire_older_than_days < 0:
-        raise UserError("--expire-older-than-days must be >= 0")
+    if args.expire_older_than_days is not None and not args.expire_older_than_days > 0:
+        raise UserError("--expire-older-than-days must be > 0 (0 would count every branch "
+                        "and tag head as expired)")
     if args.all and (args.sweep_only or args.inventory):
         raise UserError("--all takes no --sweep-only or --inventory (they name one "
                         "repository's run or input)")

@@ -266,6 +266,13 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"expiration mode must be one of {EXPIRATION_MODES}, got {mode!r}")
 
 
+def _check_threshold(older_than: float) -> None:
+    # Every comparison with NaN is false: no commit would count as newer, so every ref's own
+    # snapshot would become "A" and lose its whole ancestry.
+    if math.isnan(older_than):
+        raise ValueError("expiration threshold is NaN")
+
+
 def _expire_into(graph: dict[str, CommitRecord], target: str, older_than: float,
                  mode: ExpirationMode = "seed") -> str | None:
     """Apply "update A in place" for one ref to ``graph``; return the edited id, if any."""
@@ -383,6 +390,7 @@ def expire_ref(
     a parent missing from ``commits``, the last present commit acts as ``root``.
     """
     _check_mode(mode)
+    _check_threshold(older_than)
     graph = dict(commits)
     _expire_into(graph, target, older_than, mode)
     return FrozenMap(graph)
@@ -409,6 +417,7 @@ def expire_snapshots(
     than the threshold that was reachable from a ref becomes unreachable.
     """
     _check_mode(mode)
+    _check_threshold(older_than)
     refs = _resolve_order(branch_heads, tags, order)
     heads = [*branch_heads.values(), *tags.values()]
     graph = dict(commits)
@@ -505,9 +514,14 @@ def retained_commits(
 
     Every ref in ``branch_heads`` and ``tags`` retains its commit, expired or not: refs that
     point at expired snapshots are listed for the service (:func:`refs_to_delete`), never
-    dropped here.
+    dropped here. A threshold not before ``now`` (``--expire-older-than-days 0``) would count
+    every ref's head as expired and is refused (``ValueError``), as is NaN.
     """
     if expire_older_than is None:
         return active_commits(commits, branch_heads, tags, policy, now)
+    _check_threshold(expire_older_than)
+    if expire_older_than >= now:
+        raise ValueError(f"expiration threshold {expire_older_than!r} is not before now "
+                         f"({now!r}): every branch and tag head would count as expired")
     result = expire_snapshots(commits, branch_heads, tags, expire_older_than, order, mode)
     return active_commits(result.commits, branch_heads, tags, policy, now)

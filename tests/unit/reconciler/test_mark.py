@@ -357,6 +357,22 @@ def test_reconcile_cli_takes_the_expiration_mode():
         parser.parse_args(["--repo", "r", "--expiration-mode", "bogus"])
 
 
+@pytest.mark.parametrize("days", ["0", "-0", "-1", "nan"])
+def test_reconcile_cli_refuses_an_expiration_that_would_expire_every_head(days):
+    # issue 33: 0 days counts every branch and tag head as expired (NaN compares false with
+    # every commit time); refused in one line before Spark starts
+    import argparse
+
+    from reconciler.job import _check_args, configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    args = parser.parse_args(["--repo", "r", "--expire-older-than-days", days])
+    with pytest.raises(UserError, match="--expire-older-than-days must be > 0"):
+        _check_args(args)
+    _check_args(parser.parse_args(["--repo", "r", "--expire-older-than-days", "0.5"]))
+
+
 # ------------------------------------------------------------------- grace binds the mark
 
 def test_verdict_keeps_an_address_unreferenced_less_than_grace_before_the_horizon():

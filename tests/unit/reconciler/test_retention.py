@@ -654,3 +654,34 @@ def test_the_refs_listed_for_deletion_never_include_the_default_branch() -> None
     # the model of the service's side keeps its default branch too
     assert delete_expired_refs(branches, tags, res) == ({"main": "b", "dev": "c"}, {"v2": "c"})
 
+
+def test_a_threshold_that_would_expire_every_head_is_refused() -> None:
+    g = graph(C("a", (), 20), C("b", "a", 10))
+    policy = RetentionPolicy(1.0)
+    # --expire-older-than-days 0 (or a threshold in the future) would count every head as
+    # expired; NaN compares false with every time, so every ref's head would lose its ancestry
+    for older_than in (NOW, NOW + DAY, math.nan):
+        with pytest.raises(ValueError, match="threshold"):
+            retained_commits(g, {"main": "b"}, {}, policy, NOW, expire_older_than=older_than)
+    for mode in ("seed", "icechunk"):
+        with pytest.raises(ValueError, match="NaN"):
+            expire_snapshots(g, {"main": "b"}, {}, math.nan, mode=mode)
+        with pytest.raises(ValueError, match="NaN"):
+            expire_ref(g, "b", math.nan, mode=mode)
+    assert retained_commits(g, {"main": "b"}, {}, policy, NOW,
+                            expire_older_than=NOW - 1) == {"b"}
+
+
+@pytest.mark.parametrize("days", [0.0, -1.0, math.nan])
+def test_the_plan_refuses_an_expiration_of_zero_days_from_the_option_or_the_metadata(
+        days: float) -> None:
+    from reconciler.errors import ReconcileError
+
+    commits = {"b": CommitRecord((), ago(10), "main", "m/b")}
+    from_option = CommittedState("r", NS_33, "main", RetentionPolicy(1.0), None, commits,
+                                 {"main": "b"}, {})
+    from_meta = CommittedState("r", NS_33, "main", RetentionPolicy(1.0), days, commits,
+                               {"main": "b"}, {})
+    for state, option in ((from_option, days), (from_meta, None)):
+        with pytest.raises(ReconcileError, match="expire_older_than_days must be > 0"):
+            plan_retention(state, NOW, expire_older_than_days=option)
