@@ -27,7 +27,9 @@ from reconciler.mark import KEYS_SCHEMA
 from reconciler.retention import (
     SECONDS_PER_DAY,
     ExpirationMode,
+    ExpiredRef,
     expire_snapshots,
+    refs_to_delete,
     retained_commits,
 )
 from reconciler.s3io import Namespace, cached_s3, read_parquet_rows
@@ -42,11 +44,16 @@ class RetentionPlan:
     commits: int
     expired_refs: list[tuple[str, str]] = field(default_factory=list)
     expired_commits: int = 0
+    # --delete-expired-refs: the refs listed for the service to delete (None: not asked)
+    refs_to_delete: list[ExpiredRef] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"commits": self.commits, "retained": len(self.retained),
-                "manifests": len(self.manifests), "expired_commits": self.expired_commits,
-                "refs_pointing_to_expired": [f"{k}:{n}" for k, n in self.expired_refs]}
+        out = {"commits": self.commits, "retained": len(self.retained),
+               "manifests": len(self.manifests), "expired_commits": self.expired_commits,
+               "refs_pointing_to_expired": [f"{k}:{n}" for k, n in self.expired_refs]}
+        if self.refs_to_delete is not None:
+            out["refs_to_delete"] = [f"{r.kind}:{r.name}" for r in self.refs_to_delete]
+        return out
 
 
 def manifest_location(ns: Namespace, manifest: str) -> tuple[str, str]:
@@ -62,15 +69,23 @@ def plan_retention(state: CommittedState, now_s: float, *,
                    expire_older_than_days: float | None = None,
                    mode: ExpirationMode = "seed",
                    delete_expired_refs: bool = False) -> RetentionPlan:
-    """Which commits are retained and which manifests to read (pure, no I/O)."""
+    """Which commits are retained and which manifests to read (pure, no I/O).
+
+    Every branch and tag of the mirror retains, expired or not (issue 33): with
+    ``delete_expired_refs`` the refs that point at expired snapshots are only listed for the
+    service to delete (``refs_to_delete``; never the default branch).
+    """
     graph = state.commits
     days = (expire_older_than_days if expire_older_than_days is not None
             else state.expire_older_than_days)
+    if days is not None and not days > 0:  # 0 (or NaN) counts every head as expired
+        raise ReconcileError(f"expire_older_than_days must be > 0, got {days!r}: 0 would "
+                             "count every branch and tag head as expired")
     expire_at = None if days is None else now_s - days * SECONDS_PER_DAY
+    to_delete: list[ExpiredRef] | None = None
     try:
         retained = retained_commits(graph, state.branch_heads, state.tags, state.policy, now_s,
-                                    expire_older_than=expire_at, mode=mode,
-                                    delete_refs_to_expired=delete_expired_refs)
+                                    expire_older_than=expire_at, mode=mode)
         expired_refs: list[tuple[str, str]] = []
         expired = 0
         if expire_at is not None:
@@ -78,6 +93,9 @@ def plan_retention(state: CommittedState, now_s: float, *,
                                       mode=mode)
             expired_refs = [(k, n) for k, n in result.refs_pointing_to_expired]
             expired = len(result.expired)
+            if delete_expired_refs:
+                to_delete = list(refs_to_delete(state.branch_heads, state.tags, result,
+                                                default_branch=state.default_branch))
     except ValueError as exc:  # a corrupt graph (first-parent cycle, ...)
         raise ReconcileError(f"commit graph: {exc}") from None
     manifests: dict[tuple[str, str], None] = {}
@@ -90,7 +108,8 @@ def plan_retention(state: CommittedState, now_s: float, *,
         if not rec.manifest:
             raise ReconcileError(f"retained commit {cid!r} has no manifest")
         manifests[manifest_location(state.namespace, rec.manifest)] = None
-    return RetentionPlan(retained, list(manifests), len(state.commits), expired_refs, expired)
+    return RetentionPlan(retained, list(manifests), len(state.commits), expired_refs, expired,
+                         to_delete)
 
 
 def manifest_keys_df(spark: Any, settings: Settings, ns: Namespace,

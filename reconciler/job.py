@@ -110,7 +110,7 @@ class RunOptions:
     inventory: str | None = None
     expire_older_than_days: float | None = None
     expiration_mode: str = "seed"  # seed 001 reading: "seed" | "icechunk" (retention.py)
-    delete_expired_refs: bool = False  # refs at expired snapshots no longer retain (Icechunk)
+    delete_expired_refs: bool = False  # list refs at expired snapshots for the service to delete
     ignore_tracker_progress: bool = False
     max_mark_age_hours: float = 24.0
     lease_ttl_ms: int = 60_000
@@ -498,6 +498,14 @@ class Run:
         put_json(self.s3, ns.bucket, report + "retained.json",
                  {"retained": sorted(plan.retained),
                   "manifests": [list(m) for m in plan.manifests]})
+        if o.delete_expired_refs:
+            # The refs for the service to delete (issue 33): they retain until it has.
+            retention.expired_refs_key = report + "expired_refs.json"
+            put_json(self.s3, ns.bucket, retention.expired_refs_key, {
+                "repository": o.repo, "default_branch": state.default_branch,
+                "expire_older_than_days": retention.expire_older_than_days,
+                "refs": [{"kind": r.kind, "name": r.name, "commit": r.commit,
+                          "commit_time": r.commit_time} for r in plan.refs_to_delete or ()]})
         known = export_df(self.spark, self.settings, ns.bucket, export.parts)
         known = known.persist(StorageLevel.MEMORY_AND_DISK)
         read_back = known.count()
@@ -735,7 +743,7 @@ class Run:
         reval.update(fingerprint_at_mark=at_mark_fingerprint,
                      fingerprint_now=state.fingerprint,
                      retention_changed=state.fingerprint != at_mark_fingerprint)
-        if not reval["retention_changed"]:
+        if not reval["retention_changed"] and not (ret and ret.dropped_live_refs()):
             return None, parts, retained
         if ret is None or ret.retained_key is None:
             return ("the mark recorded no retention to judge again against: nothing deleted, "
@@ -844,15 +852,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="S3-Inventory-style Parquet/CSV (key,size,last_modified) instead "
                              "of listing: s3://bucket/prefix/ or a local directory")
     parser.add_argument("--expire-older-than-days", type=float,
-                        help="snapshot expiration (seed 001) before retention")
+                        help="snapshot expiration (seed 001) before retention: days > 0; "
+                             "branch and tag heads are never expired")
     parser.add_argument("--expiration-mode", choices=("seed", "icechunk"), default="seed",
                         help="seed: refs at expired snapshots keep their ancestry (the seed's "
                              "sample run); icechunk: every ref's snapshot is re-parented to "
                              "the root (Icechunk 1.1)")
     parser.add_argument("--delete-expired-refs", action="store_true",
-                        help="with --expire-older-than-days: branches and tags that point at "
-                             "expired snapshots no longer retain anything (Icechunk's "
-                             "delete-expired-tags/branches)")
+                        help="with expiration: write the branches and tags that point at "
+                             "expired snapshots (never the default branch) to the report's "
+                             "expired_refs.json for the service to delete (Icechunk's "
+                             "delete-expired-tags/branches); they keep their data until the "
+                             "service has deleted them")
     parser.add_argument("--ignore-tracker-progress", action="store_true",
                         help="DANGEROUS: do not hold the cutoff back to the tracker's progress")
     parser.add_argument("--max-mark-age-hours", type=float, default=24.0,
@@ -887,8 +898,9 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.sweep_only and (args.optimized or args.inventory or args.cutoff
                             or args.uncommitted_export):
         raise UserError("--sweep-only takes no listing options")
-    if args.expire_older_than_days is not None and args.expire_older_than_days < 0:
-        raise UserError("--expire-older-than-days must be >= 0")
+    if args.expire_older_than_days is not None and not args.expire_older_than_days > 0:
+        raise UserError("--expire-older-than-days must be > 0 (0 would count every branch "
+                        "and tag head as expired)")
     if args.all and (args.sweep_only or args.inventory):
         raise UserError("--all takes no --sweep-only or --inventory (they name one "
                         "repository's run or input)")

@@ -243,10 +243,13 @@ class RetentionSection:
     retained_key: str | None = None
     committed_keys: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # --delete-expired-refs: where the refs listed for the service to delete were written
+    expired_refs_key: str | None = None
 
     _OWN = ("policy", "expire_older_than_days", "expiration_mode", "delete_expired_refs",
-            "fingerprint", "retained_key", "committed_keys")
-    _COUNTS = ("commits", "retained", "manifests", "expired_commits", "refs_pointing_to_expired")
+            "fingerprint", "retained_key", "committed_keys", "expired_refs_key")
+    _COUNTS = ("commits", "retained", "manifests", "expired_commits", "refs_pointing_to_expired",
+               "refs_to_delete")
 
     def as_dict(self) -> dict[str, Any]:
         own = {"policy": self.policy, "expire_older_than_days": self.expire_older_than_days,
@@ -259,7 +262,15 @@ class RetentionSection:
                    d.get("expire_older_than_days"), d.get("expiration_mode"),
                    d.get("delete_expired_refs"), d.get("fingerprint"), d.get("retained_key"),
                    d.get("committed_keys"),
-                   {k: v for k, v in d.items() if k not in cls._OWN and k not in cls._COUNTS})
+                   {k: v for k, v in d.items() if k not in cls._OWN and k not in cls._COUNTS},
+                   d.get("expired_refs_key"))
+
+    def dropped_live_refs(self) -> bool:
+        """A mark of a version whose --delete-expired-refs made retention ignore the refs at
+        expired snapshots, live ones included (issue 33): it recorded the option but wrote no
+        list of refs. Its retained set may lack a live ref's commit, so the sweep judges it
+        again whatever the fingerprint says."""
+        return bool(self.delete_expired_refs) and self.expired_refs_key is None
 
 
 # The summary's keys, in the order it is written; any other key of a stored summary (written by

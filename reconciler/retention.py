@@ -16,11 +16,16 @@ Two policies are modelled:
   at an expired snapshot is never edited, so it keeps its whole ancestry: on the seed's
   history only 6 and 7 are freed); ``icechunk`` follows Icechunk 1.1 (every ref's own snapshot
   is re-parented to the root, even an expired one: tags lose their expired ancestry and 1, 2,
-  4, 6, 7 are freed). Deleting the refs that point at expired snapshots
-  (:func:`delete_expired_refs`, Icechunk's ``delete_expired_tags``) frees 1-7 in both.
+  4, 6, 7 are freed). Deleting the refs that point at expired snapshots (Icechunk's
+  ``delete_expired_tags``/``branches``) frees 1-7 in both: :func:`delete_expired_refs` models
+  what the refs become once the *service* deleted them.
 
 :func:`retained_commits` combines them: expiration rewrites history first, then retention is
-computed on the rewritten graph.
+computed on the rewritten graph. Every ref it is given retains its commit: a ref the mirror
+has is live at the service as far as the reconciler knows, so expiration never drops one here.
+The refs that point at expired snapshots are only listed for the service to delete
+(:func:`refs_to_delete`, never the default branch); once the service has deleted them they are
+gone from the mirror, and retention frees their data like any deleted ref's.
 
 Conventions: a commit's ``time`` is in epoch seconds and its first parent is its main
 ancestry. The graph is a ``Mapping[str, CommitRecord]`` keyed by commit id (the mirror's one commit
@@ -45,6 +50,7 @@ __all__ = [
     "SECONDS_PER_DAY",
     "ExpirationMode",
     "ExpirationResult",
+    "ExpiredRef",
     "FrozenMap",
     "Ref",
     "RefKind",
@@ -54,6 +60,7 @@ __all__ = [
     "expire_ref",
     "expire_snapshots",
     "reachable",
+    "refs_to_delete",
     "retained_commits",
 ]
 
@@ -148,14 +155,24 @@ class ExpirationResult:
       timestamps every one of them is older than the threshold. Commits that were already
       unreachable before are not reported.
     * ``refs_pointing_to_expired`` - ``(kind, name)`` of refs whose commit is older than the
-      threshold. They are never edited and keep their snapshot (and its whole ancestry)
-      alive; deleting them (:func:`delete_expired_refs`) frees more.
+      threshold. They keep their snapshot alive (in mode ``seed`` unedited, with its whole
+      ancestry) until the service deletes them (:func:`refs_to_delete` lists them).
     """
 
     commits: FrozenMap[str, CommitRecord]
     edited: frozenset[str]
     expired: frozenset[str]
     refs_pointing_to_expired: tuple[Ref, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredRef:
+    """A ref that points at an expired snapshot, listed for the service to delete."""
+
+    kind: RefKind
+    name: str
+    commit: str
+    commit_time: float  # epoch seconds
 
 
 # --------------------------------------------------------------------------- helpers
@@ -247,6 +264,13 @@ def _resolve_order(
 def _check_mode(mode: str) -> None:
     if mode not in EXPIRATION_MODES:
         raise ValueError(f"expiration mode must be one of {EXPIRATION_MODES}, got {mode!r}")
+
+
+def _check_threshold(older_than: float) -> None:
+    # Every comparison with NaN is false: no commit would count as newer, so every ref's own
+    # snapshot would become "A" and lose its whole ancestry.
+    if math.isnan(older_than):
+        raise ValueError("expiration threshold is NaN")
 
 
 def _expire_into(graph: dict[str, CommitRecord], target: str, older_than: float,
@@ -366,6 +390,7 @@ def expire_ref(
     a parent missing from ``commits``, the last present commit acts as ``root``.
     """
     _check_mode(mode)
+    _check_threshold(older_than)
     graph = dict(commits)
     _expire_into(graph, target, older_than, mode)
     return FrozenMap(graph)
@@ -392,6 +417,7 @@ def expire_snapshots(
     than the threshold that was reachable from a ref becomes unreachable.
     """
     _check_mode(mode)
+    _check_threshold(older_than)
     refs = _resolve_order(branch_heads, tags, order)
     heads = [*branch_heads.values(), *tags.values()]
     graph = dict(commits)
@@ -412,6 +438,36 @@ def expire_snapshots(
     return ExpirationResult(FrozenMap(graph), frozenset(edited), expired, stale)
 
 
+def refs_to_delete(
+    branch_heads: Mapping[str, str],
+    tags: Mapping[str, str],
+    result: ExpirationResult,
+    *,
+    default_branch: str | None,
+    delete_branches: bool = True,
+    delete_tags: bool = True,
+) -> tuple[ExpiredRef, ...]:
+    """The refs of ``result.refs_pointing_to_expired`` the service may delete, with their commit.
+
+    Icechunk's ``delete_expired_branches``/``delete_expired_tags``: deleting them makes their
+    snapshots (and their exclusive ancestry) collectable. The default branch is never listed
+    (Icechunk never deletes it); when it is unknown (``None``) no branch is, since any might be.
+    Only the service deletes refs: until it has, they retain as every live ref does.
+    """
+    out: list[ExpiredRef] = []
+    for kind, name in result.refs_pointing_to_expired:
+        if kind == "branch":
+            if not delete_branches or default_branch is None or name == default_branch:
+                continue
+            target = branch_heads[name]
+        else:
+            if not delete_tags:
+                continue
+            target = tags[name]
+        out.append(ExpiredRef(kind, name, target, result.commits[target].time))
+    return tuple(out)
+
+
 def delete_expired_refs(
     branch_heads: Mapping[str, str],
     tags: Mapping[str, str],
@@ -419,21 +475,20 @@ def delete_expired_refs(
     *,
     delete_branches: bool = True,
     delete_tags: bool = True,
+    default_branch: str | None = "main",
 ) -> tuple[FrozenMap[str, str], FrozenMap[str, str]]:
-    """New ``(branch_heads, tags)`` without the refs in ``result.refs_pointing_to_expired``.
+    """New ``(branch_heads, tags)`` once the service deleted :func:`refs_to_delete`'s refs.
 
-    The optional last step of expiration: deleting refs that point directly at expired
-    snapshots makes those snapshots (and their exclusive ancestry) collectable.
+    A model of the service's side (Icechunk's default branch is ``main``), for the worked
+    examples: the reconciler never applies it to the mirror's refs, it reads the refs the
+    service has left.
     """
-    stale = set(result.refs_pointing_to_expired)
+    gone = {(r.kind, r.name) for r in refs_to_delete(
+        branch_heads, tags, result, default_branch=default_branch,
+        delete_branches=delete_branches, delete_tags=delete_tags)}
     branches = FrozenMap(
-        (name, cid)
-        for name, cid in branch_heads.items()
-        if not (delete_branches and ("branch", name) in stale)
-    )
-    kept_tags = FrozenMap(
-        (name, cid) for name, cid in tags.items() if not (delete_tags and ("tag", name) in stale)
-    )
+        (name, cid) for name, cid in branch_heads.items() if ("branch", name) not in gone)
+    kept_tags = FrozenMap((name, cid) for name, cid in tags.items() if ("tag", name) not in gone)
     return branches, kept_tags
 
 
@@ -445,23 +500,28 @@ def retained_commits(
     now: float,
     *,
     expire_older_than: float | None = None,
-    delete_refs_to_expired: bool = False,
     order: Sequence[tuple[str, str]] | None = None,
     mode: ExpirationMode = "seed",
 ) -> frozenset[str]:
     """Ids of the commits whose manifests must be kept.
 
     Without ``expire_older_than`` this is :func:`active_commits`. With it, expiration runs
-    first (:func:`expire_snapshots`, then optionally :func:`delete_expired_refs`) and
-    retention is computed on the rewritten graph: expired commits have dropped out of every
-    branch ancestry, so branch retention no longer reaches them; they are dangling and are
-    kept only by the dangling-commit rule (repository default retention) or by a ref that
-    still points at them. Retention decides which manifests are retained; expiration only
-    decides which history retention gets to see.
+    first (:func:`expire_snapshots`) and retention is computed on the rewritten graph: expired
+    commits have dropped out of every branch ancestry, so branch retention no longer reaches
+    them; they are dangling and are kept only by the dangling-commit rule (repository default
+    retention) or by a ref that still points at them. Retention decides which manifests are
+    retained; expiration only decides which history retention gets to see.
+
+    Every ref in ``branch_heads`` and ``tags`` retains its commit, expired or not: refs that
+    point at expired snapshots are listed for the service (:func:`refs_to_delete`), never
+    dropped here. A threshold not before ``now`` (``--expire-older-than-days 0``) would count
+    every ref's head as expired and is refused (``ValueError``), as is NaN.
     """
     if expire_older_than is None:
         return active_commits(commits, branch_heads, tags, policy, now)
+    _check_threshold(expire_older_than)
+    if expire_older_than >= now:
+        raise ValueError(f"expiration threshold {expire_older_than!r} is not before now "
+                         f"({now!r}): every branch and tag head would count as expired")
     result = expire_snapshots(commits, branch_heads, tags, expire_older_than, order, mode)
-    if delete_refs_to_expired:
-        branch_heads, tags = delete_expired_refs(branch_heads, tags, result)
     return active_commits(result.commits, branch_heads, tags, policy, now)

@@ -262,7 +262,7 @@ def _days(repo: str, what: str, value: Any) -> float:
         raise RecordError(f"repository {repo!r}: {what} is not a number: {value!r}") from None
     if math.isnan(out):
         raise RecordError(f"repository {repo!r}: {what} is NaN")
-    # Days are never negative (the CLI refuses --expire-older-than-days < 0 and the retention
+    # Days are never negative (the CLI refuses --expire-older-than-days <= 0 and the retention
     # policy negative days): an expiration threshold in the future is a typo, not a policy.
     if out < 0:
         raise RecordError(f"repository {repo!r}: {what} is negative: {value!r}")
@@ -288,4 +288,7 @@ def decode_meta(fields: Mapping[str, str] | None, repo: str = "?") -> RepoMeta |
     raw_expire = fields.get("expire_older_than_days")
     expire = None if raw_expire in (None, "") else _days(repo, "expire_older_than_days",
                                                          raw_expire)
+    if expire == 0:  # every branch and tag head would count as expired (issue 33)
+        raise RecordError(f"repository {repo!r}: expire_older_than_days is 0: it must be > 0 "
+                          "(0 would count every branch and tag head as expired)")
     return RepoMeta(str(ns), str(fields.get("default_branch") or ""), default, branch, expire)

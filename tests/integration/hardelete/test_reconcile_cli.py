@@ -76,6 +76,10 @@ def test_cli_user_errors_are_one_line(cli_env, capsys):
     assert "do not go together" in capsys.readouterr().err
     assert main(["reconcile", "--repo", "x", "--cutoff", "yesterday"]) == 2
     assert "--cutoff" in capsys.readouterr().err
+    # 0 days would count every branch and tag head as expired (issue 33)
+    assert main(["reconcile", "--repo", "x", "--expire-older-than-days", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--expire-older-than-days must be > 0" in err and "Traceback" not in err, err
 
 
 def test_cli_all_repositories_dry_run(spark, cli_env, s3, redis_client, capsys):

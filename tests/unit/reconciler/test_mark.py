@@ -327,9 +327,15 @@ def test_plan_retention_expiration_modes_on_seed001():
         plan = plan_retention(state, NOW, expire_older_than_days=days, mode=mode)
         assert plan.retained == branch_side | {"3", "5"}  # tags keep their own commit
         assert plan.expired_refs == [("tag", "tag1"), ("tag", "tag2")]
+        assert plan.refs_to_delete is None  # not asked for
+        # --delete-expired-refs lists the tags for the service to delete; they retain until
+        # it has (issue 33: the run never drops a ref the mirror has)
         plan = plan_retention(state, NOW, expire_older_than_days=days, mode=mode,
                               delete_expired_refs=True)
-        assert plan.retained == branch_side
+        assert plan.retained == branch_side | {"3", "5"}
+        assert [(r.kind, r.name, r.commit) for r in plan.refs_to_delete or ()] == [
+            ("tag", "tag1", "3"), ("tag", "tag2", "5")]
+        assert plan.as_dict()["refs_to_delete"] == ["tag:tag1", "tag:tag2"]
     assert plan_retention(state, NOW, expire_older_than_days=days).expired_commits == 2
     assert plan_retention(state, NOW, expire_older_than_days=days,
                           mode="icechunk").expired_commits == 5
@@ -349,6 +355,22 @@ def test_reconcile_cli_takes_the_expiration_mode():
     assert args.expiration_mode == "seed" and not args.delete_expired_refs
     with pytest.raises(SystemExit):
         parser.parse_args(["--repo", "r", "--expiration-mode", "bogus"])
+
+
+@pytest.mark.parametrize("days", ["0", "-0", "-1", "nan"])
+def test_reconcile_cli_refuses_an_expiration_that_would_expire_every_head(days):
+    # issue 33: 0 days counts every branch and tag head as expired (NaN compares false with
+    # every commit time); refused in one line before Spark starts
+    import argparse
+
+    from reconciler.job import _check_args, configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    args = parser.parse_args(["--repo", "r", "--expire-older-than-days", days])
+    with pytest.raises(UserError, match="--expire-older-than-days must be > 0"):
+        _check_args(args)
+    _check_args(parser.parse_args(["--repo", "r", "--expire-older-than-days", "0.5"]))
 
 
 # ------------------------------------------------------------------- grace binds the mark

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reconciler.committed import plan_retention
 from reconciler.retention import (
     FrozenMap,
     RetentionPolicy,
@@ -19,8 +20,11 @@ from reconciler.retention import (
     expire_ref,
     expire_snapshots,
     reachable,
+    refs_to_delete,
     retained_commits,
 )
+from reconciler.s3io import Namespace
+from reconciler.state import CommittedState
 from schemas.records import CommitRecord, RecordError
 from sim.retention_examples import (
     BRANCHES_001,
@@ -305,11 +309,17 @@ def test_seed001_modes_in_retained_commits() -> None:
     assert kept["seed"] == branch_side | {"3", "5", "6", "7", "4"}
     # icechunk: 5 was re-parented to 0, so 4 is an old dangling tip and goes
     assert kept["icechunk"] == branch_side | {"3", "5", "6", "7"}
-    dropped = retained_commits(G001, BRANCHES_001, TAGS_001, policy, now,
-                               expire_older_than=THRESHOLD_001, mode="icechunk",
-                               delete_refs_to_expired=True)
-    # without the tags, 5 (a young dangling tip) and 3 (on 7's chain) stay by the window
-    assert dropped == kept["icechunk"]
+    # once the service deleted the expired tags (the mirror no longer has them) ...
+    res = expire_snapshots(G001, BRANCHES_001, TAGS_001, THRESHOLD_001, mode="icechunk")
+    branches, tags = delete_expired_refs(BRANCHES_001, TAGS_001, res)
+    assert (branches, tags) == (BRANCHES_001, {})
+    dropped = retained_commits(G001, branches, tags, policy, now,
+                               expire_older_than=THRESHOLD_001, mode="icechunk")
+    # ... 5 (a young dangling tip) and 3 (on 7's chain) stay by the window. The reconciler
+    # rewrites no history at the service (icechunk's re-parenting of 5 was this run's reading),
+    # so with tag2 gone 5 is a dangling tip with its own parent 4 again: the window reaches 4
+    # in both readings (before issue 33 the run dropped the live tags itself and freed 4).
+    assert dropped == kept["seed"] == kept["icechunk"] | {"4"}
     with pytest.raises(ValueError, match="expiration mode"):
         expire_snapshots(G001, BRANCHES_001, TAGS_001, THRESHOLD_001,
                          mode="bogus")  # type: ignore[arg-type]
@@ -393,15 +403,13 @@ def test_retained_commits_combines_expiration_then_retention() -> None:
     combined = retained_commits(g, BRANCHES_001, TAGS_001, policy, NOW, expire_older_than=ago(7.5))
     assert {"12", "13", "14", "0", "3", "5"} <= combined  # 3 and 5 still tagged
     assert combined & {"1", "2", "4", "6", "7"} == set()
-    dropped = retained_commits(
-        g,
-        BRANCHES_001,
-        TAGS_001,
-        policy,
-        NOW,
-        expire_older_than=ago(7.5),
-        delete_refs_to_expired=True,
-    )
+    # The tags point at expired snapshots: listed for the service to delete, and they retain
+    # until it has; once they are gone from the mirror, their commits are freed.
+    res = expire_snapshots(g, BRANCHES_001, TAGS_001, ago(7.5))
+    listed = refs_to_delete(BRANCHES_001, TAGS_001, res, default_branch="main")
+    assert [(r.kind, r.name, r.commit) for r in listed] == [("tag", "tag1", "3"),
+                                                            ("tag", "tag2", "5")]
+    dropped = retained_commits(g, BRANCHES_001, {}, policy, NOW, expire_older_than=ago(7.5))
     assert dropped == combined - {"3", "5"}
 
 
@@ -521,23 +529,159 @@ def test_prop_expiration_independent_of_order(repo, older_than, data, mode) -> N
     assert a == b
 
 
-@given(repos(), policies(), thresholds, st.booleans())
-def test_prop_inputs_not_mutated(repo, policy, older_than, delete) -> None:
+@given(repos(), policies(), thresholds.filter(lambda t: t < NOW))
+def test_prop_inputs_not_mutated(repo, policy, older_than) -> None:
     commits, branches, tags = repo
     snap = (dict(commits), dict(branches), dict(tags))
     res = expire_snapshots(commits, branches, tags, older_than)
     delete_expired_refs(branches, tags, res)
+    refs_to_delete(branches, tags, res, default_branch="main")
     active_commits(commits, branches, tags, policy, NOW)
-    retained = retained_commits(
-        commits,
-        branches,
-        tags,
-        policy,
-        NOW,
-        expire_older_than=older_than,
-        delete_refs_to_expired=delete,
-    )
+    retained = retained_commits(commits, branches, tags, policy, NOW,
+                                expire_older_than=older_than)
     assert (commits, branches, tags) == snap
     assert res.commits is not commits
-    kept_refs = (branches, tags) if not delete else delete_expired_refs(branches, tags, res)
-    assert set(kept_refs[0].values()) | set(kept_refs[1].values()) <= retained
+    # every ref the mirror has retains (issue 33): none is dropped for pointing at the expired
+    assert set(branches.values()) | set(tags.values()) <= retained
+
+
+# ------------------------------------------- expiration never acts on a live ref (issue 33)
+#
+# A ref the mirror has is live at the service as far as the reconciler knows: expiration may
+# list it for the service to delete, never drop it from retention. Commit ids below carry
+# their manifests so that the reconciler's own plan (reconciler/committed.py) can be judged.
+
+NS_33 = Namespace("s3://bucket/repo/")
+positive_days = st.sampled_from([0.5, 1.0, 2.5, 5.0, 7.0, 8.0, 12.0, 30.0])
+
+
+def must_keep(commits: Mapping[str, CommitRecord], branches: Mapping[str, str],
+              tags: Mapping[str, str], policy: RetentionPolicy, now: float,
+              expire_at: float | None) -> set[str]:
+    """What no expiration or retention option may ever free, stated on its own: every ref's
+    target, and on each branch's first-parent ancestry every commit inside both the branch's
+    retention window and the expiration threshold (expiration only ever takes what is older
+    than its threshold)."""
+    keep = set(branches.values()) | set(tags.values())
+    for branch, head in branches.items():
+        floor = policy.threshold(branch, now)
+        if expire_at is not None:
+            floor = max(floor, expire_at)
+        seen: set[str] = set()
+        cid: str | None = head
+        while cid is not None and cid in commits and cid not in seen:
+            seen.add(cid)
+            if commits[cid].time >= floor:
+                keep.add(cid)
+            parents = commits[cid].parents
+            cid = parents[0] if parents else None
+    return keep
+
+
+def _complete(commits: Mapping[str, CommitRecord], branches: Mapping[str, str]
+              ) -> tuple[dict[str, CommitRecord], dict[str, str]]:
+    """The generated repository as a mirror that knows every retained commit: no missing
+    parents or ghost heads (those fail the run, which frees nothing), a manifest each."""
+    full = {cid: CommitRecord(tuple(p for p in c.parents if p in commits), c.time, "",
+                              f"m/{cid}") for cid, c in commits.items()}
+    return full, {b: c for b, c in branches.items() if c in commits}
+
+
+@settings(max_examples=300)
+@given(repos(), policies(), positive_days, st.sampled_from(["seed", "icechunk"]))
+def test_prop_expiration_never_frees_a_ref_target_or_a_retained_ancestor(
+        repo, policy, days, mode) -> None:
+    commits, branches, tags = repo
+    expire_at = NOW - days * DAY
+    kept = retained_commits(commits, branches, tags, policy, NOW, expire_older_than=expire_at,
+                            mode=mode)
+    assert must_keep(commits, branches, tags, policy, NOW, expire_at) <= kept
+    assert must_keep(commits, branches, tags, policy, NOW, None) <= retained_commits(
+        commits, branches, tags, policy, NOW)
+
+
+@settings(max_examples=300)
+@given(repos(), policies(), st.one_of(st.none(), positive_days),
+       st.sampled_from(["seed", "icechunk"]), st.booleans(), st.sampled_from(["main", None]))
+def test_prop_the_plan_keeps_every_live_ref_with_or_without_delete_expired_refs(
+        repo, policy, days, mode, delete, default_branch) -> None:
+    commits, branches, tags = repo
+    commits, branches = _complete(commits, branches)
+    state = CommittedState("r", NS_33, default_branch, policy, None, commits, branches, tags)
+    plan = plan_retention(state, NOW, expire_older_than_days=days, mode=mode,
+                          delete_expired_refs=delete)
+    expire_at = None if days is None else NOW - days * DAY
+    assert must_keep(commits, branches, tags, policy, NOW, expire_at) <= plan.retained
+    assert {("m/" + c) for c in set(branches.values()) | set(tags.values())} <= {
+        key[len(NS_33.prefix):] for _, key in plan.manifests}
+
+
+def test_a_quiet_main_past_expiration_keeps_its_head_and_is_never_listed_for_deletion() -> None:
+    """The hole of issue 33: main last committed 10 days ago, expiring older than 7 days with
+    --delete-expired-refs, dropped main from retention and freed its head commit's data."""
+    commits = {"a": CommitRecord((), ago(20), "main", "m/a"),
+               "b": CommitRecord(("a",), ago(10), "main", "m/b")}
+    branches = {"main": "b", "old": "a"}
+    for mode in ("seed", "icechunk"):
+        state = CommittedState("r", NS_33, "main", RetentionPolicy(1.0), None, commits,
+                               branches, {"v1": "b"})
+        plan = plan_retention(state, NOW, expire_older_than_days=7, mode=mode,
+                              delete_expired_refs=True)
+        assert plan.retained == {"a", "b"}
+        assert plan.expired_refs == [("tag", "v1"), ("branch", "main"), ("branch", "old")]
+
+
+def test_the_refs_listed_for_deletion_never_include_the_default_branch() -> None:
+    g = graph(C("a", (), 20), C("b", "a", 10), C("c", "b", 1))
+    branches = {"main": "b", "old": "a", "dev": "c"}
+    tags = {"v1": "a", "v2": "c"}
+    res = expire_snapshots(g, branches, tags, ago(7))
+    assert res.refs_pointing_to_expired == (("tag", "v1"), ("branch", "main"),
+                                            ("branch", "old"))
+
+    def names(default: str | None, **kw: bool) -> list[tuple[str, str]]:
+        return [(r.kind, r.name) for r in refs_to_delete(branches, tags, res,
+                                                         default_branch=default, **kw)]
+
+    assert names("main") == [("tag", "v1"), ("branch", "old")]
+    assert names("old") == [("tag", "v1"), ("branch", "main")]
+    # the default branch unknown: any branch might be it, so none is listed
+    assert names(None) == [("tag", "v1")]
+    assert names("main", delete_tags=False) == [("branch", "old")]
+    assert names("main", delete_branches=False) == [("tag", "v1")]
+    listed = refs_to_delete(branches, tags, res, default_branch="main")
+    assert [(r.commit, r.commit_time) for r in listed] == [("a", ago(20)), ("a", ago(20))]
+    # the model of the service's side keeps its default branch too
+    assert delete_expired_refs(branches, tags, res) == ({"main": "b", "dev": "c"}, {"v2": "c"})
+
+
+def test_a_threshold_that_would_expire_every_head_is_refused() -> None:
+    g = graph(C("a", (), 20), C("b", "a", 10))
+    policy = RetentionPolicy(1.0)
+    # --expire-older-than-days 0 (or a threshold in the future) would count every head as
+    # expired; NaN compares false with every time, so every ref's head would lose its ancestry
+    for older_than in (NOW, NOW + DAY, math.nan):
+        with pytest.raises(ValueError, match="threshold"):
+            retained_commits(g, {"main": "b"}, {}, policy, NOW, expire_older_than=older_than)
+    for mode in ("seed", "icechunk"):
+        with pytest.raises(ValueError, match="NaN"):
+            expire_snapshots(g, {"main": "b"}, {}, math.nan, mode=mode)
+        with pytest.raises(ValueError, match="NaN"):
+            expire_ref(g, "b", math.nan, mode=mode)
+    assert retained_commits(g, {"main": "b"}, {}, policy, NOW,
+                            expire_older_than=NOW - 1) == {"b"}
+
+
+@pytest.mark.parametrize("days", [0.0, -1.0, math.nan])
+def test_the_plan_refuses_an_expiration_of_zero_days_from_the_option_or_the_metadata(
+        days: float) -> None:
+    from reconciler.errors import ReconcileError
+
+    commits = {"b": CommitRecord((), ago(10), "main", "m/b")}
+    from_option = CommittedState("r", NS_33, "main", RetentionPolicy(1.0), None, commits,
+                                 {"main": "b"}, {})
+    from_meta = CommittedState("r", NS_33, "main", RetentionPolicy(1.0), days, commits,
+                               {"main": "b"}, {})
+    for state, option in ((from_option, days), (from_meta, None)):
+        with pytest.raises(ReconcileError, match="expire_older_than_days must be > 0"):
+            plan_retention(state, NOW, expire_older_than_days=option)

@@ -142,3 +142,19 @@ def test_a_mark_of_another_version_is_written_back_as_it_was() -> None:
     assert again["categories"]["future_marked_category"] == {"count": 9_000, "bytes": 90_000}
     for k in ("marked", "marked_bytes", "listed", "listed_bytes"):
         assert again[k] == stored["mark"][k], k
+
+
+def test_a_mark_whose_delete_expired_refs_dropped_live_refs_is_judged_again() -> None:
+    # issue 33: a mark of a version whose --delete-expired-refs made retention ignore refs at
+    # expired snapshots recorded the option but no list of refs; the sweep re-judges it
+    stored = orjson.loads(orjson.dumps(_full().to_dict()))
+    ret = stored["retention"]
+    assert not RetentionSection.from_dict(ret).dropped_live_refs()  # option off
+    listed = {**ret, "delete_expired_refs": True, "refs_to_delete": ["tag:v1"],
+              "expired_refs_key": "reports/r/expired_refs.json"}
+    section = RetentionSection.from_dict(listed)
+    assert section.expired_refs_key == "reports/r/expired_refs.json"
+    assert section.counts["refs_to_delete"] == ["tag:v1"] and section.as_dict() == listed
+    assert not section.dropped_live_refs()  # this version: refs listed, none dropped
+    del listed["expired_refs_key"], listed["refs_to_delete"]
+    assert RetentionSection.from_dict(listed).dropped_live_refs()

@@ -45,6 +45,9 @@ def test_a_repository_without_a_namespace_has_no_metadata() -> None:
     # field used to be taken: "-1" put the expiration threshold a day in the future)
     ("expire_older_than_days", "-1", "expire_older_than_days"),
     ("expire_older_than_days", "-inf", "expire_older_than_days"),
+    # 0 days counts every branch and tag head as expired (issue 33): refused as the CLI does
+    ("expire_older_than_days", "0", "expire_older_than_days is 0"),
+    ("expire_older_than_days", "-0.0", "expire_older_than_days is 0"),
     ("default_retention_days", "-2", "default_retention_days"),
     ("branch_retention", '{"dev": -1}', "branch_retention.dev"),
 ])
