@@ -90,7 +90,7 @@ from reconciler.state import (
     retired_problem,
     tracker_watermark_ms,
 )
-from reconciler.sweep import SKIPPED_RETAINED, SweepStats, sweep
+from reconciler.sweep import SKIPPED_RETAINED, SweepStats, SweepStopped, sweep
 from reconciler.ui import NullUi, RichUi, summary_table
 from schemas.layout import RepoKeys
 
@@ -703,11 +703,24 @@ class Run:
                 log.warning("reconcile.sweep_refused", run_id=s.run_id, reason=refusal)
                 return
             lease.check()
-            with self.ui.phase(f"sweep {s.marked:,} marked objects"):
-                stats = self._sweep(lease_id, parts, lease)
+            try:
+                with self.ui.phase(f"sweep {s.marked:,} marked objects"):
+                    stats = self._sweep(lease_id, parts, lease)
+            except SweepStopped as stop:
+                # Stopped part-way: the deletes the store confirmed until then are reported,
+                # every one of them (SPEC safety 6).
+                if stop.stats is not None:
+                    stop.stats.merge(retained)
+                s.sweep = SweepOutcome("failed", error=stop.error, stats=stop.stats,
+                                       seconds=round(time.monotonic() - t0, 3),
+                                       at=iso(_ms_now()))
+                log.error("reconcile.sweep_failed", run_id=s.run_id, error=stop.error,
+                          confirmed=None if stop.stats is None else stop.stats.confirmed)
+                return
             stats.merge(retained)
         except Exception as exc:
-            s.sweep = SweepOutcome("failed", error=f"{type(exc).__name__}: {exc}")
+            error = exc.error if isinstance(exc, SweepStopped) else f"{type(exc).__name__}: {exc}"
+            s.sweep = SweepOutcome("failed", error=error)
             log.error("reconcile.sweep_failed", run_id=s.run_id, error=str(exc))
             return
         s.sweep = SweepOutcome("done", stats=stats, seconds=round(time.monotonic() - t0, 3),

@@ -5,8 +5,9 @@ Every listed object falls in exactly one category, decided in this order:
 ==================  =========================================================================
 ``reserved``        under a reserved metadata prefix (``_hardelete/``, ``_lakefs/``) or not a
                     plain key of the namespace: never marked
-``committed``       referenced by a retained commit (its manifest, or the tracker's committed
-                    record of a retained commit): live
+``committed``       listed by the manifest of a retained commit: live. The manifests are the
+                    committed truth: a tracker record flagged committed that no retained
+                    manifest lists is not protected by its flag (``committed_expired`` below)
 ``uncommitted``     live in the tracker's state (a live reference in an open or sealed token,
                     an unexpired issued upload, a reaper's claim in flight, inside the grace
                     window, or doubt), or listed by the service's own uncommitted export: live
@@ -16,7 +17,7 @@ Every listed object falls in exactly one category, decided in this order:
 ``leaked``          MARKED: the tracker never heard of it (written with no event)
 ``unreferenced``    MARKED: the tracker knows it, every reference ended (uncommitted garbage)
 ``expired_upload``  MARKED: issued for an upload that was never linked, and expired
-``committed_expired``  MARKED: committed once, but no retained commit uses it any more
+``committed_expired``  MARKED: committed once, but no retained commit's manifest lists it
 ``reaped``          MARKED: the tracker says it was reaped, yet the object is there
 ==================  =========================================================================
 

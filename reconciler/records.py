@@ -10,11 +10,14 @@ reaper's lease (see ``schemas/README.md``). :func:`verdict` turns one such hash 
   claim in flight), ``doubt`` (the record is inconsistent or has a state we do not know:
   ambiguity keeps, SPEC safety 6), ``young`` (unreferenced less than the grace window before
   the tracker horizon, when the caller gives the horizon), ``held``;
-* otherwise a ``kind`` for the report: ``committed`` (committed once; the job keeps it if a
-  retained commit took it), ``reaped``, ``issued`` (expired, never linked) or ``unreferenced``;
-* ``commit``: when known, the id of a commit that took the address (the flag's value, if it is a
-  commit id, or the commit that sealed one of its committed tokens), so that the job can keep a
-  committed address whose commit is retained even if a manifest misses it.
+* otherwise a ``kind`` for the report: ``committed`` (committed once; the job keeps it only
+  when a retained commit's manifest lists it), ``reaped``, ``issued`` (expired, never linked)
+  or ``unreferenced``;
+* ``commit``: the ``committed`` flag's value when it names a known commit, else None. It is
+  written to the tracker export (column ``commit``) for the report and protects nothing: the
+  retained commits' manifests alone say what is committed (reconciler/committed.py), and an
+  address a manifest misses is not kept for its record's commit (the manifest is the
+  service's truth).
 """
 
 from __future__ import annotations

@@ -107,12 +107,13 @@ class TrackerView:
 @dataclass
 class SweepOutcome:
     """What became of the sweep: ``not_run``, ``deferred``, ``paused``, ``refused``, ``failed``
-    or ``done`` (then with the sweep's counts)."""
+    or ``done`` (then with the sweep's counts). A sweep that stopped part-way is ``failed``
+    with its counts until then (the deletes the store confirmed), when it had begun deleting."""
 
     status: str
     reason: str | None = None
     error: str | None = None
-    stats: SweepStats | None = None  # done
+    stats: SweepStats | None = None  # done; failed part-way: so far
     seconds: float | None = None
     at: str | None = None
     skipped_retained: int | None = None  # refused: what re-validation had taken out

@@ -14,13 +14,20 @@ Each task reads mark parts, and for every batch of at most 1,000 keys:
    transient and reported otherwise. Only keys the store lists under ``Deleted`` count as
    confirmed.
 
-Outcomes per key are written next to the mark (``sweep/part-*.parquet``) for ``explain``.
+Outcomes per key are written next to the mark (``sweep/part-*.parquet``) for ``explain``, batch
+by batch as each is done. A task that must stop (the lease lost, the refs moved, an error) writes
+its batch's rows, stops its part and returns its counts with the reason: it does not fail, so
+Spark kills no other task between a confirmed delete and its row. The driver then raises
+:class:`SweepStopped` with every task's counts; when a task died nonetheless (its worker lost),
+with the counts of the rows written so far (:func:`outcome_stats`). Either way the report counts
+every delete the store confirmed, and only those (SPEC safety 6).
 """
 
 from __future__ import annotations
 
 import random
 import time
+import uuid
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +36,7 @@ from core.clients import redis_sync
 from core.clock import redis_time_ms
 from core.gate import RetryPolicy, delete_keys, keep_reasons, read_evidence
 from core.settings import Settings
-from reconciler.s3io import Namespace, cached_s3, put_parquet, read_parquet_rows
+from reconciler.s3io import Namespace, cached_s3, list_keys, put_parquet, read_parquet_rows
 from reconciler.state import refs_fingerprint
 from schemas.layout import RECONCILER_LEASE, OutsideNamespace, RepoKeys, namespace_key
 from schemas.liveness import Keep
@@ -232,20 +239,71 @@ class RetentionMoved(RuntimeError):
     """Branches, tags, commits or policy changed while the sweep ran: it stops."""
 
 
-def sweep_part(settings: Settings, repo: str, lease_id: str, ns: Namespace, mark_key: str,
-               out_key: str, *, cutoff_ms: int, recheck: bool = True,
-               delete: bool = True, refs: str | None = None,
-               export_vouched: bool = False) -> SweepStats:
-    """Sweep one mark part; write per-key outcomes to ``out_key``. Runs inside a task.
+class SweepStopped(RuntimeError):
+    """The sweep stopped part-way: ``error`` says why, ``stats`` what it did until then, the
+    deletes the store confirmed among them (None: not known, the rows could not be read)."""
 
-    ``delete=False`` only re-checks the mark against the online state (dry run).
+    def __init__(self, error: str, stats: SweepStats | None) -> None:
+        super().__init__(error)
+        self.error = error
+        self.stats = stats
+
+
+@dataclass
+class PartResult:
+    """One task's sweep of one mark part: its counts, and why it stopped (None: it did not)."""
+
+    stats: SweepStats
+    error: str | None = None
+
+
+def outcome_stats(rows: Iterable[tuple[Any, ...]]) -> SweepStats:
+    """The counts of outcome rows (``key``, ``size``, ``outcome``, ``error``), as the tasks
+    count them while they sweep (``requests`` excepted: no row holds it)."""
+    stats = SweepStats()
+    counted = (FAILED, REFUSED, SKIPPED_LIVE, SKIPPED_GUARD, SKIPPED_CHANGED)
+    for key, size, outcome, error in rows:
+        rel, size = str(key), int(size or 0)
+        stats.marked += 1
+        stats.marked_bytes += size
+        if outcome == CONFIRMED:
+            stats.confirmed += 1
+            stats.confirmed_bytes += size
+        elif outcome == SKIPPED_GUARD and error == STOPPED:
+            continue  # not sent: the sweep stopped first (no count but ``marked``)
+        elif outcome in counted:
+            setattr(stats, outcome, getattr(stats, outcome) + 1)
+            stats.sample(outcome, f"{rel}: {error}" if error else rel)
+    return stats
+
+
+def _batches(rows: Iterable[tuple[Any, ...]]) -> Iterator[list[tuple[str, str, int, str | None]]]:
+    batch: list[tuple[str, str, int, str | None]] = []
+    for row in rows:
+        batch.append((str(row[0]), str(row[1]), int(row[2] or 0),
+                      None if row[3] is None else str(row[3])))
+        if len(batch) >= MAX_KEYS_PER_REQUEST:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def sweep_part(settings: Settings, repo: str, lease_id: str, ns: Namespace, mark_key: str,
+               out_prefix: str, *, cutoff_ms: int, recheck: bool = True,
+               delete: bool = True, refs: str | None = None,
+               export_vouched: bool = False) -> PartResult:
+    """Sweep one mark part; each batch's per-key outcomes go to ``<out_prefix>NNNNN.parquet``
+    as soon as it is done. Runs inside a task.
+
+    An error stops the part, not the task: the counts so far come back with it (see the
+    module docstring). ``delete=False`` only re-checks the mark against the online state (dry
+    run) and writes nothing.
     """
-    s3 = cached_s3(settings)
-    gate_s3 = cached_s3(settings, retries=False)  # the gate's: it retries by itself
-    r = redis_sync(settings) if recheck else None
     stats = SweepStats()
     out: dict[str, list[Any]] = {"key": [], "category": [], "size": [], "outcome": [],
                                  "error": []}
+    written = 0
 
     def record(rel: str, cat: str, size: int, outcome: str, error: str | None = None) -> None:
         out["key"].append(rel)
@@ -254,25 +312,32 @@ def sweep_part(settings: Settings, repo: str, lease_id: str, ns: Namespace, mark
         out["outcome"].append(outcome)
         out["error"].append(error)
 
-    rows = read_parquet_rows(s3, ns.bucket, mark_key, ["key", "category", "size", "digest"])
+    def flush() -> None:
+        nonlocal written
+        if out["key"] and delete:
+            put_parquet(s3, ns.bucket, f"{out_prefix}{written:05d}.parquet", out)
+            written += 1
+        for column in out.values():
+            column.clear()
+
+    r = None
     try:
-        batch: list[tuple[str, str, int, str | None]] = []
-        for row in rows:
-            batch.append((str(row[0]), str(row[1]), int(row[2] or 0),
-                          None if row[3] is None else str(row[3])))
-            if len(batch) >= MAX_KEYS_PER_REQUEST:
+        s3 = cached_s3(settings)
+        gate_s3 = cached_s3(settings, retries=False)  # the gate's: it retries by itself
+        r = redis_sync(settings) if recheck else None
+        rows = read_parquet_rows(s3, ns.bucket, mark_key, ["key", "category", "size", "digest"])
+        for batch in _batches(rows):
+            try:
                 _sweep_batch(s3, gate_s3, r, repo, lease_id, ns, batch, cutoff_ms, stats,
                              record, delete, refs, export_vouched)
-                batch = []
-        if batch:
-            _sweep_batch(s3, gate_s3, r, repo, lease_id, ns, batch, cutoff_ms, stats,
-                         record, delete, refs, export_vouched)
+            finally:
+                flush()  # the batch's rows, also when it stopped the sweep
+    except Exception as exc:
+        return PartResult(stats, f"{type(exc).__name__}: {exc}")
     finally:
-        if out["key"] and delete:
-            put_parquet(s3, ns.bucket, out_key, out)
         if r is not None:
             r.close()
-    return stats
+    return PartResult(stats)
 
 
 def changed_since_mark(r: Any, repo: str, ns: Namespace,
@@ -314,8 +379,6 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, repo: str, lease_id: str, ns: Na
                  batch: list[tuple[str, str, int, str | None]], cutoff_ms: int,
                  stats: SweepStats, record: Callable[..., None], delete: bool,
                  refs: str | None = None, export_vouched: bool = False) -> None:
-    stats.marked += len(batch)
-    stats.marked_bytes += sum(b[2] for b in batch)
     info = {rel: (cat, size) for rel, cat, size, _ in batch}
     vouched = frozenset(rel for rel, cat, _, _ in batch if cat in VOUCHED_CATEGORIES) \
         if export_vouched else frozenset()
@@ -325,6 +388,10 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, repo: str, lease_id: str, ns: Na
         why_stop = _stop(r, repo, lease_id, refs)
         if why_stop is not None:
             raise why_stop
+    # Counted once taken up: a batch the sweep stopped at its start was not (no rows).
+    stats.marked += len(batch)
+    stats.marked_bytes += sum(b[2] for b in batch)
+    if r is not None:
         now_ms = redis_time_ms(r)
         kept = judge_rels(r, repo, ns, list(info), cutoff_ms=cutoff_ms, now_ms=now_ms,
                           vouched=vouched)
@@ -387,6 +454,7 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, repo: str, lease_id: str, ns: Na
     for key in res.refused:
         rel = key[len(ns.prefix):]
         stats.refused += 1
+        stats.sample("refused", rel)
         record(rel, info.get(rel, ("", 0))[0], info.get(rel, ("", 0))[1], REFUSED)
     for key in res.deleted:
         rel = key[len(ns.prefix):]
@@ -409,23 +477,54 @@ def sweep(spark: Any, settings: Settings, repo: str, lease_id: str, ns: Namespac
     """Sweep every mark part in parallel Spark tasks; the merged stats come back.
 
     ``lease_id`` is the value the repository's reconciler lease must hold for every batch;
-    outcomes go to the report of ``report_run_id`` (default: ``lease_id``). ``refs``: the
+    outcomes go to the report of ``report_run_id`` (default: ``lease_id``), as
+    ``sweep/part-<mark part>-<this sweep>-<batch>.parquet``. ``refs``: the
     :func:`reconciler.state.refs_fingerprint` the mark was re-validated against; every batch
-    checks it is unchanged (else :class:`RetentionMoved`).
+    checks it is unchanged (else it stops: :class:`RetentionMoved`). A sweep that stops
+    part-way raises :class:`SweepStopped` with what it did until then.
     """
     total = SweepStats()
     if not mark_parts:
         return total
     prefix = ns.report_prefix(report_run_id or lease_id) + "sweep/"
-    items = [(k, f"{prefix}part-{i:05d}.parquet") for i, k in enumerate(mark_parts)]
+    # This sweep's rows apart from an earlier sweep's of the same run (``--sweep-only``).
+    token = uuid.uuid4().hex[:6]
+    items = [(k, f"{prefix}part-{i:05d}-{token}-") for i, k in enumerate(mark_parts)]
 
-    def run(it: Iterator[tuple[str, str]]) -> Iterator[SweepStats]:
-        for mark_key, out_key in it:
-            yield sweep_part(settings, repo, lease_id, ns, mark_key, out_key,
+    def run(it: Iterator[tuple[str, str]]) -> Iterator[PartResult]:
+        for mark_key, out_prefix in it:
+            yield sweep_part(settings, repo, lease_id, ns, mark_key, out_prefix,
                              cutoff_ms=cutoff_ms, recheck=recheck, delete=delete, refs=refs,
                              export_vouched=export_vouched)
 
     parts = spark.sparkContext.parallelize(items, max(1, min(len(items), 64))).mapPartitions(run)
-    for st in parts.collect():
-        total.merge(st)
+    try:
+        results = parts.collect()
+    except Exception as exc:
+        # A task died (its worker lost, Spark gave up on it) and its counts with it; the rows
+        # every task wrote, batch by batch, say what the store confirmed.
+        error = f"{type(exc).__name__}: {exc}"
+        if not delete:
+            raise SweepStopped(error, None) from exc
+        try:
+            stats = written_outcomes(settings, ns, prefix, token)
+        except Exception as unread:
+            raise SweepStopped(f"{error}; its outcome rows could not be read back "
+                               f"({type(unread).__name__}: {unread})", None) from exc
+        raise SweepStopped(error, stats) from exc
+    for res in results:
+        total.merge(res.stats)
+    stopped = [res.error for res in results if res.error is not None]
+    if stopped:
+        raise SweepStopped(stopped[0], total)
     return total
+
+
+def written_outcomes(settings: Settings, ns: Namespace, prefix: str, token: str) -> SweepStats:
+    """The counts of the outcome rows one sweep (``token``) wrote under ``prefix``."""
+    s3 = cached_s3(settings)
+    keys = [k for k in list_keys(s3, ns.bucket, prefix)
+            if k.rsplit("/", 1)[-1].startswith("part-") and f"-{token}-" in k
+            and k.endswith(".parquet")]
+    return outcome_stats(row for k in keys for row in read_parquet_rows(
+        s3, ns.bucket, k, ["key", "size", "outcome", "error"]))

@@ -230,17 +230,19 @@ def test_an_address_outside_the_namespace_is_refused(settings, redis_client, s3,
 def _sweep(s: Settings, r: Any, s3: Any, repo: str, ns: Namespace, rels: list[str]) -> Any:
     """Run one sweep part (what a Spark task runs) over a mark listing ``rels``."""
     mark_key = ns.key("_hardelete/reports/run1/mark/part-00000.parquet")
-    out_key = ns.key("_hardelete/reports/run1/sweep/part-00000.parquet")
+    out_prefix = ns.key("_hardelete/reports/run1/sweep/part-00000-t-")
     put_parquet(s3, ns.bucket, mark_key, {"key": rels, "category": ["leaked"] * len(rels),
                                           "size": [1] * len(rels),
                                           "digest": [None] * len(rels)})  # no record at mark
     r.set(RECONCILER_LEASE + repo, "run1")
-    stats = sweep_part(s, repo, "run1", ns, mark_key, out_key, cutoff_ms=redis_time_ms(r))
+    res = sweep_part(s, repo, "run1", ns, mark_key, out_prefix, cutoff_ms=redis_time_ms(r))
+    assert res.error is None, res.error
     from reconciler.s3io import read_parquet_rows
 
-    outcomes = {row[0]: row[1] for row in read_parquet_rows(s3, ns.bucket, out_key,
+    outcomes = {row[0]: row[1] for row in read_parquet_rows(s3, ns.bucket,
+                                                            out_prefix + "00000.parquet",
                                                             ["key", "outcome"])}
-    return stats, outcomes
+    return res.stats, outcomes
 
 
 @BOTH_TOPOLOGIES

@@ -350,6 +350,8 @@ def test_a_branch_created_during_the_sweep_stops_it(spark, rsettings, s3, redis_
     assert res.sweep is not None and res.sweep.status == "failed"
     assert "changed during the sweep" in (res.sweep.error or "")
     assert w.data("r") == data_before
+    # stopped before its first request: it reports what it confirmed, nothing
+    assert res.sweep.stats is not None and res.sweep.stats.confirmed == 0
     # sweeping the same mark again re-validates it: P1 (the new branch's) is kept
     again = reconcile(spark, rsettings, RunOptions("r", sweep_only=res.run_id,
                                                    allow_large_sweep=True))

@@ -37,6 +37,10 @@ def test_figures_and_text_agree() -> None:
             'repository="r"} 1.0') in text
     failed = figures({**SUMMARY, "sweep": {"status": "failed"}})
     assert failed["success"] == 0.0
+    # a sweep stopped part-way: what the store confirmed until then
+    stopped = figures({**SUMMARY, "sweep": {**SUMMARY["sweep"], "status": "failed",
+                                            "error": "lease lost", "confirmed": 2}})
+    assert stopped["success"] == 0.0 and stopped["deleted_objects"] == 2
     dry = figures({**SUMMARY, "dry_run": True, "sweep": {"status": "not_run"}})
     assert dry["success"] == 1.0
 
