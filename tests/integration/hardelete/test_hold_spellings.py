@@ -161,3 +161,21 @@ def test_a_spelling_that_names_nothing_deletable_is_refused_in_one_line(
     assert code == 2 and says in err and err.count("\n") == 1, err
     assert not redis_client.hlen(RepoKeys("repo").holds)
     assert not redis_client.hlen(RepoKeys("repo").hold_prefixes)
+
+
+def test_explain_reads_any_spelling(cli, capsys, s3, redis_client) -> None:
+    """explain answers for the object a spelling names (its record, its hold), not for a
+    string no record is kept under."""
+    s = cli.replace(lease_seconds=1.0, upload_ttl_seconds=1.0)
+    held, _free = _garbage(s, s3)
+    assert run(capsys, "hold", "add", held, "--reason", "case 33")[0] == 0
+    code, out, err = run(capsys, "explain", "S3A://SPELLB/" + _tail(held), "--json",
+                         "--no-reports")
+    assert code == 0, err
+    ex = orjson.loads(out)
+    assert ex["address"] == held and ex["repository"] == "repo"
+    # its record (not "untracked": no record is kept under the spelling) and its hold
+    assert ex["state"] in ("issued", "unreferenced") and "held" in ex["verdict"], ex
+    code, out, err = run(capsys, "explain", held.replace("/repo/", "/rep%6F/"), "--json",
+                         "--no-reports")
+    assert code == 0 and orjson.loads(out)["address"] == held, (out, err)
