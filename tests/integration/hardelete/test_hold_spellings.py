@@ -98,9 +98,9 @@ def test_a_hold_through_another_repositorys_escaped_namespace_holds_the_objects_
     spelled = f"s3://{BUCKET}/rep%6F/" + held.removeprefix(NS)
     code, out, err = run(capsys, "hold", "add", spelled, "--reason", "case 33")
     assert code == 0, err
-    assert f"held address {held} in repo" in out and f"held address {spelled} in esc" in out
     asyncio.run(reap_until(s, lambda rep: not stored(s3, free)))
-    assert stored(s3, held)
+    assert stored(s3, held), f"the reaper deleted {held}: {out}"
+    assert f"held address {held} in repo" in out and f"held address {spelled} in esc" in out
     # ...and with --repo naming the other owner: still both (--repo only says whose namespace
     # a relative key is in, and which repository must own one of the objects)
     code, out, err = run(capsys, "hold", "remove", spelled, "--repo", "esc")
