@@ -124,14 +124,10 @@ def owner_of(registry: Mapping[str, str], address: str) -> tuple[str, str] | Non
     return repo, ns
 
 
-def find_owner(r: Any, address: str) -> tuple[str, str] | None:
-    """(repository, canonical namespace) owning ``address`` (any spelling), or None. Without a
-    registry yet (a store written before it existed), the repositories' own namespaces in
-    canonical form stand in, as the gate's legacy check does."""
-    try:
-        address = canonical_uri(address)
-    except OutsideNamespace:
-        return None
+def owned_namespaces(r: Any) -> dict[str, str]:
+    """Canonical namespace -> repository, as the delete paths' ownership check reads it (the
+    registry). Without a registry yet (a store written before it existed), the repositories'
+    own namespaces in canonical form stand in, as the gate's legacy check does."""
     spelled = namespace_registry(r)
     if not spelled:
         spelled = {ns: repo for repo in sorted(repositories(r))
@@ -142,4 +138,14 @@ def find_owner(r: Any, address: str) -> tuple[str, str] | None:
             registry[canonical_namespace(ns)] = repo
         except OutsideNamespace:
             continue
-    return owner_of(registry, address)
+    return registry
+
+
+def find_owner(r: Any, address: str) -> tuple[str, str] | None:
+    """(repository, canonical namespace) owning ``address`` (scheme and bucket in any case;
+    ``schemas.holds.resolve_target`` reads every spelling), or None."""
+    try:
+        address = canonical_uri(address)
+    except OutsideNamespace:
+        return None
+    return owner_of(owned_namespaces(r), address)

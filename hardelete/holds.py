@@ -12,6 +12,12 @@ holds had claims).
 
 The reaper's claim, the reaper's delete, and the reconciler's sweep read these keys (issue 9's
 judgment); this module is the operator's side and :func:`held_by` the pure lookup.
+
+A target may be spelled any way the delete paths read an address (``S3://``, ``s3a://``, a
+bucket in any case, ``%XX`` escapes, a key relative to ``--repo``'s namespace): it is stored
+in canonical form, in every form it may take, in each repository whose namespace holds one
+(``schemas.holds.resolve_target``); ``hold remove`` and ``hold list TARGET`` find it by any
+spelling, and a spelling that names nothing a delete path may take is refused.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import orjson
 
 from core.clock import redis_time_ms
 from core.errors import UserError
-from core.registry import find_owner, repo_namespace
+from core.registry import find_owner, owned_namespaces, repo_namespace
 from core.settings import Settings
 from schemas.address import canonical_uri
 from schemas.holds import (
@@ -38,14 +44,18 @@ from schemas.holds import (
     RESTORE,
     RESTORE_CLAIM,
     Removal,
+    Target,
+    TargetError,
     add_claims,
     claims_of,
+    related,
     remove_claims,
+    resolve_target,
 )
 from schemas.layout import REPOS, OutsideNamespace, RepoKeys
 
-__all__ = ["DLQ", "OPERATOR", "RESTORE", "Hold", "add_hold", "held_by", "list_holds",
-           "remove_hold"]
+__all__ = ["DLQ", "OPERATOR", "RESTORE", "Hold", "add_hold", "held_by", "lift", "list_holds",
+           "remove_hold", "targets_of"]
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,16 @@ def canonical_target(target: str) -> str:
         raise UserError(str(exc)) from None
 
 
+def targets_of(r: Any, target: str, *, repo: str | None = None,
+               prefix: bool = False) -> tuple[Target, ...]:
+    """Where the holds on ``target`` (any spelling) are stored: every form it may take, in the
+    repository whose namespace holds it (``schemas.holds.resolve_target``)."""
+    try:
+        return resolve_target(owned_namespaces(r), target, prefix=prefix, repo=repo)
+    except TargetError as exc:
+        raise UserError(str(exc)) from None
+
+
 def find_repository(r: Any, target: str, repo: str | None = None) -> tuple[str, str]:
     """(repository, namespace) whose namespace contains ``target``; a clear error otherwise."""
     target = canonical_target(target)
@@ -126,23 +146,27 @@ def find_repository(r: Any, target: str, repo: str | None = None) -> tuple[str, 
 
 def add_hold(r: Any, target: str, reason: str, *, repo: str | None = None,
              prefix: bool = False, source: str = OPERATOR,
-             detail: Mapping[str, Any] | None = None) -> Hold:
-    """The operator's (or restore's) claim on ``target``; adding it again updates its reason.
-    Dead letters' claims are the tracker's (tracker/daemon.py), never added here."""
+             detail: Mapping[str, Any] | None = None) -> tuple[Hold, ...]:
+    """The operator's (or restore's) claim on every form ``target`` may take (one hold each:
+    :func:`targets_of`); adding it again updates its reason. Dead letters' claims are the
+    tracker's (tracker/daemon.py), never added here."""
     if not reason.strip():
         raise UserError("a hold needs a reason (--reason)")
     claim_id = {OPERATOR: OPERATOR_CLAIM, RESTORE: RESTORE_CLAIM}.get(source)
     if claim_id is None:
         raise UserError(f"holds of source {source!r} are placed by the tracker, not by hand")
-    target = canonical_target(target)
-    repository, _ns = find_repository(r, target, repo)
-    k = RepoKeys(repository)
+    targets = targets_of(r, target, repo=repo, prefix=prefix)
     at = redis_time_ms(r)
     claim = {**(detail or {}), "reason": reason, "source": source, "at_ms": at}
-    add_claims(r, k.hold_prefixes if prefix else k.holds, [(target, claim_id, claim)],
-               replace=True)
-    return Hold(repository, target, "prefix" if prefix else "address", reason, source, at,
-                dict(detail or {}), {claim_id: claim})
+    by_key: dict[str, list[tuple[str, str, Mapping[str, Any]]]] = {}
+    for t in targets:  # one script call per hash (a repository's hashes share its slot)
+        k = RepoKeys(t.repository)
+        by_key.setdefault(k.hold_prefixes if t.prefix else k.holds, []).append(
+            (t.key, claim_id, claim))
+    for key, items in by_key.items():
+        add_claims(r, key, items, replace=True)
+    return tuple(Hold(t.repository, t.key, "prefix" if t.prefix else "address", reason, source,
+                      at, dict(detail or {}), {claim_id: claim}) for t in targets)
 
 
 @dataclass(frozen=True)
@@ -168,35 +192,53 @@ def _others(hold: Hold, ids: tuple[str, ...]) -> str:
     return "; ".join(out)
 
 
+def lift(r: Any, hold: Hold, *, force: bool = False) -> Lifted:
+    """Remove the operator's and restore's claims (``force``: every claim) on exactly the
+    stored hold ``hold`` (as :func:`list_holds` returned it)."""
+    k = RepoKeys(hold.repository)
+    key = k.hold_prefixes if hold.kind == "prefix" else k.holds
+    return Lifted(hold, remove_claims(r, key, hold.target, OPERATOR_CLAIMS, force=force))
+
+
 def remove_hold(r: Any, target: str, *, repo: str | None = None, prefix: bool = False,
-                force: bool = False) -> Lifted:
-    """Remove the operator's and restore's claims on ``target`` (``force``: every claim). The
-    hold stays while a dead letter still claims it; removing nothing is an error."""
-    target = canonical_target(target)
-    repository, _ns = find_repository(r, target, repo)
-    k = RepoKeys(repository)
-    key = k.hold_prefixes if prefix else k.holds
-    raw = r.hget(key, target)
-    if raw is None:
-        raise UserError(f"no {'prefix ' if prefix else ''}hold on {target} in {repository!r}")
-    hold = _hold(repository, target, "prefix" if prefix else "address", raw)
-    removal = remove_claims(r, key, target, OPERATOR_CLAIMS, force=force)
-    if removal.status == "none":
-        raise UserError(f"no {'prefix ' if prefix else ''}hold on {target} in {repository!r}")
-    if not removal.removed:
-        raise UserError(f"{target} is held by {_others(hold, removal.remaining)}; "
+                force: bool = False) -> tuple[Lifted, ...]:
+    """Remove the operator's and restore's claims (``force``: every claim) on every form
+    ``target`` (any spelling) may take. A hold stays while a dead letter still claims it;
+    removing nothing is an error."""
+    found = []
+    for t in targets_of(r, target, repo=repo, prefix=prefix):
+        k = RepoKeys(t.repository)
+        raw = r.hget(k.hold_prefixes if t.prefix else k.holds, t.key)
+        if raw is not None:
+            found.append(_hold(t.repository, t.key, "prefix" if t.prefix else "address", raw))
+    if not found:
+        raise UserError(f"no {'prefix ' if prefix else ''}hold on {target}"
+                        + (f" in {repo!r}" if repo else ""))
+    done = tuple(lift(r, h, force=force) for h in found)
+    if not any(d.removal.removed for d in done):
+        d = done[0]
+        raise UserError(f"{d.hold.target} is held by {_others(d.hold, d.removal.remaining)}; "
                         "`hold remove --force` lifts every claim")
-    return Lifted(hold, removal)
+    return done
 
 
-def list_holds(r: Any, repo: str | None = None, source: str | None = None) -> list[Hold]:
-    repos = [repo] if repo else sorted(r.smembers(REPOS))
+def list_holds(r: Any, repo: str | None = None, source: str | None = None,
+               target: str | None = None, prefix: bool = False) -> list[Hold]:
+    """The holds of ``repo`` (default: every repository); with ``target`` (any spelling), the
+    holds on what it names, whichever repository holds them: on one of its forms, a prefix
+    that keeps it, or under the prefix it names (``schemas.holds.related``)."""
+    targets = targets_of(r, target, repo=repo, prefix=prefix) if target is not None else ()
+    repos = (sorted({t.repository for t in targets}) if targets
+             else [repo] if repo else sorted(r.smembers(REPOS)))
     out: list[Hold] = []
     for repository in repos:
         k = RepoKeys(repository)
+        mine = [t for t in targets if t.repository == repository]
         for kind, key in (("address", k.holds), ("prefix", k.hold_prefixes)):
-            for target, raw in sorted(r.hgetall(key).items()):
-                h = _hold(repository, target, kind, raw)
+            for held, raw in sorted(r.hgetall(key).items()):
+                if targets and not any(related(t, held, kind == "prefix") for t in mine):
+                    continue
+                h = _hold(repository, held, kind, raw)
                 if source is None or source in h.sources():
                     out.append(h)
     return out
@@ -241,10 +283,14 @@ class add:
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         r = _redis(settings)
         try:
-            h = add_hold(r, args.target, args.reason, repo=args.repo, prefix=_is_prefix(args))
+            held = add_hold(r, args.target, args.reason, repo=args.repo,
+                            prefix=_is_prefix(args))
         finally:
             r.close()
-        print(f"held {h.kind} {h.target} in {h.repository} ({h.reason}) at {when(h.at_ms)}")
+        for h in held:
+            print(f"held {h.kind} {h.target} in {h.repository} ({h.reason}) at {when(h.at_ms)}")
+        if len(held) > 1:
+            print(f"({args.target} may name {len(held)} objects or prefixes: each is held)")
         return 0
 
 
@@ -261,25 +307,34 @@ class remove:
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         r = _redis(settings)
         try:
-            done = remove_hold(r, args.target, repo=args.repo, prefix=_is_prefix(args),
-                               force=args.force)
+            lifted = remove_hold(r, args.target, repo=args.repo, prefix=_is_prefix(args),
+                                 force=args.force)
         finally:
             r.close()
-        h = done.hold
-        removed = ", ".join(done.removal.removed)
-        if done.lifted:
-            print(f"lifted the hold on {h.target} in {h.repository} (claims: {removed}); "
-                  "the delete paths may take it again once it is garbage")
-        else:
-            print(f"removed the {removed} claim(s) on {h.target} in {h.repository}; still "
-                  f"held by {_others(h, done.removal.remaining)}")
+        for done in lifted:
+            h = done.hold
+            removed = ", ".join(done.removal.removed)
+            if done.lifted:
+                print(f"lifted the hold on {h.target} in {h.repository} (claims: {removed}); "
+                      "the delete paths may take it again once it is garbage")
+            elif removed:
+                print(f"removed the {removed} claim(s) on {h.target} in {h.repository}; still "
+                      f"held by {_others(h, done.removal.remaining)}")
+            else:
+                print(f"{h.target} in {h.repository} stays held by "
+                      f"{_others(h, done.removal.remaining)}")
         return 0
 
 
 class list_:
     @staticmethod
     def configure(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--repo", help="one repository (default: every one)")
+        parser.add_argument("target", nargs="?",
+                            help="only the holds on what this address or prefix names (any "
+                                 "spelling): its own, prefixes that keep it, holds under it")
+        parser.add_argument("--prefix", action="store_true", help="the target is a prefix")
+        parser.add_argument("--repo", help="one repository (default: every one); with a "
+                                           "target, the namespace a relative key is in")
         parser.add_argument("--source", choices=(OPERATOR, RESTORE, DLQ))
         parser.add_argument("--json", action="store_true")
 
@@ -289,7 +344,8 @@ class list_:
         try:
             if args.repo:
                 namespace_of(r, args.repo)
-            holds = list_holds(r, args.repo, args.source)
+            holds = list_holds(r, args.repo, args.source, args.target,
+                               prefix=bool(args.prefix or (args.target or "").endswith("/")))
         finally:
             r.close()
         if args.json:

@@ -21,8 +21,10 @@ from core.clock import horizon_from, redis_time_ms
 from core.errors import UserError
 from core.gate import read_gate
 from core.guards import fail_closed_repos
-from core.registry import find_owner, repo_namespace
+from core.registry import find_owner, owned_namespaces, repo_namespace
 from core.settings import Settings
+from schemas.address import canonical_uri, has_scheme
+from schemas.holds import TargetError, resolve_target
 from schemas.layout import (
     FAIL_CLOSED,
     INCIDENTS,
@@ -30,6 +32,7 @@ from schemas.layout import (
     PROGRESS_META,
     REPOS,
     RETIRED,
+    OutsideNamespace,
     RepoKeys,
 )
 from schemas.liveness import Keep, judge
@@ -376,10 +379,33 @@ def explain_address(r: Any, settings: Settings, address: str,
     return Explanation(address, repo, state, verdict, lines + history)
 
 
+def explain_spelling(r: Any, settings: Settings, raw: str, repository: str | None = None,
+                     s3: Any = None) -> list[Explanation]:
+    """:func:`explain_address` of every object the spelling ``raw`` may name, in the canonical
+    form the delete paths judge (``schemas.holds.resolve_target``: ``S3://``, ``s3a://``, a
+    bucket in any case, ``%XX`` escapes both ways, a key relative to ``repository``'s
+    namespace); a spelling that names nothing of a live namespace is explained as given."""
+    try:
+        targets = resolve_target(owned_namespaces(r), raw, repo=repository)
+    except TargetError as exc:
+        if not has_scheme(raw):
+            raise UserError(str(exc)) from None
+        targets = ()
+    named = [t for t in targets if not t.prefix]
+    if not named:
+        try:
+            raw = canonical_uri(raw)
+        except OutsideNamespace as exc:
+            raise UserError(str(exc)) from None
+        return [explain_address(r, settings, raw, repository, s3)]
+    return [explain_address(r, settings, t.key, t.repository, s3) for t in named]
+
+
 class explain:  # the CLI's command object for `hardelete explain`
     @staticmethod
     def configure(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("address", help="s3:// address")
+        parser.add_argument("address", help="s3:// address (any spelling), or a key relative "
+                                            "to --repo's namespace")
         parser.add_argument("--repo", help="repository (default: found by namespace)")
         parser.add_argument("--no-reports", action="store_true",
                             help="do not read the reconciler's reports from the store")
@@ -387,18 +413,24 @@ class explain:  # the CLI's command object for `hardelete explain`
 
     @staticmethod
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
-        if not args.address.startswith("s3://"):
-            raise UserError(f"address must be an s3:// URI, got {args.address!r}")
+        if not has_scheme(args.address) and not args.repo:
+            raise UserError(f"address must be an s3:// URI (or a key relative to --repo's "
+                            f"namespace), got {args.address!r}")
         r = redis_sync(settings)
         try:
             s3 = None if args.no_reports else s3_client(settings)
-            ex = explain_address(r, settings, args.address, args.repo, s3)
+            explained = explain_spelling(r, settings, args.address, args.repo, s3)
         finally:
             r.close()
-        if args.json:
-            print(orjson.dumps(asdict(ex), option=orjson.OPT_INDENT_2).decode())
-        else:
-            con = Console()
+        if args.json:  # one object per object named (a list only when the spelling is ambiguous)
+            rows = [asdict(ex) for ex in explained]
+            print(orjson.dumps(rows[0] if len(rows) == 1 else rows,
+                               option=orjson.OPT_INDENT_2).decode())
+            return 0
+        con = Console()
+        if len(explained) > 1:
+            con.print(f"{args.address} may name {len(explained)} objects:")
+        for ex in explained:
             con.print(f"[bold]{ex.address}[/bold]  repository={ex.repository} state={ex.state}")
             con.print(f"  {ex.verdict}")
             for line in ex.lines:

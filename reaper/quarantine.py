@@ -29,6 +29,7 @@ from core.registry import arepo_namespace
 from core.settings import Settings
 from reaper.claims import ClaimStore
 from reaper.deleter import AddressRecheck, DeleteOutcome, S3Deleter
+from schemas.address import canonical_address
 from schemas.holds import RESTORE, RESTORE_CLAIM, aadd_claims, aremove_claims
 from schemas.layout import QUARANTINE_PREFIX, RepoKeys, namespace_key
 
@@ -174,6 +175,11 @@ async def restore(settings: Settings, repo: str, address: str) -> str:
         if not namespace:
             raise UserError(f"unknown repository {repo!r}")
         try:
+            # The object in the canonical form its quarantine copy and every delete path use
+            # (its restore hold is compared in that form): S3://, s3a://, a bucket in any
+            # case, a key relative to the namespace. Escapes are kept literally: a restore
+            # names one quarantine copy, the one quarantined under that very key.
+            address = canonical_address(namespace, address)
             qaddr = quarantine_address(namespace, address)
         except ValueError as exc:
             raise UserError(str(exc)) from None
@@ -206,7 +212,8 @@ async def restore(settings: Settings, repo: str, address: str) -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("repository")
-    parser.add_argument("address", help="the s3:// address to bring back")
+    parser.add_argument("address", help="the s3:// address to bring back (any spelling of "
+                                        "it, or a key relative to the namespace)")
 
 
 def run_cli(settings: Settings, args: argparse.Namespace) -> int:

@@ -54,6 +54,12 @@ def canonical_namespace(namespace: str) -> str:
 _SCHEMES = ("s3://", "s3a://", "s3n://")
 
 
+def has_scheme(raw: str) -> bool:
+    """Whether ``raw`` is spelled as an absolute address (any case of ``s3://``, ``s3a://``,
+    ``s3n://``), not relative to a namespace."""
+    return raw[:6].lower().startswith(_SCHEMES)
+
+
 def canonical_address(namespace: str, raw: str, *, decode: bool = False) -> str:
     """The canonical ``s3://bucket/prefix/key`` of an address of ``namespace``, else raise.
 

@@ -23,17 +23,29 @@ Claim ids, one per party:
 The hold is lifted when its last claim goes. Claims are changed by one script (``holds.lua``),
 so a claim added while another is removed is never lost. This module is the pure specification
 (:func:`add`, :func:`remove`) and the adapters that run the script.
+
+**Where a hold is stored.** Every delete path compares the canonical address it is about to
+delete (``schemas/address.py``) with the exact fields of ``holds`` and with the fields of
+``hold_prefixes`` as prefixes. So an operator's target is stored only in canonical form, and
+in every form it may take (:func:`resolve_target`): the same rule the tracker's dead-letter
+holds follow (``tracker.codec.hold_targets``).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
+
+from schemas.address import address_forms, canonical_uri, has_scheme, spelling
+from schemas.layout import RESERVED_PREFIXES, OutsideNamespace, namespace_key
+from schemas.namespaces import overlaps
 
 OPERATOR, RESTORE, DLQ = "operator", "restore", "dlq"  # sources
 OPERATOR_CLAIM, RESTORE_CLAIM, LEGACY_CLAIM = "operator", "restore", "legacy"
@@ -134,6 +146,154 @@ def remove(raw: str | bytes | None, claim_ids: Iterable[str],
     value = summary(claims)
     status = "lifted" if value is None else "kept"
     return Removal(status, tuple(removed), tuple(sorted(claims))), value
+
+
+# --- what an operator's target names --------------------------------------------------------------
+
+class TargetError(ValueError):
+    """A hold target that names nothing a delete path may take (one line for the operator)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One hold as it is stored and as every delete path compares it: ``key`` in the ``holds``
+    hash of ``repository`` (an address), or in its ``hold_prefixes`` hash when ``prefix``
+    (everything whose canonical address starts with ``key``). ``namespace``: the repository's
+    canonical namespace."""
+
+    repository: str
+    namespace: str
+    key: str
+    prefix: bool
+
+
+def resolve_target(registry: Mapping[str, str], raw: str, *, prefix: bool = False,
+                   repo: str | None = None) -> tuple[Target, ...]:
+    """Every hold that keeps what an operator's spelling ``raw`` may name. Pure.
+
+    ``registry``: canonical namespace -> repository (``hd:namespaces``: live repositories and
+    retired ones whose data is still kept). The delete paths compare canonical addresses, so
+    each target is returned in canonical form, and a spelling that may name several objects
+    is returned in every form, each in the repository whose namespace holds it (doubt keeps,
+    as the tracker's dead-letter holds do):
+
+    - an **address** means in each namespace what :func:`schemas.address.spelling` says it
+      may mean there: any case of ``s3://``/``s3a://``/``s3n://`` and of the bucket, a
+      ``%XX`` escape both literally and decoded; plain keys only (no delete path takes any
+      other key);
+    - a **prefix** (``prefix``, a spelling ending in ``/``, or a form that ends in ``/``: a
+      prefix hold keeps the object of that key too) is held in every repository whose
+      namespace it lies in or contains;
+    - a key **relative** to a namespace (no scheme) needs ``repo``, whose namespace it is in.
+
+    For an absolute spelling, ``repo`` only checks that the repository owns one of the objects
+    named; the others' are held all the same. Raises :class:`TargetError` (one line) when the
+    spelling names nothing a delete path may take."""
+    if not isinstance(raw, str) or not raw.strip():
+        raise TargetError("no target: give an s3:// address or prefix")
+    prefix = prefix or raw.endswith("/")
+    absolute = has_scheme(raw)
+    if absolute:
+        spaces = sorted(registry.items())
+    elif "://" in raw or raw.startswith("/"):
+        raise TargetError(f"{raw!r} is not an s3:// URI (s3://, s3a://, s3n://) nor a key "
+                          "relative to a namespace")
+    elif repo is None:
+        raise TargetError(f"{raw!r} is not an s3:// URI: a key relative to a repository's "
+                          "namespace needs --repo")
+    else:
+        spaces = [(ns, owner) for ns, owner in sorted(registry.items()) if owner == repo]
+        if not spaces:
+            raise TargetError(f"unknown repository {repo!r} (no namespace of it is registered)")
+    out: dict[tuple[str, str, bool], Target] = {}
+    refused: list[str] = []
+    for ns, owner in spaces:
+        if prefix:
+            forms = [(form, True) for form in _prefix_forms(ns, raw)]
+        else:
+            forms = [(form, form.endswith("/")) for form in spelling(ns, raw).meant]
+            if not forms:
+                refused += _address_refusals(ns, raw)
+        for form, is_prefix in forms:
+            why = _prefix_refusal(ns, form) if is_prefix else None
+            if why is not None:
+                refused.append(why)
+                continue
+            out.setdefault((owner, form, is_prefix), Target(owner, ns, form, is_prefix))
+    targets = tuple(out.values())
+    if repo is not None and absolute and not any(t.repository == repo for t in targets):
+        owners = sorted({t.repository for t in targets})
+        mine = [ns for ns, owner in sorted(registry.items()) if owner == repo]
+        raise TargetError(f"{raw} is not inside the namespace of repository {repo!r}"
+                          + (f" ({mine[0]})" if mine else " (unknown repository)")
+                          + (f": repository {owners[0]!r} owns it" if owners else ""))
+    if not targets:
+        if refused:
+            raise TargetError(f"{raw} names nothing a delete path may take: {refused[0]}")
+        raise TargetError(f"{raw} is inside no tracked repository's namespace (hardelete never "
+                          "deletes it)")
+    return targets
+
+
+def _address_refusals(namespace: str, raw: str) -> list[str]:
+    """Why the forms of ``raw`` that lie in ``namespace`` are no deletable keys (for the
+    operator's one line)."""
+    try:
+        forms = address_forms(namespace, raw)
+    except (OutsideNamespace, UnicodeDecodeError):
+        return []
+    out = []
+    for form in forms:
+        try:
+            namespace_key(namespace, form)
+        except OutsideNamespace as exc:
+            out.append(str(exc))
+    return out
+
+
+def _prefix_forms(namespace: str, raw: str) -> list[str]:
+    """The canonical prefixes ``raw`` may spell (literally, and ``%XX`` decoded) that lie in
+    ``namespace`` or contain it; a relative one is relative to ``namespace``."""
+    texts = [raw]
+    if "%" in raw:
+        with suppress(UnicodeDecodeError):
+            texts.append(unquote(raw, errors="strict"))
+    out: list[str] = []
+    for text in texts:
+        if has_scheme(text):
+            try:
+                form = canonical_uri(text)
+            except OutsideNamespace:
+                continue
+        elif "://" in text or text.startswith("/"):
+            continue
+        else:
+            form = namespace + text
+        if form not in out and overlaps(form, namespace):
+            out.append(form)
+    return out
+
+
+def _prefix_refusal(namespace: str, form: str) -> str | None:
+    """Why a prefix inside ``namespace`` covers no key a delete path takes, or None."""
+    if not form.startswith(namespace):
+        return None  # it contains the namespace: every key of it
+    rel = form[len(namespace):]
+    if any(seg in ("", ".", "..") for seg in rel.split("/")[:-1]):  # (the last may be partial)
+        return f"{form!r} is not a plain object key prefix under {namespace!r}"
+    if rel.startswith(RESERVED_PREFIXES):
+        return (f"{form!r} is under a reserved metadata prefix, which no delete path compares "
+                "(a quarantined copy is kept by a hold on its address)")
+    return None
+
+
+def related(target: Target, key: str, prefix: bool) -> bool:
+    """Whether the stored hold ``key`` (a prefix hold when ``prefix``) of ``target``'s
+    repository is on what ``target`` names: the same hold, a prefix hold that keeps it, or a
+    hold under the prefix ``target`` names. Pure (``hardelete hold list TARGET``)."""
+    return ((key == target.key and prefix == target.prefix)
+            or (prefix and target.key.startswith(key))
+            or (target.prefix and key.startswith(target.key)))
 
 
 # --- adapters ------------------------------------------------------------------------------------

@@ -161,15 +161,14 @@ class Drain(SoakBase):
             r.close()
 
     def _resolve_dead_letters(self) -> int:
-        from hardelete.holds import DLQ, list_holds, remove_hold
+        from hardelete.holds import DLQ, lift, list_holds
 
         r = redis_sync(self.settings)
         n = 0
         try:
             for h in list_holds(r, source=DLQ):
                 if h.sources() <= {DLQ}:  # an operator's or a restore's claim stays
-                    remove_hold(r, h.target, repo=h.repository, prefix=h.kind == "prefix",
-                                force=True)
+                    lift(r, h, force=True)  # (exactly this hold, not every form of it)
                     n += 1
         finally:
             r.close()

@@ -88,7 +88,7 @@ def test_an_operators_hold_under_another_spelling_holds_the_canonical_object(
 
     redis_client.sadd(REPOS, "repo")
     redis_client.hset(RepoKeys("repo").meta, "namespace", NS)
-    hold = add_hold(redis_client, "S3A://BUCKET/repo/data/x", "legal")
+    (hold,) = add_hold(redis_client, "S3A://BUCKET/repo/data/x", "legal")
     assert hold.target == NS + "data/x"
     assert redis_client.hexists(RepoKeys("repo").holds, NS + "data/x")
     assert held_by(NS + "data/x", redis_client.hgetall(RepoKeys("repo").holds), {})

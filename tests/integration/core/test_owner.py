@@ -34,7 +34,7 @@ def test_holds_and_explain_find_the_owner_the_gate_checks(redis_client: Any,
     # objects no delete path considers: the owner's reaper went on deleting it.
     assert find_repository(r, address) == ("b", "s3://bkt/x/")
     assert find_repository(r, "S3://BKT/x/y/k") == ("b", "s3://bkt/x/")
-    hold = add_hold(r, address, "keep it")
+    (hold,) = add_hold(r, address, "keep it")
     assert r.hexists(RepoKeys("b").holds, address) and not r.exists(RepoKeys("a0").holds)
     assert hold.repository == "b" and hold.target == address
     with pytest.raises(UserError, match="repository 'b' owns it"):
