@@ -211,9 +211,6 @@ def test_a_restore_during_an_inflight_quarantine_keeps_a_copy(settings, s3, buck
 
 # --- 4. an operator's hold in a URL-encoded spelling ---
 
-@pytest.mark.xfail(reason=(
-    "open: a %-escaped hold target is stored literally"),
-    strict=False)  # adversarial review, 2026-11-27
 def test_a_hold_in_url_encoded_spelling_keeps_the_object_it_names(cli, capsys, s3, bucket,
                                                                    redis_client):
     """The operator pastes the address as a console shows it, '/' encoded as %2F. `hold add`
