@@ -23,7 +23,7 @@ from core.clients import split_s3_uri
 from core.settings import Settings
 from reconciler.errors import ReconcileError
 from reconciler.evidence import manifest_keys, read_bytes
-from reconciler.mark import KEYS_SCHEMA
+from reconciler.mark import KEYS_SCHEMA, is_plain_key
 from reconciler.retention import (
     SECONDS_PER_DAY,
     ExpirationMode,
@@ -126,8 +126,9 @@ def manifest_keys_df(spark: Any, settings: Settings, ns: Namespace,
         for key in manifest_keys(data, ns.uri, where):
             yield (key,)
 
-    own = [(ns.rel_of_key(key),) for bucket, key in manifests
-           if bucket == ns.bucket and ns.rel_of_key(key)]
+    # (under a reserved prefix, where services usually keep them, they are never candidates)
+    own = [(rel,) for bucket, key in manifests
+           if bucket == ns.bucket and (rel := ns.rel_of_key(key)) and is_plain_key(rel)]
     keys = distributed(spark, manifests, "bucket string, key string", produce, KEYS_SCHEMA)
     return keys.unionByName(spark.createDataFrame(own, KEYS_SCHEMA)) if own else keys
 

@@ -186,7 +186,8 @@ def test_a_staged_object_without_a_tracker_record_is_kept_through_the_service_ex
                                                   allow_large_sweep=True))
     assert held["success"], held["error"]
     assert held["fail_closed"]["withheld"] and "redis went back" in held["fail_closed"]["reason"]
-    assert held["mark"]["categories"]["withheld"]["count"] == 1
+    # the new leak, and the staged object whose events were lost (no export names it here)
+    assert held["mark"]["categories"]["withheld"]["count"] == 2
     assert held["mark"]["marked"] == 0 and leak2 in w.data("r")
     # A fresh export does not vouch either: it lists the uncommitted side only, and a commit
     # lost in the gap would make its objects look leaked
