@@ -64,10 +64,16 @@ from reconciler.mark import (
 )
 from reconciler.report import (
     REPORT_FORMAT,
+    BlastRadiusSection,
+    CrossCheck,
+    Divergence,
+    FailClosedSection,
     ListingSection,
     MarkSection,
     RetentionSection,
+    Revalidation,
     RunSummary,
+    ServiceExportSection,
     SweepOutcome,
     TrackerView,
     UncommittedSection,
@@ -90,7 +96,7 @@ from reconciler.state import (
     retired_problem,
     tracker_watermark_ms,
 )
-from reconciler.sweep import SKIPPED_RETAINED, SweepStats, SweepStopped, sweep
+from reconciler.sweep import SKIPPED_RETAINED, SweepPlan, SweepStats, SweepStopped, sweep
 from reconciler.ui import NullUi, RichUi, summary_table
 from schemas.layout import RepoKeys
 
@@ -252,7 +258,7 @@ def _sample(df: Any, col: str = "key") -> list[str]:
     return [str(r[col]) for r in df.select(col).limit(SAMPLE).collect()]
 
 
-def _crosscheck(classified: Any, committed: Any, known: Any) -> dict[str, Any]:
+def _crosscheck(classified: Any, committed: Any, known: Any) -> CrossCheck:
     """Divergences between the mark and the online (tracker) state."""
     from pyspark.sql import functions as F
 
@@ -266,31 +272,38 @@ def _crosscheck(classified: Any, committed: Any, known: Any) -> dict[str, Any]:
                                                                        "committed",
                                                                        "uncommitted")),
                               "key"))
-    out: dict[str, Any] = {}
+    out = CrossCheck()
     for name, df in (("live_in_redis_missing_from_store", live_missing),
                      ("committed_missing_from_store", committed_missing),
                      ("unreferenced_online_not_marked", unref_not_marked)):
         n = df.count()
-        out[name] = {"count": n, "sample": _sample(df) if n else []}
+        out[name] = Divergence(n, _sample(df) if n else [])
     return out
 
 
 MARK_SEAL_TTL_S = 7 * 86_400
 
 
-def mark_seal(s3: Any, ns: Namespace, run_id: str, mark: MarkSection) -> str:
-    """A digest binding a mark to its parts as the run wrote them: their keys (under the run's
-    own ``mark/``), each part's ETag, and the marked count. A part added, removed or rewritten
-    since, or a summary whose counts were edited, gives another digest."""
+def mark_seal(s3: Any, ns: Namespace, summary: RunSummary) -> str:
+    """A digest binding a mark to what the run wrote: its parts (under the run's own
+    ``mark/``) and their ETags, the marked count, the cutoff, the retention fingerprint and the
+    ETag of ``retained.json`` (what the sweep judges retention again against). A part added,
+    removed or rewritten since, or a summary or retained set edited, gives another digest."""
     import hashlib
 
+    run_id, mark, ret = summary.run_id, summary.mark, summary.retention
+    if mark is None or ret is None or ret.retained_key is None:
+        raise SweepRefused(f"run {run_id} recorded no mark or retention to seal")
     prefix = ns.report_prefix(run_id) + "mark/"
-    h = hashlib.sha256(f"{run_id}\n{ns.uri}\n{mark.marked}\n".encode())
-    for part in sorted(mark.parts):
-        if not part.startswith(prefix):
-            raise SweepRefused(f"run {run_id}: mark part {part} is not under {prefix}")
-        etag = s3.head_object(Bucket=ns.bucket, Key=part)["ETag"]
-        h.update(f"{part}\n{etag}\n".encode())
+    h = hashlib.sha256(f"{run_id}\n{ns.uri}\n{mark.marked}\n{summary.cutoff_ms}\n"
+                       f"{ret.fingerprint}\n".encode())
+    if ret.retained_key != ns.report_prefix(run_id) + "retained.json":
+        raise SweepRefused(f"run {run_id}: its retained set {ret.retained_key} is not its own")
+    for key in [ret.retained_key, *sorted(mark.parts)]:
+        if key != ret.retained_key and not key.startswith(prefix):
+            raise SweepRefused(f"run {run_id}: mark part {key} is not under {prefix}")
+        etag = s3.head_object(Bucket=ns.bucket, Key=key)["ETag"]
+        h.update(f"{key}\n{etag}\n".encode())
     return h.hexdigest()
 
 
@@ -370,12 +383,11 @@ class Run:
                 try:
                     with self.ui.phase("re-check the mark online (dry run: no deletes)"):
                         stats = self._sweep(run_id, marked_parts, lease, delete=False)
-                    s.crosscheck["marked_but_referenced_online"] = {
-                        "count": stats.skipped_live,
-                        "sample": stats.samples.get("skipped_live", [])}
+                    s.crosscheck["marked_but_referenced_online"] = Divergence(
+                        stats.skipped_live, stats.samples.get("skipped_live", []))
                 except Exception as exc:  # the mark stands; only the re-check is missing
-                    s.crosscheck["marked_but_referenced_online"] = {
-                        "error": f"{type(exc).__name__}: {exc}"}
+                    s.crosscheck["marked_but_referenced_online"] = Divergence(
+                        error=f"{type(exc).__name__}: {exc}")
                 s.status = "done"
             else:
                 self._do_sweep(run_id, marked_parts, lease)
@@ -420,7 +432,7 @@ class Run:
         if problem is not None:
             raise SweepRefused(f"run {run_id}: {problem}; run a new mark")
         sealed = self.r.get(RepoKeys(self.opts.repo).mark_seal(run_id))
-        if sealed is None or sealed != mark_seal(self.s3, self.ns, run_id, self.summary.mark):
+        if sealed is None or sealed != mark_seal(self.s3, self.ns, self.summary):
             raise SweepRefused(f"run {run_id}: its mark is not the one the run wrote (its "
                                "parts or counts changed since, or its seal is gone): run a "
                                "new mark")
@@ -585,7 +597,7 @@ class Run:
             marked = classified.filter(F.col("category").isin(*MARKED_CATEGORIES))
             parts = _write_mark(self.spark, self.settings, ns, run_id, marked)
         s.mark = MarkSection(tally, parts)
-        self.r.set(RepoKeys(o.repo).mark_seal(run_id), mark_seal(self.s3, ns, run_id, s.mark),
+        self.r.set(RepoKeys(o.repo).mark_seal(run_id), mark_seal(self.s3, ns, s),
                    ex=MARK_SEAL_TTL_S)
         s.marked_at_ms = redis_time_ms(self.r)
         timed("write_mark_s", t0)
@@ -611,9 +623,11 @@ class Run:
                                  cutoff_ms=cutoff_ms,
                                  max_age_ms=self.settings.uncommitted_export_max_age_seconds
                                  * 1000)
-            s.service_export = {**found.as_dict(cutoff_ms), "found": True}
+            s.service_export = ServiceExportSection(
+                True, found.location, found.exported_at_ms, len(found.meta.files),
+                found.meta.rows, found.exported_at_ms > cutoff_ms)
         else:
-            s.service_export = {"found": False, "location": None}
+            s.service_export = ServiceExportSection(False)
         reason = fail_closed_reason(self.r, o.repo)
         fresh = found is not None and found.exported_at_ms > cutoff_ms
         # An uncommitted export cannot vouch for a fail-closed repository: leaked, unreferenced
@@ -622,12 +636,7 @@ class Run:
         # from the service's whole state proves it (issue 20).
         withhold = reason is not None
         if reason is not None:
-            s.fail_closed = {
-                "reason": reason, "fresh_export": fresh, "withheld": withhold,
-                "note": "the mirror is unproven: leaked, unreferenced and expired-upload "
-                        "objects are kept (category withheld) until it is rebuilt; an "
-                        "uncommitted export, even a fresh one, does not vouch for commits "
-                        "lost in the gap"}
+            s.fail_closed = FailClosedSection(reason, fresh, withhold)
         service = None
         if found is not None:
             service = export_keys_df(self.spark, self.settings, self.ns, o.repo, found)
@@ -638,10 +647,10 @@ class Run:
                delete: bool = True) -> SweepStats:
         if self.summary.cutoff_ms is None:  # (a mark always records one before it is swept)
             raise ReconcileError(f"run {self.summary.run_id} has no cutoff: it cannot be swept")
-        return sweep(self.spark, self.settings, self.opts.repo, lease_id, self.ns, parts,
-                     cutoff_ms=self.summary.cutoff_ms, recheck=self.opts.recheck,
-                     delete=delete, report_run_id=self.summary.run_id,
-                     refs=self._refs, export_vouched=False)
+        plan = SweepPlan(self.opts.repo, lease_id, self.ns, self.summary.cutoff_ms,
+                         recheck=self.opts.recheck, delete=delete, refs=self._refs,
+                         report_run_id=self.summary.run_id)
+        return sweep(self.spark, self.settings, plan, parts)
 
     def _do_sweep(self, lease_id: str, parts: list[str], lease: Lease) -> None:
         """Re-validate the mark against what is true now, check the blast radius and the
@@ -684,13 +693,12 @@ class Run:
             if refusal is None:
                 with self.ui.phase("cross-check the mark online before deleting"):
                     pre = self._sweep(lease_id, parts, lease, delete=False)
-                s.crosscheck["marked_but_referenced_online"] = {
-                    "count": pre.skipped_live, "sample": pre.samples.get("skipped_live", [])}
+                s.crosscheck["marked_but_referenced_online"] = Divergence(
+                    pre.skipped_live, pre.samples.get("skipped_live", []))
                 # Changed after the mark's snapshot (a copy back into a branch, a new
                 # reference): not a divergence; those objects are skipped, the rest is swept.
-                s.revalidation["changed_after_mark"] = {
-                    "count": pre.skipped_changed,
-                    "sample": pre.samples.get("skipped_changed", [])}
+                s.revalidation.changed_after_mark = Divergence(
+                    pre.skipped_changed, pre.samples.get("skipped_changed", []))
                 if pre.skipped_live:
                     refusal = (f"cross-check: {pre.skipped_live} marked object(s) are "
                                "referenced online by evidence the mark's snapshot already "
@@ -725,8 +733,8 @@ class Run:
             return
         s.sweep = SweepOutcome("done", stats=stats, seconds=round(time.monotonic() - t0, 3),
                                at=iso(_ms_now()))
-        s.crosscheck["marked_but_referenced_online"] = {
-            "count": stats.skipped_live, "sample": stats.samples.get("skipped_live", [])}
+        s.crosscheck["marked_but_referenced_online"] = Divergence(
+            stats.skipped_live, stats.samples.get("skipped_live", []))
         s.status = "done"
 
     def _revalidate(self, lease_id: str, parts: list[str]) -> tuple[str | None, list[str],
@@ -741,11 +749,10 @@ class Run:
         s = self.summary
         retained = SweepStats()
         ret = s.retention
-        reval: dict[str, Any] = {}
-        s.revalidation = reval
+        reval = s.revalidation = Revalidation()
         reason = fail_closed_reason(self.r, self.opts.repo)
         if reason is not None and not s.fail_closed:
-            reval["fail_closed"] = reason
+            reval.fail_closed = reason
             return (f"the repository is fail-closed now ({reason}) but was not at the mark: "
                     "run a new mark", parts, retained)
         # Taken before the state is read: every sweep batch checks it (a change after this
@@ -753,10 +760,10 @@ class Run:
         self._refs = refs_fingerprint(self.r, self.opts.repo)
         state = load_repo(self.r, self.opts.repo)
         at_mark_fingerprint = None if ret is None else ret.fingerprint
-        reval.update(fingerprint_at_mark=at_mark_fingerprint,
-                     fingerprint_now=state.fingerprint,
-                     retention_changed=state.fingerprint != at_mark_fingerprint)
-        if not reval["retention_changed"] and not (ret and ret.dropped_live_refs()):
+        reval.fingerprint_at_mark = at_mark_fingerprint
+        reval.fingerprint_now = state.fingerprint
+        reval.retention_changed = state.fingerprint != at_mark_fingerprint
+        if not reval.retention_changed and not (ret and ret.dropped_live_refs()):
             return None, parts, retained
         if ret is None or ret.retained_key is None:
             return ("the mark recorded no retention to judge again against: nothing deleted, "
@@ -778,8 +785,8 @@ class Run:
         at_mark = get_json(self.s3, self.ns.bucket, ret.retained_key)
         mark_manifests = {tuple(m) for m in at_mark["manifests"]}
         new = [m for m in plan.manifests if tuple(m) not in mark_manifests]
-        reval.update(newly_retained_commits=len(plan.retained - set(at_mark["retained"])),
-                     new_manifests=len(new))
+        reval.newly_retained_commits = len(plan.retained - set(at_mark["retained"]))
+        reval.new_manifests = len(new)
         if not new:
             return None, parts, retained
         from pyspark import StorageLevel
@@ -803,7 +810,7 @@ class Run:
                                 marked.join(protected, "key", "left_anti"), MARK_COLUMNS)
         finally:
             marked.unpersist()
-        reval.update(skipped_retained=retained.skipped_retained, parts=parts)
+        reval.skipped_retained, reval.parts = retained.skipped_retained, parts
         return None, parts, retained
 
     def _blast_radius(self, parts: list[str], retained: SweepStats) -> str | None:
@@ -821,13 +828,10 @@ class Run:
                                      max_growth=cfg.sweep_max_growth,
                                      floor=cfg.sweep_growth_floor,
                                      history_runs=cfg.sweep_history_runs)
-        s.blast_radius = {"would_delete": verdict.would_delete, "listed": verdict.listed,
-                             "history": list(verdict.history), "usual": verdict.usual,
-                             "floor": cfg.sweep_growth_floor,
-                             "max_share": cfg.sweep_max_share,
-                             "max_growth": cfg.sweep_max_growth,
-                             "problems": list(verdict.problems),
-                             "allowed_by_flag": self.opts.allow_large_sweep}
+        s.blast_radius = BlastRadiusSection(
+            verdict.would_delete, verdict.listed, list(verdict.history), verdict.usual,
+            cfg.sweep_growth_floor, cfg.sweep_max_share, cfg.sweep_max_growth,
+            list(verdict.problems), self.opts.allow_large_sweep)
         if not verdict.refused or self.opts.allow_large_sweep:
             return None
         return ("blast-radius guard: " + "; ".join(verdict.problems) + ". Check the mark, "

@@ -274,6 +274,157 @@ class RetentionSection:
         return bool(self.delete_expired_refs) and self.expired_refs_key is None
 
 
+@dataclass
+class Divergence:
+    """One cross-check between the mark and the online state: how many keys and a sample, or
+    the error that kept it from being made."""
+
+    count: int = 0
+    sample: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"error": self.error}
+        return {"count": self.count, "sample": list(self.sample)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Divergence:
+        return cls(_count(d.get("count")) or 0, [str(k) for k in d.get("sample") or ()],
+                   d.get("error"))
+
+
+@dataclass
+class CrossCheck:
+    """The cross-checks by name (``live_in_redis_missing_from_store``,
+    ``committed_missing_from_store``, ``unreferenced_online_not_marked``,
+    ``marked_but_referenced_online``)."""
+
+    checks: dict[str, Divergence] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Divergence:
+        return self.checks[name]
+
+    def __setitem__(self, name: str, value: Divergence) -> None:
+        self.checks[name] = value
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: d.as_dict() for name, d in self.checks.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CrossCheck:
+        return cls({str(k): Divergence.from_dict(v) for k, v in d.items()
+                    if isinstance(v, dict)})
+
+
+@dataclass
+class ServiceExportSection:
+    """The service's uncommitted export the mark used (``found``), or that none was named."""
+
+    found: bool
+    location: str | None = None
+    exported_at_ms: int | None = None
+    files: int | None = None
+    rows: int | None = None
+    fresh: bool | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"found": self.found, "location": self.location}
+        for name in ("exported_at_ms", "files", "rows", "fresh"):
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ServiceExportSection:
+        return cls(bool(d.get("found")), d.get("location"), d.get("exported_at_ms"),
+                   d.get("files"), d.get("rows"), d.get("fresh"))
+
+
+FAIL_CLOSED_NOTE = ("the mirror is unproven: leaked, unreferenced and expired-upload objects are "
+                    "kept (category withheld) until it is rebuilt; an uncommitted export, even "
+                    "a fresh one, does not vouch for commits lost in the gap")
+
+
+@dataclass
+class FailClosedSection:
+    """The repository was fail-closed at the mark: why, and that its leaks were withheld."""
+
+    reason: str
+    fresh_export: bool
+    withheld: bool = True
+    note: str = FAIL_CLOSED_NOTE
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "fresh_export": self.fresh_export,
+                "withheld": self.withheld, "note": self.note}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FailClosedSection:
+        return cls(str(d.get("reason")), bool(d.get("fresh_export")),
+                   d.get("withheld") is not False, str(d.get("note") or FAIL_CLOSED_NOTE))
+
+
+@dataclass
+class Revalidation:
+    """What the sweep found when it judged the mark again against what is true now."""
+
+    retention_changed: bool | None = None
+    fingerprint_at_mark: str | None = None
+    fingerprint_now: str | None = None
+    fail_closed: str | None = None  # fail-closed now, not at the mark: refused
+    newly_retained_commits: int | None = None
+    new_manifests: int | None = None
+    skipped_retained: int | None = None
+    parts: list[str] | None = None  # the re-written mark, when retention changed
+    changed_after_mark: Divergence | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    _OWN = ("retention_changed", "fingerprint_at_mark", "fingerprint_now", "fail_closed",
+            "newly_retained_commits", "new_manifests", "skipped_retained", "parts")
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self._OWN if getattr(self, k) is not None}
+        if self.changed_after_mark is not None:
+            d["changed_after_mark"] = self.changed_after_mark.as_dict()
+        return {**d, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Revalidation:
+        changed = d.get("changed_after_mark")
+        return cls(**{k: d.get(k) for k in cls._OWN},
+                   changed_after_mark=Divergence.from_dict(changed)
+                   if isinstance(changed, dict) else None,
+                   extra={k: v for k, v in d.items()
+                          if k not in cls._OWN and k != "changed_after_mark"})
+
+
+@dataclass
+class BlastRadiusSection:
+    """The blast-radius guard's figures and verdict (``reconciler/blast_radius.py``)."""
+
+    would_delete: int
+    listed: int
+    history: list[int]
+    usual: float | None
+    floor: int
+    max_share: float
+    max_growth: float
+    problems: list[str]
+    allowed_by_flag: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BlastRadiusSection:
+        return cls(int(d.get("would_delete") or 0), int(d.get("listed") or 0),
+                   [int(x) for x in d.get("history") or ()], d.get("usual"),
+                   int(d.get("floor") or 0), float(d.get("max_share") or 0),
+                   float(d.get("max_growth") or 0), [str(p) for p in d.get("problems") or ()],
+                   bool(d.get("allowed_by_flag")))
+
+
 # The summary's keys, in the order it is written; any other key of a stored summary (written by
 # another version) is kept as it was.
 _SECTIONS = ("uncommitted", "retention", "listing", "service_export", "fail_closed", "keepset",
@@ -284,7 +435,7 @@ def _stored(value: Any) -> Any:
     """A section as stored: a typed record's ``as_dict``; an empty dict or None is absent."""
     if value is None:
         return None
-    return value.as_dict() if hasattr(value, "as_dict") else (value or None)
+    return (value.as_dict() if hasattr(value, "as_dict") else value) or None
 
 
 @dataclass
@@ -315,14 +466,14 @@ class RunSummary:
     uncommitted: UncommittedSection | None = None
     retention: RetentionSection | None = None
     listing: ListingSection | None = None
-    service_export: dict[str, Any] | None = None
-    fail_closed: dict[str, Any] | None = None
+    service_export: ServiceExportSection | None = None
+    fail_closed: FailClosedSection | None = None
     keepset: KeepSetProof | None = None
     mark: MarkSection | None = None
     marked_at_ms: int | None = None
-    crosscheck: dict[str, Any] = field(default_factory=dict)
-    revalidation: dict[str, Any] = field(default_factory=dict)
-    blast_radius: dict[str, Any] | None = None
+    crosscheck: CrossCheck = field(default_factory=CrossCheck)
+    revalidation: Revalidation = field(default_factory=Revalidation)
+    blast_radius: BlastRadiusSection | None = None
     sweep: SweepOutcome | None = None
     metrics: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -377,4 +528,6 @@ class RunSummary:
 _TYPED: dict[str, Any] = {"tracker": TrackerView, "uncommitted": UncommittedSection,
                           "listing": ListingSection, "retention": RetentionSection,
                           "mark": MarkSection, "sweep": SweepOutcome,
-                          "keepset": KeepSetProof}
+                          "keepset": KeepSetProof, "service_export": ServiceExportSection,
+                          "fail_closed": FailClosedSection, "crosscheck": CrossCheck,
+                          "revalidation": Revalidation, "blast_radius": BlastRadiusSection}

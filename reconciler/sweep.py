@@ -289,10 +289,35 @@ def _batches(rows: Iterable[tuple[Any, ...]]) -> Iterator[list[tuple[str, str, i
         yield batch
 
 
-def sweep_part(settings: Settings, repo: str, lease_id: str, ns: Namespace, mark_key: str,
-               out_prefix: str, *, cutoff_ms: int, recheck: bool = True,
-               delete: bool = True, refs: str | None = None,
-               export_vouched: bool = False) -> PartResult:
+@dataclass(frozen=True, slots=True)
+class SweepPlan:
+    """What one sweep does, from the job to every Spark task: whose mark, under which lease,
+    judged at which cutoff, checked against which refs, deleting or only re-checking.
+
+    ``lease_id``: the value the repository's reconciler lease must hold for every batch.
+    ``refs``: the :func:`reconciler.state.refs_fingerprint` the mark was re-validated
+    against; every batch checks it is unchanged (else it stops: :class:`RetentionMoved`).
+    ``report_run_id``: whose report the outcome rows go to (default: ``lease_id``).
+    ``delete=False`` only re-checks the mark against the online state (dry run).
+    """
+
+    repo: str
+    lease_id: str
+    ns: Namespace
+    cutoff_ms: int
+    recheck: bool = True
+    delete: bool = True
+    refs: str | None = None
+    export_vouched: bool = False
+    report_run_id: str | None = None
+
+    @property
+    def outcome_prefix(self) -> str:
+        return self.ns.report_prefix(self.report_run_id or self.lease_id) + "sweep/"
+
+
+def sweep_part(settings: Settings, plan: SweepPlan, mark_key: str,
+               out_prefix: str) -> PartResult:
     """Sweep one mark part; each batch's per-key outcomes go to ``<out_prefix>NNNNN.parquet``
     as soon as it is done. Runs inside a task.
 
@@ -300,6 +325,7 @@ def sweep_part(settings: Settings, repo: str, lease_id: str, ns: Namespace, mark
     module docstring). ``delete=False`` only re-checks the mark against the online state (dry
     run) and writes nothing.
     """
+    ns, delete = plan.ns, plan.delete
     stats = SweepStats()
     out: dict[str, list[Any]] = {"key": [], "category": [], "size": [], "outcome": [],
                                  "error": []}
@@ -324,12 +350,11 @@ def sweep_part(settings: Settings, repo: str, lease_id: str, ns: Namespace, mark
     try:
         s3 = cached_s3(settings)
         gate_s3 = cached_s3(settings, retries=False)  # the gate's: it retries by itself
-        r = redis_sync(settings) if recheck else None
+        r = redis_sync(settings) if plan.recheck else None
         rows = read_parquet_rows(s3, ns.bucket, mark_key, ["key", "category", "size", "digest"])
         for batch in _batches(rows):
             try:
-                _sweep_batch(s3, gate_s3, r, repo, lease_id, ns, batch, cutoff_ms, stats,
-                             record, delete, refs, export_vouched)
+                _sweep_batch(s3, gate_s3, r, plan, batch, stats, record)
             finally:
                 flush()  # the batch's rows, also when it stopped the sweep
     except Exception as exc:
@@ -375,10 +400,11 @@ def _stop(r: Any, repo: str, lease_id: str, refs: str | None) -> BaseException |
     return None
 
 
-def _sweep_batch(s3: Any, gate_s3: Any, r: Any, repo: str, lease_id: str, ns: Namespace,
-                 batch: list[tuple[str, str, int, str | None]], cutoff_ms: int,
-                 stats: SweepStats, record: Callable[..., None], delete: bool,
-                 refs: str | None = None, export_vouched: bool = False) -> None:
+def _sweep_batch(s3: Any, gate_s3: Any, r: Any, plan: SweepPlan,
+                 batch: list[tuple[str, str, int, str | None]],
+                 stats: SweepStats, record: Callable[..., None]) -> None:
+    repo, lease_id, ns, cutoff_ms = plan.repo, plan.lease_id, plan.ns, plan.cutoff_ms
+    delete, refs, export_vouched = plan.delete, plan.refs, plan.export_vouched
     info = {rel: (cat, size) for rel, cat, size, _ in batch}
     vouched = frozenset(rel for rel, cat, _, _ in batch if cat in VOUCHED_CATEGORIES) \
         if export_vouched else frozenset()
@@ -470,32 +496,24 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, repo: str, lease_id: str, ns: Na
         raise stop[0]  # as the next batch's start would
 
 
-def sweep(spark: Any, settings: Settings, repo: str, lease_id: str, ns: Namespace,
-          mark_parts: list[str], *, cutoff_ms: int, recheck: bool = True, delete: bool = True,
-          report_run_id: str | None = None, refs: str | None = None,
-          export_vouched: bool = False) -> SweepStats:
-    """Sweep every mark part in parallel Spark tasks; the merged stats come back.
-
-    ``lease_id`` is the value the repository's reconciler lease must hold for every batch;
-    outcomes go to the report of ``report_run_id`` (default: ``lease_id``), as
-    ``sweep/part-<mark part>-<this sweep>-<batch>.parquet``. ``refs``: the
-    :func:`reconciler.state.refs_fingerprint` the mark was re-validated against; every batch
-    checks it is unchanged (else it stops: :class:`RetentionMoved`). A sweep that stops
-    part-way raises :class:`SweepStopped` with what it did until then.
+def sweep(spark: Any, settings: Settings, plan: SweepPlan, mark_parts: list[str]) -> SweepStats:
+    """Sweep every mark part in parallel Spark tasks (each given the one typed ``plan``); the
+    merged stats come back. Outcomes go to the plan's report, as
+    ``sweep/part-<mark part>-<this sweep>-<batch>.parquet``. A sweep that stops part-way
+    raises :class:`SweepStopped` with what it did until then.
     """
+    ns, delete = plan.ns, plan.delete
     total = SweepStats()
     if not mark_parts:
         return total
-    prefix = ns.report_prefix(report_run_id or lease_id) + "sweep/"
+    prefix = plan.outcome_prefix
     # This sweep's rows apart from an earlier sweep's of the same run (``--sweep-only``).
     token = uuid.uuid4().hex[:6]
     items = [(k, f"{prefix}part-{i:05d}-{token}-") for i, k in enumerate(mark_parts)]
 
     def run(it: Iterator[tuple[str, str]]) -> Iterator[PartResult]:
         for mark_key, out_prefix in it:
-            yield sweep_part(settings, repo, lease_id, ns, mark_key, out_prefix,
-                             cutoff_ms=cutoff_ms, recheck=recheck, delete=delete, refs=refs,
-                             export_vouched=export_vouched)
+            yield sweep_part(settings, plan, mark_key, out_prefix)
 
     parts = spark.sparkContext.parallelize(items, max(1, min(len(items), 64))).mapPartitions(run)
     try:

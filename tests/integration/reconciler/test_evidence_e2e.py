@@ -190,6 +190,21 @@ def test_a_mark_without_a_complete_keepset_proof_is_not_swept(spark, rsettings, 
             reconcile(spark, rsettings, RunOptions("r", sweep_only=dry["run_id"],
                                                    allow_large_sweep=True))
         assert w.data("r") | set(w.keys("r")) == before
+    # the seal: a retained set or a fingerprint edited since the mark is refused
+    from reconciler.s3io import get_json, put_json
+
+    retained_key = stored["retention"]["retained_key"]
+    retained = get_json(s3, ns.bucket, retained_key)
+    for body, retained_body in (
+            ({**stored, "retention": {**stored["retention"], "fingerprint": "x"}}, retained),
+            (stored, {**retained, "manifests": [*retained["manifests"], ["b", "k"]]})):
+        write_summary(s3, ns, body)
+        put_json(s3, ns.bucket, retained_key, retained_body)
+        with pytest.raises(SweepRefused, match="not the one the run wrote"):
+            reconcile(spark, rsettings, RunOptions("r", sweep_only=dry["run_id"],
+                                                   allow_large_sweep=True))
+        assert w.data("r") | set(w.keys("r")) >= before
+    put_json(s3, ns.bucket, retained_key, retained)
     write_summary(s3, ns, stored)  # the proof restored: the mark is swept (the test can fail)
     ok = reconcile(spark, rsettings, RunOptions("r", sweep_only=dry["run_id"],
                                                 allow_large_sweep=True))

@@ -21,7 +21,7 @@ from core.settings import Settings
 from reaper.claims import ClaimStore
 from reaper.daemon import Reaper
 from reconciler.s3io import Namespace, put_parquet
-from reconciler.sweep import CONFIRMED, SKIPPED_GUARD, sweep_part
+from reconciler.sweep import CONFIRMED, SKIPPED_GUARD, SweepPlan, sweep_part
 from schemas.layout import (
     FAIL_CLOSED,
     NAMESPACES,
@@ -235,7 +235,7 @@ def _sweep(s: Settings, r: Any, s3: Any, repo: str, ns: Namespace, rels: list[st
                                           "size": [1] * len(rels),
                                           "digest": [None] * len(rels)})  # no record at mark
     r.set(RECONCILER_LEASE + repo, "run1")
-    res = sweep_part(s, repo, "run1", ns, mark_key, out_prefix, cutoff_ms=redis_time_ms(r))
+    res = sweep_part(s, SweepPlan(repo, "run1", ns, redis_time_ms(r)), mark_key, out_prefix)
     assert res.error is None, res.error
     from reconciler.s3io import read_parquet_rows
 

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import orjson
 
+from reconciler.evidence import KeepSetProof, Source
 from reconciler.mark import CATEGORIES, MARKED_CATEGORIES, Tally
 from reconciler.report import (
+    BlastRadiusSection,
+    CrossCheck,
+    Divergence,
+    FailClosedSection,
     ListingSection,
     MarkSection,
     RetentionSection,
+    Revalidation,
     RunSummary,
+    ServiceExportSection,
     SweepOutcome,
     TrackerView,
     UncommittedSection,
@@ -40,7 +47,17 @@ def _full() -> RunSummary:
          "refs_pointing_to_expired": []}, {"default_days": 7.0, "branch_days": {}}, None,
         "seed", False, "f00d", "reports/r/retained.json", committed_keys=12)
     s.marked_at_ms = 1_100
-    s.crosscheck = {"marked_but_referenced_online": {"count": 0, "sample": []}}
+    s.crosscheck = CrossCheck({"marked_but_referenced_online": Divergence(0, []),
+                               "committed_missing_from_store": Divergence(error="boom")})
+    s.service_export = ServiceExportSection(True, "s3://b/r/_hardelete/exports/e/", 990, 1, 4,
+                                            False)
+    s.fail_closed = FailClosedSection("redis went back", fresh_export=False)
+    s.keepset = KeepSetProof([Source("tracker_export", 1, 5), Source("manifests", 2, keys=12)],
+                             complete=True)
+    s.revalidation = Revalidation(True, "f00d", "beef", newly_retained_commits=1,
+                                  new_manifests=1, skipped_retained=0, parts=["p1"],
+                                  changed_after_mark=Divergence(1, ["data/y"]))
+    s.blast_radius = BlastRadiusSection(3, 10, [2, 4], 3.0, 1000, 0.5, 10.0, [], False)
     stats = SweepStats(marked=3, confirmed=2, skipped_guard=1)
     stats.sample("skipped_guard", "data/x: held")
     s.sweep = SweepOutcome("done", stats=stats, seconds=0.5, at="a")
@@ -66,6 +83,14 @@ def test_a_summary_reads_back_as_it_was_written() -> None:
     assert (stored["mark"]["marked"], stored["mark"]["listed"]) == (3, 10)
     assert stored["mark"]["marked_bytes"] == 30 and stored["mark"]["parts"] == ["p0"]
     assert (s.marked, s.listed) == (3, 10)
+    # the typed sections keep the JSON the readers (status, metrics, the UI) know
+    assert stored["crosscheck"] == {
+        "marked_but_referenced_online": {"count": 0, "sample": []},
+        "committed_missing_from_store": {"error": "boom"}}
+    assert stored["revalidation"]["changed_after_mark"] == {"count": 1, "sample": ["data/y"]}
+    assert stored["service_export"]["found"] and stored["service_export"]["rows"] == 4
+    assert stored["fail_closed"]["withheld"] and stored["blast_radius"]["history"] == [2, 4]
+    assert stored["keepset"]["complete"]
 
 
 def test_what_a_phase_did_not_reach_is_absent_not_null() -> None:

@@ -22,6 +22,7 @@ from reconciler.sweep import (
     SKIPPED_GUARD,
     SKIPPED_LIVE,
     STOPPED,
+    SweepPlan,
     SweepStats,
     _sweep_batch,
     outcome_stats,
@@ -64,8 +65,8 @@ def test_the_rows_of_a_batch_count_as_the_task_counted(keys):
 
     stats = SweepStats()
     if batch:
-        _sweep_batch(None, Store(answers), None, "repo", "lease", NS, batch, 0, stats, record,
-                     True)
+        _sweep_batch(None, Store(answers), None, SweepPlan("repo", "lease", NS, 0), batch, stats,
+                     record)
     back = outcome_stats(rows)
     assert _counts(back) == _counts(stats)
     assert back.samples == stats.samples
