@@ -186,7 +186,7 @@ async def restore(settings: Settings, repo: str, address: str) -> str:
         bucket, key = split_s3_uri(address)
         _, qkey = split_s3_uri(qaddr)
         # Hold it before it is back, so no reaper takes the restored object again (it is still
-        # unreferenced); `hardelete hold remove` lets it go.
+        # unreferenced); `hardelete hold remove --restore` lets it go.
         # The hold is restore's own claim (schemas/holds.py): other claims on it are untouched.
         holds = RepoKeys(repo).holds
         now = await aredis_time_ms(redis)
@@ -220,6 +220,6 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
     state = asyncio.run(restore(settings, args.repository, args.address))
     when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     print(f"restored {args.address} at {when}; its state is now {state}; held (source "
-          f"restore) so no delete path takes it again: `hardelete hold remove {args.address}` "
-          "lets it go")
+          f"restore) so no delete path takes it again: `hardelete hold remove --restore "
+          f"{args.address}` lets it go (restore's claim only: any other hold on it stays)")
     return 0

@@ -15,8 +15,9 @@ Claim ids, one per party:
   names (or the namespace prefix when what it names cannot be read); ``hardelete dlq
   resolve`` removes exactly that claim, so the hold stays while another dead letter still
   claims the address.
-- ``operator``: ``hardelete hold add``; ``hardelete hold remove`` removes it.
-- ``restore``: ``hardelete restore``; ``hardelete hold remove`` removes it too.
+- ``operator``: ``hardelete hold add``; ``hardelete hold remove`` removes it (only it).
+- ``restore``: ``hardelete restore``; ``hardelete hold remove --restore`` removes it (only it):
+  letting a restored object go never lifts a legal hold placed on it since, nor the reverse.
 - ``legacy``: a value written before holds had claims; only ``--force`` lifts it (nobody can
   tell whose it was).
 
@@ -49,9 +50,10 @@ from schemas.namespaces import overlaps
 
 OPERATOR, RESTORE, DLQ = "operator", "restore", "dlq"  # sources
 OPERATOR_CLAIM, RESTORE_CLAIM, LEGACY_CLAIM = "operator", "restore", "legacy"
-# Claims `hardelete hold remove` may remove without --force (the others name a dead letter that
-# `hardelete dlq resolve` answers for, or nobody).
-OPERATOR_CLAIMS = (OPERATOR_CLAIM, RESTORE_CLAIM)
+# The one claim `hardelete hold remove` lifts without --force for each party that lets go by
+# hand: each party only its own (two parties on one address are two reasons to keep it). The
+# other claims name a dead letter, which `hardelete dlq resolve` answers for, or nobody.
+RELEASABLE = {OPERATOR: OPERATOR_CLAIM, RESTORE: RESTORE_CLAIM}
 
 SCRIPT = (Path(__file__).with_name("holds.lua")).read_text()
 

@@ -124,16 +124,15 @@ def test_a_branch_delete_cannot_drop_another_branchs_open_token(settings, s3, bu
 
 # --- 2. `hold remove` (restore's advice) also lifts a legal hold ---
 
-@pytest.mark.xfail(reason=(
-    "open: hold remove lifts the operator's and restore's claims together"),
-    strict=False)  # adversarial review, 2026-11-27
 def test_releasing_a_restored_object_keeps_a_legal_hold_on_it(cli, capsys, s3, redis_client,
                                                                bucket):
     """A quarantined address is restored (restore's claim), then legal puts it on hold
     (the operator's claim). The restore's message says `hardelete hold remove ADDRESS` lets the
     restored object go; that command removes the operator's claim as well (OPERATOR_CLAIMS =
     operator + restore), so the legal hold is lifted with it and the reaper deletes a held
-    object. Two parties, one claim: each should be released by its own command."""
+    object. Two parties, one claim: each should be released by its own command (fixed:
+    `hold remove` lifts the operator's claim only, `hold remove --restore` restore's, which is
+    what restore advises)."""
     s = cli.replace(quarantine_days=1.0, upload_ttl_seconds=1.0, lease_seconds=2.0)
     model = Model.from_settings(s)
     (g,) = asyncio.run(make_garbage(s, s3, model, "repo", ["g"], namespace=f"s3://{bucket}/repo/"))
@@ -141,12 +140,14 @@ def test_releasing_a_restored_object_keeps_a_legal_hold_on_it(cli, capsys, s3, r
     asyncio.run(reap_until(s, lambda rep: not stored(s3, g)))
     code, out, _ = run(capsys, "restore", "repo", g)
     assert code == 0 and "hardelete hold remove" in out
+    # the command restore advises, as the operator will paste it
+    advice = out.split("`hardelete ", 1)[1].split("`", 1)[0].split()
     code, out, _ = run(capsys, "hold", "add", g, "--reason", "legal: case 12")
     assert code == 0
     assert claims(redis_client, "repo", g) == {"restore", "operator"}
     # The operator follows the restore's advice to let the restored copy go.
-    code, out, _ = run(capsys, "hold", "remove", g)
-    assert code == 0
+    code, out, _ = run(capsys, *advice)
+    assert code == 0 and advice[:2] == ["hold", "remove"], advice
     t0 = asyncio.run(redis_now(s))
     asyncio.run(reap_until(s, _past_grace(s, t0)))
     assert stored(s3, g), f"a legally held object was reaped ({out.strip()})"

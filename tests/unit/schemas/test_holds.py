@@ -41,3 +41,17 @@ def test_an_old_shape_hold_is_one_claim_only_force_lifts() -> None:
 
 
 
+
+
+def test_each_party_lifts_only_its_own_claim() -> None:
+    """`hold remove` (operator) and `hold remove --restore` (restore) each name one claim: a
+    legal hold on a restored object outlives the restore's release, and the reverse."""
+    assert holds.RELEASABLE == {holds.OPERATOR: holds.OPERATOR_CLAIM,
+                                holds.RESTORE: holds.RESTORE_CLAIM}
+    v = holds.add(None, holds.RESTORE_CLAIM, {"reason": "restored", "source": "restore"})
+    v = holds.add(orjson.dumps(v), holds.OPERATOR_CLAIM, {"reason": "legal", "source": "operator"})
+    for party, other in ((holds.RESTORE, holds.OPERATOR_CLAIM),
+                         (holds.OPERATOR, holds.RESTORE_CLAIM)):
+        removal, after = holds.remove(orjson.dumps(v), [holds.RELEASABLE[party]])
+        assert removal == holds.Removal("kept", (holds.RELEASABLE[party],), (other,))
+        assert after is not None and set(after["claims"]) == {other}
