@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from core.errors import UserError
 from core.settings import Settings
 from reaper.daemon import Reaper
 from schemas.events import BranchCreated, BranchDeleted, ObjectDeleted, ObjectWritten, encode
@@ -156,17 +157,17 @@ def test_releasing_a_restored_object_keeps_a_legal_hold_on_it(cli, capsys, s3, r
 
 # --- 3. a restore racing the reaper's delete in flight ---
 
-@pytest.mark.xfail(reason=(
-    "open (issue 34 item 3): restore races the reaper's in-flight delete"),
-    strict=False)  # adversarial review, 2026-11-27
-def test_a_restore_during_an_inflight_quarantine_keeps_a_copy(settings, s3, bucket):
+def test_a_restore_during_an_inflight_quarantine_keeps_a_copy(settings, s3, bucket,
+                                                              redis_client):
     """quarantine_days > 0. The reaper claims G, copies it to quarantine and judges it right
     before its delete request. At that moment an operator runs `hardelete restore repo G`
     (e.g. from `quarantine list` of an earlier copy, or a retry): restore holds G, copies the
     quarantine copy back over G, deletes the quarantine copy, and (state `reaping`, not
     `reaped`) changes nothing in Redis. The reaper's request then deletes G. Both copies are
     gone, though restore reported success and G is held. restore must not delete the last
-    copy while a claim on the address is in flight."""
+    copy while a claim on the address is in flight (fixed: restore's claim is placed in one
+    script with the check that no reaper claims the address; here it is refused, nothing
+    touched, and the quarantine copy is the one left)."""
     from reaper.quarantine import quarantine_address, restore
 
     s = _settings(settings, quarantine_days=1.0)
@@ -186,7 +187,10 @@ def test_a_restore_during_an_inflight_quarantine_keeps_a_copy(settings, s3, buck
                 keys = [o["Key"] for o in kw["Delete"]["Objects"]]
                 if gkey in keys and not restored:
                     # the recheck has passed; the operator's restore runs now
-                    restored.append(asyncio.run(restore(s, "repo", g)))
+                    try:
+                        restored.append(repr(asyncio.run(restore(s, "repo", g))))
+                    except UserError as exc:  # refused: a reaper claims G
+                        restored.append(f"refused: {exc}")
                 return real(**kw)
 
             reaper.gate_s3.delete_objects = racing_delete
@@ -208,6 +212,9 @@ def test_a_restore_during_an_inflight_quarantine_keeps_a_copy(settings, s3, buck
     q = quarantine_address(ns, g)
     assert stored(s3, g) or stored(s3, q), (
         f"restore said {restored[0]!r}, yet both G and its quarantine copy are gone")
+    assert restored[0].startswith("refused: ") and "being deleted right now" in restored[0]
+    assert stored(s3, q) and not stored(s3, g)  # the reaper's quarantine went through
+    assert claims(redis_client, "repo", g) == set()  # the refused restore touched nothing
 
 
 # --- 4. an operator's hold in a URL-encoded spelling ---
