@@ -6,9 +6,10 @@ the target owns one claim, and the hold is lifted when its last claim goes. Part
 ``operator`` (legal holds, this command), ``restore`` (``hardelete restore`` keeps the restored
 object), and each dead letter (``dlq:<topic>:<partition>:<offset>``: the tracker claims every
 address a dead-lettered event names; ``hardelete dlq resolve`` removes that claim only).
-``hold remove`` removes the operator's and restore's claims; a hold that a dead letter still
-claims stays (``--force`` lifts every claim, and is the only way to lift a hold stored before
-holds had claims).
+``hold remove`` removes the operator's claim only, ``hold remove --restore`` restore's only (so
+letting a restored object go never lifts a legal hold on it); a hold another claim still keeps
+stays (``--force`` lifts every claim, and is the only way to lift a hold stored before holds
+had claims).
 
 The reaper's claim, the reaper's delete, and the reconciler's sweep read these keys (issue 9's
 judgment); this module is the operator's side and :func:`held_by` the pure lookup.
@@ -40,7 +41,7 @@ from schemas.holds import (
     LEGACY_CLAIM,
     OPERATOR,
     OPERATOR_CLAIM,
-    OPERATOR_CLAIMS,
+    RELEASABLE,
     RESTORE,
     RESTORE_CLAIM,
     Removal,
@@ -152,7 +153,7 @@ def add_hold(r: Any, target: str, reason: str, *, repo: str | None = None,
     tracker's (tracker/daemon.py), never added here."""
     if not reason.strip():
         raise UserError("a hold needs a reason (--reason)")
-    claim_id = {OPERATOR: OPERATOR_CLAIM, RESTORE: RESTORE_CLAIM}.get(source)
+    claim_id = RELEASABLE.get(source)
     if claim_id is None:
         raise UserError(f"holds of source {source!r} are placed by the tracker, not by hand")
     targets = targets_of(r, target, repo=repo, prefix=prefix)
@@ -180,9 +181,15 @@ class Lifted:
 
 
 def _others(hold: Hold, ids: tuple[str, ...]) -> str:
+    """Who else keeps ``hold``, each with the command that lets it go."""
     out = []
     for i in ids:
-        if i == LEGACY_CLAIM:
+        if i == OPERATOR_CLAIM:
+            out.append(f"the operator (a hold: `hardelete hold remove {hold.target}`)")
+        elif i == RESTORE_CLAIM:
+            out.append(f"restore (the restored object: `hardelete hold remove --restore "
+                       f"{hold.target}`)")
+        elif i == LEGACY_CLAIM:
             out.append("a hold stored before holds had claims (only --force lifts it)")
         elif i.startswith(DLQ + ":"):
             out.append(f"dead letter of {i[len(DLQ) + 1:]} (fix or replay the event, then "
@@ -192,19 +199,27 @@ def _others(hold: Hold, ids: tuple[str, ...]) -> str:
     return "; ".join(out)
 
 
-def lift(r: Any, hold: Hold, *, force: bool = False) -> Lifted:
-    """Remove the operator's and restore's claims (``force``: every claim) on exactly the
+def _claim_of(party: str) -> str:
+    claim_id = RELEASABLE.get(party)
+    if claim_id is None:
+        raise UserError(f"claims of source {party!r} are lifted by their own command, not "
+                        "`hold remove` (dead letters: `hardelete dlq resolve`)")
+    return claim_id
+
+
+def lift(r: Any, hold: Hold, *, party: str = OPERATOR, force: bool = False) -> Lifted:
+    """Remove ``party``'s claim (operator or restore; ``force``: every claim) on exactly the
     stored hold ``hold`` (as :func:`list_holds` returned it)."""
     k = RepoKeys(hold.repository)
     key = k.hold_prefixes if hold.kind == "prefix" else k.holds
-    return Lifted(hold, remove_claims(r, key, hold.target, OPERATOR_CLAIMS, force=force))
+    return Lifted(hold, remove_claims(r, key, hold.target, (_claim_of(party),), force=force))
 
 
 def remove_hold(r: Any, target: str, *, repo: str | None = None, prefix: bool = False,
-                force: bool = False) -> tuple[Lifted, ...]:
-    """Remove the operator's and restore's claims (``force``: every claim) on every form
-    ``target`` (any spelling) may take. A hold stays while a dead letter still claims it;
-    removing nothing is an error."""
+                party: str = OPERATOR, force: bool = False) -> tuple[Lifted, ...]:
+    """Remove ``party``'s claim (the operator's, or restore's; ``force``: every claim) on
+    every form ``target`` (any spelling) may take. A hold stays while another party still
+    claims it; removing nothing is an error."""
     found = []
     for t in targets_of(r, target, repo=repo, prefix=prefix):
         k = RepoKeys(t.repository)
@@ -214,11 +229,12 @@ def remove_hold(r: Any, target: str, *, repo: str | None = None, prefix: bool = 
     if not found:
         raise UserError(f"no {'prefix ' if prefix else ''}hold on {target}"
                         + (f" in {repo!r}" if repo else ""))
-    done = tuple(lift(r, h, force=force) for h in found)
+    done = tuple(lift(r, h, party=party, force=force) for h in found)
     if not any(d.removal.removed for d in done):
         d = done[0]
-        raise UserError(f"{d.hold.target} is held by {_others(d.hold, d.removal.remaining)}; "
-                        "`hold remove --force` lifts every claim")
+        raise UserError(f"{d.hold.target} has no {party} claim: it is held by "
+                        f"{_others(d.hold, d.removal.remaining)}; `hold remove --force` lifts "
+                        "every claim")
     return done
 
 
@@ -300,15 +316,19 @@ class remove:
         parser.add_argument("target", help="the held s3:// address or prefix")
         parser.add_argument("--prefix", action="store_true")
         parser.add_argument("--repo", help="repository (default: found by namespace)")
+        parser.add_argument("--restore", action="store_true",
+                            help="lift restore's claim (the object `hardelete restore` brought "
+                                 "back) instead of the operator's")
         parser.add_argument("--force", action="store_true",
-                            help="lift every claim, dead letters' and old-format holds' too")
+                            help="lift every claim: the operator's, restore's, dead letters' "
+                                 "and old-format holds'")
 
     @staticmethod
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         r = _redis(settings)
         try:
             lifted = remove_hold(r, args.target, repo=args.repo, prefix=_is_prefix(args),
-                                 force=args.force)
+                                 party=RESTORE if args.restore else OPERATOR, force=args.force)
         finally:
             r.close()
         for done in lifted:

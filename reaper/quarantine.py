@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -19,6 +21,7 @@ from core.errors import UserError
 from core.gate import (
     S3_MAX_KEYS,
     Evidence,
+    aread_gate,
     copy_key,
     delete_keys,
     keep_reasons,
@@ -30,7 +33,14 @@ from core.settings import Settings
 from reaper.claims import ClaimStore
 from reaper.deleter import AddressRecheck, DeleteOutcome, S3Deleter
 from schemas.address import canonical_address
-from schemas.holds import RESTORE, RESTORE_CLAIM, aadd_claims, aremove_claims
+from schemas.holds import (
+    RESTORE,
+    RESTORE_CLAIM,
+    RestoreClaim,
+    aplace_restore_claim,
+    aremove_claims,
+    reaper_claims,
+)
 from schemas.layout import QUARANTINE_PREFIX, RepoKeys, namespace_key
 
 log = get_logger(__name__)
@@ -166,8 +176,77 @@ async def quarantine_size(client: Any, namespace: str) -> tuple[int, int]:
     return await asyncio.to_thread(run)
 
 
-async def restore(settings: Settings, repo: str, address: str) -> str:
-    """Copy a quarantined address back to its place and recompute its state in Redis."""
+@dataclass(frozen=True)
+class Restored:
+    """What ``hardelete restore`` did."""
+
+    address: str  # the object brought back, canonical (restore's claim holds it)
+    state: str  # its record's state now
+    copy: str  # its quarantine copy
+    copy_kept: str | None  # why the quarantine copy was kept (None: deleted)
+
+
+def copy_keep_reason(problem: tuple[str, str] | None, *, in_place: bool, held: bool,
+                     reaper_claimed: bool) -> str | None:
+    """Why restore keeps the quarantine copy of the object it brought back, judged right before
+    the copy's delete request (pure), or None. The copy may be the last one: it stays unless
+    the object is in place, still held (so no reaper has claimed it and quarantined it again
+    over the copy since) and unclaimed, and the repository may delete now (not fail-closed,
+    paused, or out of its namespace's ownership: no delete path deletes then)."""
+    if problem is not None:
+        return f"{problem[0]}: {problem[1]}"
+    if not in_place:
+        return "the restored object is not in place"
+    if reaper_claimed:
+        return "a reaper claims the address"
+    if not held:
+        return "the address is no longer held"
+    return None
+
+
+def refusal(address: str, taken: RestoreClaim, now_ms: int) -> str:
+    """The one line of a restore refused because a reaper claims ``address`` (nothing done)."""
+    who = f" {taken.claimer}" if taken.claimer else ""
+    if taken.lease_until is not None and taken.lease_until > now_ms:
+        return (f"{address} is being deleted right now (claimed by reaper{who}, lease until "
+                f"{_iso_ms(taken.lease_until)}): nothing was restored; run restore again once "
+                f"`hardelete explain {address}` shows it reaped")
+    return (f"{address} is claimed by reaper{who}, whose lease ran out unfinished "
+            f"({_iso_ms(taken.lease_until)}): its delete may still be in flight, so nothing was "
+            "restored; the next reaper pass finishes or releases the claim, then run restore "
+            "again")
+
+
+def _iso_ms(ms: int | None) -> str:
+    if ms is None:
+        return "no lease"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="seconds")
+
+
+def _size(client: Any, bucket: str, key: str) -> int | None:
+    """The object's size, None when there is none (the gate's client: one attempt)."""
+    try:
+        return int(client.head_object(Bucket=bucket, Key=key).get("ContentLength", 0))
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code", "")) in _MISSING:
+            return None
+        raise
+
+
+_MISSING = ("NoSuchKey", "404", "NotFound")
+
+
+async def restore(settings: Settings, repo: str, address: str) -> Restored:
+    """Copy a quarantined address back to its place, recompute its state in Redis, and delete
+    its quarantine copy once it is back.
+
+    A restore and a reaper's delete of one address exclude each other: restore's claim (the
+    hold that keeps the restored object) is placed in one script with the check that no
+    reaper claims the address (``schemas.holds.restore_claim``); a claimed address is refused
+    with nothing touched (its delete may be in flight: the quarantine copy may be the only one
+    left once it lands), and once the hold is on, the reaper's claim script and its recheck
+    before the request keep the address. The quarantine copy is deleted through the gate, only
+    after the object is seen in place (:func:`copy_keep_reason`)."""
     redis = redis_async(settings)
     client = s3_client(settings, retries=False)  # the gate's client
     try:
@@ -186,28 +265,80 @@ async def restore(settings: Settings, repo: str, address: str) -> str:
         bucket, key = split_s3_uri(address)
         _, qkey = split_s3_uri(qaddr)
         # Hold it before it is back, so no reaper takes the restored object again (it is still
-        # unreferenced); `hardelete hold remove` lets it go.
-        # The hold is restore's own claim (schemas/holds.py): other claims on it are untouched.
-        holds = RepoKeys(repo).holds
+        # unreferenced); `hardelete hold remove --restore` lets it go. The hold is restore's own
+        # claim (schemas/holds.py): other claims on it are untouched.
         now = await aredis_time_ms(redis)
-        added = await aadd_claims(redis, holds, [(address, RESTORE_CLAIM, {
-            "reason": "restored from quarantine", "source": RESTORE,
-            "at_ms": now})])
+        taken = await aplace_restore_claim(redis, repo, address, {
+            "reason": "restored from quarantine", "source": RESTORE, "at_ms": now})
+        if taken.status != "held":
+            raise UserError(refusal(address, taken, now))
+
+        async def release() -> None:
+            # Nothing was brought back: restore's claim goes unless it was there before, or
+            # the object is in place (a concurrent restore brought it back and relies on it).
+            if taken.added and await asyncio.to_thread(_size, client, bucket, key) is None:
+                await aremove_claims(redis, RepoKeys(repo).holds, address, [RESTORE_CLAIM])
+
         try:
-            await asyncio.to_thread(copy_key, client, bucket, qkey, key)
-        except ClientError as exc:
-            if added:
-                await aremove_claims(redis, holds, address, [RESTORE_CLAIM])
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                raise UserError(f"{address} is not in quarantine (purged or never there)") from None
+            qsize = await asyncio.to_thread(_size, client, bucket, qkey)
+            if qsize is not None:
+                try:
+                    await asyncio.to_thread(copy_key, client, bucket, qkey, key)
+                except ClientError as exc:
+                    if str(exc.response.get("Error", {}).get("Code", "")) not in _MISSING:
+                        raise
+                    qsize = None  # purged, or a concurrent restore's, since the head
+        except BaseException:
+            with contextlib.suppress(Exception):  # (if it fails too, the claim stays: keeps)
+                await release()
             raise
-        # the quarantine copy goes once the object is back (through the gate's one deleter)
-        await asyncio.to_thread(delete_keys, client, bucket, [qkey])
+        if qsize is None:
+            await release()
+            if await asyncio.to_thread(_size, client, bucket, key) is not None:
+                raise UserError(f"{address} is not in quarantine: it is in place (state "
+                                f"{taken.state or 'untracked'}) and held by restore; "
+                                f"`hardelete hold remove --restore {address}` lets it go")
+            raise UserError(f"{address} is not in quarantine (purged or never there)")
+        if await asyncio.to_thread(_size, client, bucket, key) != qsize:
+            raise UserError(f"{address} was copied back but is not in place now: its quarantine "
+                            f"copy {qaddr} is kept and the address held; run restore again")
         state = await ClaimStore(redis).restore(repo, address)
-        log.info("restored from quarantine", repository=repo, address=address, state=state)
-        return state
+        kept = await _delete_copy(redis, client, repo, namespace, address, qkey, qsize)
+        log.info("restored from quarantine", repository=repo, address=address, state=state,
+                 copy_kept=kept)
+        return Restored(address, state, qaddr, kept)
     finally:
         await redis.aclose()
+
+
+async def _delete_copy(redis: Any, client: Any, repo: str, namespace: str, address: str,
+                       qkey: str, size: int) -> str | None:
+    """Delete the quarantine copy ``qkey`` of the restored ``address`` through the gate, judged
+    right before each request (:func:`copy_keep_reason`); why it was kept, or None."""
+    bucket, key = split_s3_uri(address)
+    k = RepoKeys(repo)
+    loop = asyncio.get_running_loop()
+
+    async def judge() -> str | None:
+        gate = await aread_gate(redis, repo, [address])
+        state = await redis.hget(k.address(address), "state")
+        in_claims = await redis.zscore(k.claims, address) is not None
+        in_place = await asyncio.to_thread(_size, client, bucket, key) == size
+        return copy_keep_reason(
+            gate.repo_problem(repo, namespace), in_place=in_place,
+            held=gate.guards(repo, namespace, address).held is not None,
+            reaper_claimed=reaper_claims(None if state is None else str(state), in_claims))
+
+    def recheck(keys: list[str]) -> dict[str, str]:
+        why = asyncio.run_coroutine_threadsafe(judge(), loop).result(timeout=60)
+        return dict.fromkeys(keys, why) if why else {}
+
+    out = await asyncio.to_thread(delete_keys, client, bucket, [qkey], recheck=recheck)
+    if qkey in out.kept:
+        return out.kept[qkey]
+    if qkey in out.errors:
+        return f"its delete failed: {out.errors[qkey]}"
+    return None
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -217,9 +348,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(settings: Settings, args: argparse.Namespace) -> int:
-    state = asyncio.run(restore(settings, args.repository, args.address))
+    done = asyncio.run(restore(settings, args.repository, args.address))
     when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    print(f"restored {args.address} at {when}; its state is now {state}; held (source "
-          f"restore) so no delete path takes it again: `hardelete hold remove {args.address}` "
-          "lets it go")
+    print(f"restored {done.address} at {when}; its state is now {done.state}; held (source "
+          f"restore) so no delete path takes it again: `hardelete hold remove --restore "
+          f"{done.address}` lets it go (restore's claim only: any other hold on it stays)")
+    if done.copy_kept:
+        print(f"its quarantine copy {done.copy} is kept ({done.copy_kept}); running restore "
+              "again once that is over removes it")
     return 0

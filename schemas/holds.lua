@@ -18,6 +18,12 @@ ARGV[1]  'add': ARGV[2] '1' replaces a claim of the same id ('0': the first one 
          'remove': ARGV[2] target, ARGV[3] '1' force (every claim goes), ARGV[4..] claim ids.
                 Returns {status, removed ids json, remaining ids json}; status is
                 'none' (no hold), 'lifted' (no claim left: the field is gone) or 'kept'.
+         'restore': KEYS[2] the reaper's claims zset, KEYS[3] the target's address record;
+                ARGV[2] target, ARGV[3] claim id, ARGV[4] claim json. The claim is placed (or
+                replaced) only while no reaper claims the target (in the claims set, or its
+                record says 'reaping', whatever the lease: its delete may be in flight); then
+                nothing is written. Returns {status, added '1'|'0', state, lease_until,
+                claimer}: status 'held' or 'claimed' (schemas/holds.py restore_claim).
 ]]
 
 local LEGACY = 'legacy'
@@ -107,6 +113,21 @@ if ARGV[1] == 'remove' then
   end
   if #removed > 0 then redis.call('HSET', key, target, summary(claims)) end
   return { 'kept', ids(removed), ids(remaining) }
+end
+
+if ARGV[1] == 'restore' then
+  local target, id = ARGV[2], ARGV[3]
+  local rec = redis.call('HMGET', KEYS[3], 'state', 'lease_until', 'claimer')
+  local state = rec[1] or ''
+  if state == 'reaping' or redis.call('ZSCORE', KEYS[2], target) then
+    return { 'claimed', '0', state, rec[2] or '', rec[3] or '' }
+  end
+  local claims = claims_of(redis.call('HGET', key, target))
+  local added = '0'
+  if claims[id] == nil then added = '1' end
+  claims[id] = cjson.decode(ARGV[4])
+  redis.call('HSET', key, target, summary(claims))
+  return { 'held', added, state, '', '' }
 end
 
 return redis.error_reply('hardelete holds: unknown op ' .. tostring(ARGV[1]))

@@ -15,8 +15,11 @@ Claim ids, one per party:
   names (or the namespace prefix when what it names cannot be read); ``hardelete dlq
   resolve`` removes exactly that claim, so the hold stays while another dead letter still
   claims the address.
-- ``operator``: ``hardelete hold add``; ``hardelete hold remove`` removes it.
-- ``restore``: ``hardelete restore``; ``hardelete hold remove`` removes it too.
+- ``operator``: ``hardelete hold add``; ``hardelete hold remove`` removes it (only it).
+- ``restore``: ``hardelete restore``; ``hardelete hold remove --restore`` removes it (only it):
+  letting a restored object go never lifts a legal hold placed on it since, nor the reverse.
+  Restore places it only while no reaper claims the address (:func:`restore_claim`, one script
+  with the check), so a restore and a reaper's delete of one address exclude each other.
 - ``legacy``: a value written before holds had claims; only ``--force`` lifts it (nobody can
   tell whose it was).
 
@@ -44,14 +47,15 @@ from urllib.parse import unquote
 import orjson
 
 from schemas.address import address_forms, canonical_uri, has_scheme, spelling
-from schemas.layout import RESERVED_PREFIXES, OutsideNamespace, namespace_key
+from schemas.layout import RESERVED_PREFIXES, OutsideNamespace, RepoKeys, namespace_key
 from schemas.namespaces import overlaps
 
 OPERATOR, RESTORE, DLQ = "operator", "restore", "dlq"  # sources
 OPERATOR_CLAIM, RESTORE_CLAIM, LEGACY_CLAIM = "operator", "restore", "legacy"
-# Claims `hardelete hold remove` may remove without --force (the others name a dead letter that
-# `hardelete dlq resolve` answers for, or nobody).
-OPERATOR_CLAIMS = (OPERATOR_CLAIM, RESTORE_CLAIM)
+# The one claim `hardelete hold remove` lifts without --force for each party that lets go by
+# hand: each party only its own (two parties on one address are two reasons to keep it). The
+# other claims name a dead letter, which `hardelete dlq resolve` answers for, or nobody.
+RELEASABLE = {OPERATOR: OPERATOR_CLAIM, RESTORE: RESTORE_CLAIM}
 
 SCRIPT = (Path(__file__).with_name("holds.lua")).read_text()
 
@@ -146,6 +150,48 @@ def remove(raw: str | bytes | None, claim_ids: Iterable[str],
     value = summary(claims)
     status = "lifted" if value is None else "kept"
     return Removal(status, tuple(removed), tuple(sorted(claims))), value
+
+
+@dataclass(frozen=True)
+class RestoreClaim:
+    """What ``hardelete restore``'s claim script did (``holds.lua`` op ``restore``)."""
+
+    status: str  # "held": restore's claim is on the address; "claimed": a reaper claims it
+    added: bool  # restore's claim was not there before
+    state: str  # the address record's state ('' : no record, or no state)
+    lease_until: int | None = None  # "claimed": the reaper's lease (ms, Redis clock)
+    claimer: str = ""
+
+
+def _ms(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
+
+
+def reaper_claims(state: str | None, in_claims: bool) -> bool:
+    """Whether a reaper's claim is on an address (pure): it is in the claims set, or its record
+    says ``reaping``. Whatever its lease: a reaper whose lease ran out may still have its
+    delete request in flight, and only its next pass (or another reaper's) settles it."""
+    return in_claims or state == "reaping"
+
+
+def restore_claim(raw: str | bytes | None, claim: Mapping[str, Any], *, state: str | None,
+                  in_claims: bool, lease_until: str | None = None, claimer: str | None = None
+                  ) -> tuple[RestoreClaim, dict[str, Any] | None]:
+    """(what happened, the hold's value after: None when nothing is written) when restore
+    claims an address whose hold is ``raw`` and whose record has ``state`` (and is in the
+    reaper's claims set when ``in_claims``). Pure: ``holds.lua`` op ``restore`` does this in
+    one step, so no reaper claims the address between the check and the claim (the claim
+    script keeps a held address), and a claimed address is never restored under a delete in
+    flight."""
+    if reaper_claims(state, in_claims):
+        return (RestoreClaim("claimed", False, state or "", _ms(lease_until), claimer or ""),
+                None)
+    added = RESTORE_CLAIM not in claims_of(raw)
+    return (RestoreClaim("held", added, state or ""),
+            add(raw, RESTORE_CLAIM, claim, replace=True))
 
 
 # --- what an operator's target names --------------------------------------------------------------
@@ -312,6 +358,34 @@ def _removal(res: list[Any]) -> Removal:
 
 def _remove_args(target: str, claim_ids: Iterable[str], force: bool) -> list[Any]:
     return ["remove", target, "1" if force else "0", *claim_ids]
+
+
+def _restore_claim(res: list[Any]) -> RestoreClaim:
+    status, added, state, lease, claimer = (x.decode() if isinstance(x, bytes) else str(x)
+                                            for x in res)
+    return RestoreClaim(status, added == "1", state, _ms(lease), claimer)
+
+
+def _restore_keys(repo: str, address: str) -> list[str]:
+    k = RepoKeys(repo)  # (one slot: the repository's hash tag)
+    return [k.holds, k.claims, k.address(address)]
+
+
+def _restore_args(address: str, claim: Mapping[str, Any]) -> list[str]:
+    return ["restore", address, RESTORE_CLAIM, orjson.dumps(dict(claim)).decode()]
+
+
+def place_restore_claim(r: Any, repo: str, address: str,
+                        claim: Mapping[str, Any]) -> RestoreClaim:
+    """Restore's claim on ``address`` unless a reaper claims it (:func:`restore_claim`; sync)."""
+    return _restore_claim(r.eval(SCRIPT, 3, *_restore_keys(repo, address),
+                                 *_restore_args(address, claim)))
+
+
+async def aplace_restore_claim(r: Any, repo: str, address: str,
+                               claim: Mapping[str, Any]) -> RestoreClaim:
+    return _restore_claim(await r.eval(SCRIPT, 3, *_restore_keys(repo, address),
+                                       *_restore_args(address, claim)))
 
 
 def add_claims(r: Any, key: str, items: Iterable[tuple[str, str, Mapping[str, Any]]],

@@ -410,8 +410,14 @@ def test_quarantine_list_explain_restore_purge(cli, capsys, s3, redis_client):
                                   (broken("repo", g1), b"repo")))
     assert len(claims(redis_client, "repo", g0)) == 2 and len(claims(redis_client, "repo", g1)) == 1
 
-    # hold remove lifts restore's claim only: the dead letter still holds g0
-    code, out, _ = run(capsys, "hold", "remove", g0)
+    # each party lifts its own claim: `hold remove` (the operator's) finds none on g0 and says
+    # which command lifts restore's; `hold remove --restore` lifts restore's only, and the
+    # dead letter still holds g0
+    code, _, err = run(capsys, "hold", "remove", g0)
+    assert code == 2 and err.count("\n") == 1 and "no operator claim" in err
+    assert f"hardelete hold remove --restore {g0}" in err
+    assert len(claims(redis_client, "repo", g0)) == 2
+    code, out, _ = run(capsys, "hold", "remove", "--restore", g0)
     assert code == 0 and "removed the restore claim" in out and "still held by dead letter" in out
     assert "restore" not in claims(redis_client, "repo", g0)
 

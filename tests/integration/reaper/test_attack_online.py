@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from core.errors import UserError
 from core.settings import Settings
 from reaper.daemon import Reaper
 from schemas.events import BranchCreated, BranchDeleted, ObjectDeleted, ObjectWritten, encode
@@ -124,16 +125,15 @@ def test_a_branch_delete_cannot_drop_another_branchs_open_token(settings, s3, bu
 
 # --- 2. `hold remove` (restore's advice) also lifts a legal hold ---
 
-@pytest.mark.xfail(reason=(
-    "open: hold remove lifts the operator's and restore's claims together"),
-    strict=False)  # adversarial review, 2026-11-27
 def test_releasing_a_restored_object_keeps_a_legal_hold_on_it(cli, capsys, s3, redis_client,
                                                                bucket):
     """A quarantined address is restored (restore's claim), then legal puts it on hold
     (the operator's claim). The restore's message says `hardelete hold remove ADDRESS` lets the
     restored object go; that command removes the operator's claim as well (OPERATOR_CLAIMS =
     operator + restore), so the legal hold is lifted with it and the reaper deletes a held
-    object. Two parties, one claim: each should be released by its own command."""
+    object. Two parties, one claim: each should be released by its own command (fixed:
+    `hold remove` lifts the operator's claim only, `hold remove --restore` restore's, which is
+    what restore advises)."""
     s = cli.replace(quarantine_days=1.0, upload_ttl_seconds=1.0, lease_seconds=2.0)
     model = Model.from_settings(s)
     (g,) = asyncio.run(make_garbage(s, s3, model, "repo", ["g"], namespace=f"s3://{bucket}/repo/"))
@@ -141,12 +141,14 @@ def test_releasing_a_restored_object_keeps_a_legal_hold_on_it(cli, capsys, s3, r
     asyncio.run(reap_until(s, lambda rep: not stored(s3, g)))
     code, out, _ = run(capsys, "restore", "repo", g)
     assert code == 0 and "hardelete hold remove" in out
+    # the command restore advises, as the operator will paste it
+    advice = out.split("`hardelete ", 1)[1].split("`", 1)[0].split()
     code, out, _ = run(capsys, "hold", "add", g, "--reason", "legal: case 12")
     assert code == 0
     assert claims(redis_client, "repo", g) == {"restore", "operator"}
     # The operator follows the restore's advice to let the restored copy go.
-    code, out, _ = run(capsys, "hold", "remove", g)
-    assert code == 0
+    code, out, _ = run(capsys, *advice)
+    assert code == 0 and advice[:2] == ["hold", "remove"], advice
     t0 = asyncio.run(redis_now(s))
     asyncio.run(reap_until(s, _past_grace(s, t0)))
     assert stored(s3, g), f"a legally held object was reaped ({out.strip()})"
@@ -155,17 +157,17 @@ def test_releasing_a_restored_object_keeps_a_legal_hold_on_it(cli, capsys, s3, r
 
 # --- 3. a restore racing the reaper's delete in flight ---
 
-@pytest.mark.xfail(reason=(
-    "open (issue 34 item 3): restore races the reaper's in-flight delete"),
-    strict=False)  # adversarial review, 2026-11-27
-def test_a_restore_during_an_inflight_quarantine_keeps_a_copy(settings, s3, bucket):
+def test_a_restore_during_an_inflight_quarantine_keeps_a_copy(settings, s3, bucket,
+                                                              redis_client):
     """quarantine_days > 0. The reaper claims G, copies it to quarantine and judges it right
     before its delete request. At that moment an operator runs `hardelete restore repo G`
     (e.g. from `quarantine list` of an earlier copy, or a retry): restore holds G, copies the
     quarantine copy back over G, deletes the quarantine copy, and (state `reaping`, not
     `reaped`) changes nothing in Redis. The reaper's request then deletes G. Both copies are
     gone, though restore reported success and G is held. restore must not delete the last
-    copy while a claim on the address is in flight."""
+    copy while a claim on the address is in flight (fixed: restore's claim is placed in one
+    script with the check that no reaper claims the address; here it is refused, nothing
+    touched, and the quarantine copy is the one left)."""
     from reaper.quarantine import quarantine_address, restore
 
     s = _settings(settings, quarantine_days=1.0)
@@ -185,7 +187,10 @@ def test_a_restore_during_an_inflight_quarantine_keeps_a_copy(settings, s3, buck
                 keys = [o["Key"] for o in kw["Delete"]["Objects"]]
                 if gkey in keys and not restored:
                     # the recheck has passed; the operator's restore runs now
-                    restored.append(asyncio.run(restore(s, "repo", g)))
+                    try:
+                        restored.append(repr(asyncio.run(restore(s, "repo", g))))
+                    except UserError as exc:  # refused: a reaper claims G
+                        restored.append(f"refused: {exc}")
                 return real(**kw)
 
             reaper.gate_s3.delete_objects = racing_delete
@@ -207,6 +212,9 @@ def test_a_restore_during_an_inflight_quarantine_keeps_a_copy(settings, s3, buck
     q = quarantine_address(ns, g)
     assert stored(s3, g) or stored(s3, q), (
         f"restore said {restored[0]!r}, yet both G and its quarantine copy are gone")
+    assert restored[0].startswith("refused: ") and "being deleted right now" in restored[0]
+    assert stored(s3, q) and not stored(s3, g)  # the reaper's quarantine went through
+    assert claims(redis_client, "repo", g) == set()  # the refused restore touched nothing
 
 
 # --- 4. an operator's hold in a URL-encoded spelling ---

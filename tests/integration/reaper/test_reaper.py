@@ -358,8 +358,9 @@ async def test_quarantine_then_restore(settings, s3, redis_client):
     assert quarantined <= listed(s3, "quar")
     from reaper.quarantine import restore
 
-    state = await restore(s, "repo", garbage[0])
-    assert state == "unreferenced"  # nothing references it: the grace window starts again
+    done = await restore(s, "repo", garbage[0])
+    # nothing references it: the grace window starts again; the copy goes once it is back
+    assert done.state == "unreferenced" and done.copy_kept is None
     assert garbage[0] in listed(s3, "quar")
     assert garbage[0].replace("/repo/", "/repo/_hardelete/quarantine/") not in listed(s3, "quar")
     h = redis_client.hgetall(RepoKeys("repo").address(garbage[0]))

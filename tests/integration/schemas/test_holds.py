@@ -74,3 +74,45 @@ def test_the_script_agrees_with_the_specification(redis_client: Any, ops: list[A
         assert set(stored) == set(model)
         for target, raw in model.items():  # as written by an older version, or the same json
             assert stored[target] == raw or orjson.loads(stored[target]) == orjson.loads(raw)
+
+
+# --- restore's claim: placed only while no reaper claims the address ----------------------------
+
+RAW_HOLDS = [None, b"plain text", orjson.dumps(holds.add(None, "operator", {"reason": "legal"})),
+             orjson.dumps(holds.add(None, "restore", {"reason": "restored", "at_ms": 1}))]
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@BOTH_TOPOLOGIES
+@given(raw=st.sampled_from(RAW_HOLDS),
+       state=st.sampled_from([None, "", "reaped", "reaping", "unreferenced", "staged"]),
+       in_claims=st.booleans(), lease=st.sampled_from([None, "1764000000000", "x"]),
+       claimer=st.sampled_from([None, "reaper-1"]))
+def test_the_restore_claim_script_agrees_with_the_specification(
+        redis_client: Any, raw: bytes | None, state: str | None, in_claims: bool,
+        lease: str | None, claimer: str | None) -> None:
+    from schemas.layout import RepoKeys
+
+    address = "s3://b/r/data/g"
+    k = RepoKeys("holdtest")
+    redis_client.delete(k.holds, k.claims, k.address(address))
+    if raw is not None:
+        redis_client.hset(k.holds, address, raw)
+    fields = {n: v for n, v in (("state", state), ("lease_until", lease),
+                                ("claimer", claimer)) if v is not None}
+    if fields:
+        redis_client.hset(k.address(address), mapping=fields)
+    if in_claims:
+        redis_client.zadd(k.claims, {address: 1})
+    claim = {"reason": "restored from quarantine", "source": "restore", "at_ms": 7}
+    want, value = holds.restore_claim(raw, claim, state=state if fields else None,
+                                      in_claims=in_claims, lease_until=lease, claimer=claimer)
+    got = holds.place_restore_claim(redis_client, "holdtest", address, claim)
+    assert got == want
+    stored = redis_client.hget(k.holds, address)
+    if value is None:  # nothing written
+        assert (stored.encode() if stored is not None else None) == raw
+    else:
+        assert orjson.loads(stored) == value
+    assert got.status == ("claimed" if in_claims or state == "reaping" else "held")

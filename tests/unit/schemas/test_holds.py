@@ -41,3 +41,38 @@ def test_an_old_shape_hold_is_one_claim_only_force_lifts() -> None:
 
 
 
+
+
+def test_each_party_lifts_only_its_own_claim() -> None:
+    """`hold remove` (operator) and `hold remove --restore` (restore) each name one claim: a
+    legal hold on a restored object outlives the restore's release, and the reverse."""
+    assert holds.RELEASABLE == {holds.OPERATOR: holds.OPERATOR_CLAIM,
+                                holds.RESTORE: holds.RESTORE_CLAIM}
+    v = holds.add(None, holds.RESTORE_CLAIM, {"reason": "restored", "source": "restore"})
+    v = holds.add(orjson.dumps(v), holds.OPERATOR_CLAIM, {"reason": "legal", "source": "operator"})
+    for party, other in ((holds.RESTORE, holds.OPERATOR_CLAIM),
+                         (holds.OPERATOR, holds.RESTORE_CLAIM)):
+        removal, after = holds.remove(orjson.dumps(v), [holds.RELEASABLE[party]])
+        assert removal == holds.Removal("kept", (holds.RELEASABLE[party],), (other,))
+        assert after is not None and set(after["claims"]) == {other}
+
+
+def test_restore_claims_an_address_only_while_no_reaper_does() -> None:
+    """A reaper's claim (in the claims set, or a record saying reaping, whatever its lease)
+    refuses restore's claim with nothing written; otherwise restore's claim joins the others."""
+    claim = {"reason": "restored from quarantine", "source": "restore", "at_ms": 5}
+    legal = orjson.dumps(holds.add(None, holds.OPERATOR_CLAIM, {"reason": "legal"}))
+    for state, in_claims in (("reaping", False), ("reaped", True), (None, True),
+                             ("reaping", True)):
+        got, value = holds.restore_claim(legal, claim, state=state, in_claims=in_claims,
+                                         lease_until="1700", claimer="reaper-1")
+        assert got == holds.RestoreClaim("claimed", False, state or "", 1700, "reaper-1")
+        assert value is None
+    for state in (None, "reaped", "unreferenced", "staged", "committed"):
+        got, value = holds.restore_claim(legal, claim, state=state, in_claims=False)
+        assert got == holds.RestoreClaim("held", True, state or "")
+        assert value is not None and set(value["claims"]) == {"operator", "restore"}
+        again, _ = holds.restore_claim(orjson.dumps(value), claim, state=state, in_claims=False)
+        assert again.status == "held" and not again.added  # a second restore: no new claim
+    assert holds.restore_claim(None, claim, state="reaping", in_claims=False,
+                               lease_until="soon")[0].lease_until is None
