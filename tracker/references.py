@@ -7,7 +7,12 @@ reads the tracker's Redis state back (``tracker.state``) produces these dataclas
 
 Per physical address the machine keeps an observed-remove set of references (SPEC rule 5,
 ``schemas/README.md``): ``adds`` ref -> token and ``removes`` ref -> token. A reference is *live*
-when it was added, was never removed, and its token is open, sealed or unknown. If any added and
+when it was added, was not removed in its own token, and its token is open, sealed, contested
+(``doubt``) or unknown. A reference id named with two tokens (adds or removes) is a
+contradiction: the address gets the sticky ``doubt`` flag and is kept (an incident); the least
+token named is recorded, so any order gives one record. A token named by two branches' events
+is contested (``token_owners``): token state ``doubt``, above dropped, so no branch event of
+another branch can end its references. If any added and
 not removed reference belongs to a committed token the address gets the sticky ``committed``
 flag (terminal for the online path). The address state is derived, in this precedence:
 
@@ -21,7 +26,7 @@ publishes what the store confirmed deleted (``addresses_reaped``, before it mark
 address the tracker does not yet know as held becomes ``reaped`` then (Redis forgot the
 reaper's work), with an incident for each reference that would keep it.
 
-Token states only move up ``TOKEN_RANK`` (committed outranks dropped); when a token's state
+Token states only move up ``TOKEN_RANK`` (doubt outranks dropped, committed both); when a token's state
 changes, every address referenced from it is re-evaluated.
 
 Refs (branch and tag records) converge by version: every ref event carries ``ref_version`` (the
