@@ -327,10 +327,13 @@ def explain_address(r: Any, settings: Settings, address: str,
     lines = list(guard_lines)
     for ref, tok in sorted(rec.adds.items()):
         tstate = token_state(tokens.get(tok)) or "unknown"
-        removed = ref in rec.removes
+        removed = rec.removes.get(ref) == tok  # only a removal in its own token ends it
         lines.append(f"reference {ref} in token {tok} ({tstate})"
                      + (": removed" if removed else ": live" if tstate in (
-                         "open", "sealed", "unknown") else f": ended ({tstate})"))
+                         "open", "sealed", "unknown", "doubt") else f": ended ({tstate})"))
+    if rec.doubt:
+        lines.append("doubt: a reference id was named with two tokens (a contract breach; "
+                     "see the incidents): kept")
     for ref, tok in sorted(rec.removes.items()):
         if ref not in rec.adds:
             lines.append(f"reference {ref} (token {tok}) removed before its add arrived")

@@ -46,13 +46,20 @@ local function token_state(tok)
   return v
 end
 
--- A reference that was added and never removed keeps the address unless its token was
--- dropped; open, sealed, committed and unknown tokens all keep it.
+-- A reference that was added and not ended (only a removal naming the add's own token ends
+-- it) keeps the address unless its token was dropped; open, sealed, committed, doubt and
+-- unknown tokens all keep it.
 local function has_live_ref(adds, removes)
   for ref, tok in pairs(adds) do
-    if not removes[ref] and token_state(tok) ~= 'dropped' then return true end
+    if removes[ref] ~= tok and token_state(tok) ~= 'dropped' then return true end
   end
   return false
+end
+
+-- the sticky doubt flag (schemas/records.py: present and not '' or '0')
+local function doubtful(f)
+  local d = f['doubt']
+  return d ~= nil and d ~= '' and d ~= '0'
 end
 
 if op == 'complete' then
@@ -83,7 +90,7 @@ if op == 'restore' then
   if f['state'] ~= 'reaped' then return f['state'] or 'no-state' end
   local next_state = 'unreferenced'
   if f['committed'] == '1' then next_state = 'committed'
-  elseif has_live_ref(adds, removes) then next_state = 'staged' end
+  elseif has_live_ref(adds, removes) or doubtful(f) then next_state = 'staged' end
   redis.call('HSET', key, 'state', next_state, 'since', now)
   redis.call('HDEL', key, 'reaped_at')
   redis.call('ZREM', KEYS[4], addr)
@@ -110,7 +117,8 @@ if op == 'prune' then
       local iu = tonumber(f['iu'] or '')
       local since = tonumber(f['since'] or '')
       local flag = f['committed']
-      if has_live_ref(adds, removes) or (flag ~= nil and flag ~= '' and flag ~= '0')
+      if has_live_ref(adds, removes) or doubtful(f)
+          or (flag ~= nil and flag ~= '' and flag ~= '0')
           or (f['iu'] ~= nil and (iu == nil or iu > now))
           or (f['since'] ~= nil and (since == nil or since > now - tomb)) then
         redis.call('ZADD', KEYS[4], now, addr)
@@ -165,9 +173,10 @@ local function check(addr)
       or num(f, 'reaped_at') == false then
     return 'doubt'
   end
+  if doubtful(f) then return 'doubt' end
   local live, comm_tok, unknown = false, false, false
   for ref, tok in pairs(adds) do
-    if not removes[ref] then
+    if removes[ref] ~= tok then
       local ts = token_state(tok)
       if ts == 'unknown' or ts == 'open' or ts == 'sealed' then live = true
       elseif ts == 'committed' then comm_tok = true

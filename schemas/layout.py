@@ -72,13 +72,16 @@ class TokenState(StrEnum):
     OPEN = "open"
     SEALED = "sealed"
     DROPPED = "dropped"
+    # Named by two branches' events (a misrouted or forged drop/seal): kept, never dropped
+    # (SPEC safety 6); only a commit moves it on.
+    DOUBT = "doubt"
     COMMITTED = "committed"
 
 
 # Token states only move up this rank (duplicates/reordering cannot move them back); committed
 # outranks dropped because, when in doubt, keeping wins.
 TOKEN_RANK = {TokenState.OPEN: 0, TokenState.SEALED: 1, TokenState.DROPPED: 2,
-              TokenState.COMMITTED: 3}
+              TokenState.DOUBT: 3, TokenState.COMMITTED: 4}
 LIVE_TOKEN_STATES = frozenset({TokenState.OPEN, TokenState.SEALED})
 
 # Reserved metadata prefixes inside a storage namespace: nothing under them is ever deleted by
@@ -93,6 +96,8 @@ DATA_PREFIX = "data/"
 # Fields of an address hash that are not references.
 F_STATE, F_SINCE, F_COMMITTED, F_ISSUED_UNTIL, F_SIZE = "state", "since", "committed", "iu", "size"
 F_LEASE_UNTIL, F_CLAIMER, F_REAPED_AT = "lease_until", "claimer", "reaped_at"
+# Sticky: a reference id of this address was named with two tokens (a contract breach): kept.
+F_DOUBT = "doubt"
 REF_ADD, REF_REMOVE = "+", "-"  # address hash fields "+<ref_id>" / "-<ref_id>" -> token
 
 
@@ -151,6 +156,12 @@ class RepoKeys:
         """hash: 'b:<branch>' / 't:<tag>' -> highest ref_version applied (deletes included:
         a versioned tombstone, so a late lower-versioned event cannot resurrect the ref)."""
         return f"{self.tag}:refver"
+
+    @property
+    def token_owners(self) -> str:
+        """hash: token -> the branch whose events name it ('' once two branches did: the
+        token is contested, state ``doubt``)."""
+        return f"{self.tag}:tokowner"
 
     @property
     def ref_seen(self) -> str:

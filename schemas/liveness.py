@@ -135,6 +135,8 @@ def judge(rec: AddressRecord | None, token_states: Mapping[str, str | None], *,
         return Judgment(True, "", "untracked", "no tracker record: the listing decides")
     if rec.malformed:
         return _keep(Keep.DOUBT, "unknown", f"unreadable fields {', '.join(rec.malformed)}")
+    if rec.doubt:
+        return _keep(Keep.DOUBT, "staged", "a reference id was named with two tokens")
 
     committed_tokens = False
     unknown: str | None = None
@@ -146,6 +148,8 @@ def judge(rec: AddressRecord | None, token_states: Mapping[str, str | None], *,
                          f"reference {ref} in {ts or 'unknown'} token {token}")
         if ts == TokenState.COMMITTED:
             committed_tokens = True
+        elif ts == TokenState.DOUBT and unknown is None:
+            unknown = f"token {token} is contested (named by two branches)"
         elif ts != TokenState.DROPPED and unknown is None:
             unknown = f"token {token} has unknown state {ts!r}"
     if unknown is not None:
@@ -225,7 +229,7 @@ def tombstone_keeps(rec: AddressRecord, token_states: Mapping[str, str | None], 
     is not removed (whatever its token, unless dropped), it is committed, an upload is still
     issued, or a reference was active within the tombstone time; a field that cannot be read
     keeps too."""
-    if rec.malformed:
+    if rec.malformed or rec.doubt:
         return True
     for token in rec.unremoved().values():
         raw = token_states.get(token)

@@ -17,7 +17,7 @@ from schemas.layout import REPOS as REPO_SET
 from schemas.layout import RepoKeys, TokenState
 from sim.model import ManualClock, Model, ModelError, seeded_ids
 from sim.testing import LuaTracker, canonical, reap, refused_incidents
-from tracker.references import RepoState, World
+from tracker.references import REF_DOUBT, TOKEN_CONTESTED, Incident, RepoState, World
 from tracker.state import read_repo_state
 
 NOW = 1_000_000
@@ -30,11 +30,22 @@ def apply_all(events: list[ev.Event], now: int = NOW) -> World:
     return w
 
 
+def order_free_incidents(st_: RepoState) -> None:
+    """A doubt's incident names the event that revealed it, which depends on the order; what
+    does not is that there is one per contradicted address or contested token."""
+    st_.incidents = [Incident(i.repository, i.address, "", "", "", i.at_ms, i.kind,
+                              i.token if i.kind == TOKEN_CONTESTED else "")
+                     if i.kind in (REF_DOUBT, TOKEN_CONTESTED) else i for i in st_.incidents]
+
+
 def sticky_only_difference(a: RepoState, b: RepoState) -> None:
     """a and b are equal except for addresses that one of them holds committed because a
     reference of an already-committed token was added before its removal was seen (the sticky
-    flag: conservative, the reconciler reclaims it). Anything else is a bug."""
+    flag: conservative, the reconciler reclaims it), and the revealing event of a doubt's
+    incident. Anything else is a bug."""
     a, b = copy.deepcopy(a), copy.deepcopy(b)
+    order_free_incidents(a)
+    order_free_incidents(b)
     for address in set(a.addresses) | set(b.addresses):
         ra, rb = a.addresses[address], b.addresses[address]
         if ra.committed != rb.committed:

@@ -24,4 +24,4 @@ def records(draw: st.DrawFn) -> AddressRecord:
         since=draw(TIMES), committed=flag is not None, committed_value=flag,
         issued_until=draw(TIMES), size=draw(st.none() | st.integers(0, 10)),
         lease_until=draw(TIMES), claimer=draw(st.sampled_from([None, "a", "b"])),
-        reaped_at=draw(TIMES))
+        reaped_at=draw(TIMES), doubt=draw(st.sampled_from([False, False, False, True])))

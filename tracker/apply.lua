@@ -46,14 +46,27 @@ local K_REFSEEN, K_REFSEENQ = P .. 'refseen', P .. 'refseenq'
 local WINDOW = 10000  -- schemas.layout.REF_DEDUPE_WINDOW
 local AP, TP = P .. 'a:', P .. 't:'
 
-local RANK = { open = 0, sealed = 1, dropped = 2, committed = 3 }
+local RANK = { open = 0, sealed = 1, dropped = 2, doubt = 3, committed = 4 }
+local K_TOKOWN = P .. 'tokowner'
+
+-- a < b by bytes (Lua's < follows the server's locale; Python compares code points, which
+-- is the UTF-8 byte order)
+local function less(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
 local function fmt(n) return string.format('%d', n) end
 local NOW = fmt(now)
 
 local incidents = {}
-local function incident(address, event_id, etype, ref)
+local function incident(address, event_id, etype, ref, kind, token)
   local j = cjson.encode({ repository = repo, address = address, event_id = event_id,
-                           type = etype, ref_id = ref, at_ms = now })
+                           type = etype, ref_id = ref, at_ms = now, kind = kind,
+                           token = token })
   redis.call('RPUSH', K_INC, j)
   incidents[#incidents + 1] = j
 end
@@ -81,7 +94,7 @@ local function load(address)
   -- every field named here, nil ones too, so that the table is allocated at its final size
   r = { adds = {}, rems = {}, committed = false, newf = {}, dsize = false, dcomm = false,
         state = nil, since = nil, iu = nil, size = nil, state0 = nil, since0 = nil,
-        diu = nil, reaped = nil }
+        diu = nil, reaped = nil, doubt = false, ddoubt = false }
   for i = 1, #h, 2 do
     local f, v = h[i], h[i + 1]
     local c = string.byte(f, 1)
@@ -90,6 +103,7 @@ local function load(address)
     elseif f == 'state' then r.state = v
     elseif f == 'since' then r.since = v
     elseif f == 'committed' then r.committed = true
+    elseif f == 'doubt' then r.doubt = (v ~= '' and v ~= '0')
     elseif f == 'iu' then r.iu = tonumber(v)
     elseif f == 'size' then r.size = tonumber(v)
     end
@@ -105,18 +119,18 @@ commit_tok: a token that just moved dropped -> committed (incident for each of i
 the reaper holds the address). ]]
 local function derive(address, r, ev_id, ev_type, commit_tok)
   local held = (r.state == 'reaping' or r.state == 'reaped')
-  local live, comm = false, r.committed
+  local live, comm = r.doubt, r.committed  -- a contradiction keeps, like a live reference
   local rems = r.rems
   for ref, tok in pairs(r.adds) do
-    if not rems[ref] then
+    if rems[ref] ~= tok then  -- only a removal naming the add's token ends it
       local ts = tok_state(tok)
       if ts == 'committed' then
         comm = true
-        if held and commit_tok ~= nil and tok == commit_tok then
-          incident(address, ev_id, ev_type, ref)
-        end
-      elseif ts == false or ts == 'open' or ts == 'sealed' then
+      elseif ts == false or ts == 'open' or ts == 'sealed' or ts == 'doubt' then
         live = true
+      end
+      if held and commit_tok ~= nil and tok == commit_tok then
+        incident(address, ev_id, ev_type, ref)
       end
     end
   end
@@ -137,30 +151,44 @@ local function derive(address, r, ev_id, ev_type, commit_tok)
   end
 end
 
+-- references._contradiction: a reference id named with another token than an earlier add or
+-- remove of it: the address is kept for good (sticky doubt), one incident.
+local function contradiction(address, r, ref, tok, ev_id, ev_type)
+  if r.doubt then return end
+  local a, m = r.adds[ref], r.rems[ref]
+  if (a ~= nil and a ~= tok) or (m ~= nil and m ~= tok) then
+    r.doubt, r.ddoubt = true, true
+    incident(address, ev_id, ev_type, ref, 'ref_doubt', tok)
+  end
+end
+
 local tokadds = {}  -- token -> {address = true} added in this call (SADD at the end)
 local function add_ref(address, ref, tok, size, ev_id, ev_type)
   local r = load(address)
-  local new = r.adds[ref] == nil
-  if new then
+  contradiction(address, r, ref, tok, ev_id, ev_type)
+  local cur = r.adds[ref]
+  if cur == nil or less(tok, cur) then  -- the least token named: any order, one record
     r.adds[ref] = tok
     local nf = r.newf
     nf[#nf + 1] = '+' .. ref
     nf[#nf + 1] = tok
-    local ta = tokadds[tok]
-    if ta == nil then ta = {}; tokadds[tok] = ta end
-    ta[address] = true
   end
+  local ta = tokadds[tok]  -- every token named indexes the address
+  if ta == nil then ta = {}; tokadds[tok] = ta end
+  ta[address] = true
   if r.size == nil or size > r.size then r.size = size; r.dsize = true end
-  if new and (r.state == 'reaping' or r.state == 'reaped') and not r.rems[ref]
+  if cur == nil and (r.state == 'reaping' or r.state == 'reaped') and not r.rems[ref]
       and tok_state(tok) ~= 'dropped' then
     incident(address, ev_id, ev_type, ref)
   end
   derive(address, r)
 end
 
-local function remove_ref(address, ref, tok)
+local function remove_ref(address, ref, tok, ev_id, ev_type)
   local r = load(address)
-  if r.rems[ref] == nil then
+  contradiction(address, r, ref, tok, ev_id, ev_type)
+  local cur = r.rems[ref]
+  if cur == nil or less(tok, cur) then
     r.rems[ref] = tok
     local nf = r.newf
     nf[#nf + 1] = '-' .. ref
@@ -175,7 +203,7 @@ local function reaped(address, ev_id)
   local r = load(address)
   if r.state == 'reaping' or r.state == 'reaped' then return end
   for ref, tok in pairs(r.adds) do
-    if not r.rems[ref] and tok_state(tok) ~= 'dropped' then
+    if r.rems[ref] ~= tok and tok_state(tok) ~= 'dropped' then
       incident(address, ev_id, 'addresses_reaped', ref)
     end
   end
@@ -187,8 +215,8 @@ local function set_token(t, new, ev_id, ev_type)
   if cur and RANK[new] <= RANK[cur] then return end
   redis.call('HSET', K_TOKENS, t, new .. ':' .. NOW)
   tokcache[t] = new
-  local commit_tok = nil
-  if cur == 'dropped' and new == 'committed' then commit_tok = t end
+  local commit_tok = nil  -- committed or contested after dropped: incidents if held
+  if cur == 'dropped' and (new == 'committed' or new == 'doubt') then commit_tok = t end
   local seen = {}
   local members = redis.call('SMEMBERS', TP .. t)
   for i = 1, #members do
@@ -201,6 +229,19 @@ local function set_token(t, new, ev_id, ev_type)
     for a in pairs(ta) do
       if not seen[a] then derive(a, load(a), ev_id, ev_type, commit_tok) end
     end
+  end
+end
+
+-- references._claim_token: a branch event names token t as branch's; named by a second
+-- branch it is contested ('' in tokowner): doubt, which no drop can end; one incident.
+local function claim_token(t, branch, ev_id, ev_type)
+  local cur = redis.call('HGET', K_TOKOWN, t)
+  if not cur then
+    redis.call('HSET', K_TOKOWN, t, branch)
+  elseif cur ~= '' and cur ~= branch then
+    redis.call('HSET', K_TOKOWN, t, '')
+    incident('', ev_id, ev_type, '', 'token_contested', t)
+    set_token(t, 'doubt', ev_id, ev_type)
   end
 end
 
@@ -223,6 +264,7 @@ local function flush()
     local f = r.newf
     if r.dsize then f[#f + 1] = 'size'; f[#f + 1] = fmt(r.size) end
     if r.dcomm then f[#f + 1] = 'committed'; f[#f + 1] = '1' end
+    if r.ddoubt then f[#f + 1] = 'doubt'; f[#f + 1] = '1' end
     if r.state ~= r.state0 then f[#f + 1] = 'state'; f[#f + 1] = r.state end
     if r.since ~= nil and r.since ~= r.since0 then f[#f + 1] = 'since'; f[#f + 1] = r.since end
     if r.diu then f[#f + 1] = 'iu'; f[#f + 1] = fmt(r.iu) end
@@ -365,30 +407,36 @@ for i = 1, #events do
     if dead then -- retired: nothing changes
     elseif op == 4 then -- add: token, address, size, ref, rep_ref, rep_addr, event_id, type
       add_ref(e[4], e[6], e[3], e[5], e[9], e[10])
-      if e[7] ~= '' then remove_ref(e[8], e[7], e[3]) end
-    elseif op == 5 then -- delete: token, address, ref
-      remove_ref(e[4], e[5], e[3])
+      if e[7] ~= '' then remove_ref(e[8], e[7], e[3], e[9], e[10]) end
+    elseif op == 5 then -- delete: token, address, ref, event_id
+      remove_ref(e[4], e[5], e[3], e[6], 'object_deleted')
     elseif op == 3 then -- issue: address, ttl_ms
       local r = load(e[3])
       if r.iu == nil then r.iu = now + e[4]; r.diu = true end
       derive(e[3], r)
     elseif op == 6 then -- commit: branch, commit, sealed, staging, record, event_id, version
       local changes = fresh(e[8], 'b:' .. e[3], e[9])
+      for _, t in ipairs(e[5]) do claim_token(t, e[3], e[8], 'commit_created') end
+      claim_token(e[6], e[3], e[8], 'commit_created')
       for _, t in ipairs(e[5]) do set_token(t, 'committed', e[8], 'commit_created') end
       set_token(e[6], 'open', e[8], 'commit_created')
       redis.call('HSETNX', K_COMMITS, e[4], e[7])
       if changes then redis.call('HSET', K_BRANCHES, e[3], branch_json(e[4], e[6])) end
     elseif op == 2 then -- branch created: branch, token, source_commit, version, event_id
       local changes = fresh(e[7], 'b:' .. e[3], e[6])
+      claim_token(e[4], e[3], e[7], 'branch_created')
       set_token(e[4], 'open', '', 'branch_created')
       if changes then redis.call('HSET', K_BRANCHES, e[3], branch_json(e[5], e[4])) end
     elseif op == 7 then -- reset: branch, dropped, staging, head, event_id, version
       local changes = fresh(e[7], 'b:' .. e[3], e[8])
+      for _, t in ipairs(e[4]) do claim_token(t, e[3], e[7], 'branch_reset') end
+      claim_token(e[5], e[3], e[7], 'branch_reset')
       for _, t in ipairs(e[4]) do set_token(t, 'dropped', e[7], 'branch_reset') end
       set_token(e[5], 'open', e[7], 'branch_reset')
       if changes then redis.call('HSET', K_BRANCHES, e[3], branch_json(e[6], e[5])) end
     elseif op == 8 then -- branch deleted: branch, dropped, event_id, version
       local changes = fresh(e[5], 'b:' .. e[3], e[6])
+      for _, t in ipairs(e[4]) do claim_token(t, e[3], e[5], 'branch_deleted') end
       for _, t in ipairs(e[4]) do set_token(t, 'dropped', e[5], 'branch_deleted') end
       if changes then redis.call('HDEL', K_BRANCHES, e[3]) end
     elseif op == 9 then -- tag: tag, commit, version, event_id

@@ -227,7 +227,8 @@ def compact(body: dict[str, Any], offset: int) -> list[Any]:
                 body["ref_id"], body.get("replaces_ref_id") or "",
                 body.get("replaces_address") or "", body["event_id"], t]
     if t == "object_deleted":
-        return [offset, OP_DEL, body["staging_token"], body["address"], body["ref_id"]]
+        return [offset, OP_DEL, body["staging_token"], body["address"], body["ref_id"],
+                body["event_id"]]
     if t == "address_issued":
         return [offset, OP_ISSUE, body["address"], int(body["ttl_seconds"] * 1000)]
     if t == "commit_created":

@@ -7,7 +7,12 @@ reads the tracker's Redis state back (``tracker.state``) produces these dataclas
 
 Per physical address the machine keeps an observed-remove set of references (SPEC rule 5,
 ``schemas/README.md``): ``adds`` ref -> token and ``removes`` ref -> token. A reference is *live*
-when it was added, was never removed, and its token is open, sealed or unknown. If any added and
+when it was added, was not removed in its own token, and its token is open, sealed, contested
+(``doubt``) or unknown. A reference id named with two tokens (adds or removes) is a
+contradiction: the address gets the sticky ``doubt`` flag and is kept (an incident); the least
+token named is recorded, so any order gives one record. A token named by two branches' events
+is contested (``token_owners``): token state ``doubt``, above dropped, so no branch event of
+another branch can end its references. If any added and
 not removed reference belongs to a committed token the address gets the sticky ``committed``
 flag (terminal for the online path). The address state is derived, in this precedence:
 
@@ -21,7 +26,7 @@ publishes what the store confirmed deleted (``addresses_reaped``, before it mark
 address the tracker does not yet know as held becomes ``reaped`` then (Redis forgot the
 reaper's work), with an incident for each reference that would keep it.
 
-Token states only move up ``TOKEN_RANK`` (committed outranks dropped); when a token's state
+Token states only move up ``TOKEN_RANK`` (doubt outranks dropped, committed both); when a token's state
 changes, every address referenced from it is re-evaluated.
 
 Refs (branch and tag records) converge by version: every ref event carries ``ref_version`` (the
@@ -65,11 +70,15 @@ from schemas.namespaces import namespace_problem, registration_problem
 from schemas.records import AddressRecord, BranchRecord, CommitRecord, RepoMeta
 
 HELD_BY_REAPER = frozenset({AddressState.REAPING, AddressState.REAPED})
+# Token states whose references keep their address (an unknown token keeps too).
+KEEPING_TOKEN_STATES = LIVE_TOKEN_STATES | {TokenState.DOUBT}
 
 
 @dataclass(frozen=True, order=True)
 class Incident:
-    """A reference that arrived for an address being reaped or already reaped."""
+    """A contract breach: a reference that arrived for an address being reaped or already
+    reaped (``kind`` ''), a reference id named with two tokens (``ref_doubt``: ``token`` is
+    the event's), or a token named by two branches (``token_contested``, no address)."""
 
     repository: str
     address: str
@@ -77,6 +86,11 @@ class Incident:
     type: str
     ref_id: str
     at_ms: int
+    kind: str = ""
+    token: str = ""
+
+
+REF_DOUBT, TOKEN_CONTESTED = "ref_doubt", "token_contested"
 
 
 @dataclass
@@ -92,6 +106,8 @@ class RepoState:
     incidents: list[Incident] = field(default_factory=list)
     unreferenced: dict[str, int] = field(default_factory=dict)  # address -> since (or iu)
     ref_versions: dict[str, int] = field(default_factory=dict)  # 'b:<branch>'/'t:<tag>' -> v
+    # token -> the branch whose events name it, '' once two branches did (contested).
+    token_owners: dict[str, str] = field(default_factory=dict)
     # The dedupe window: ref event id -> '<ref>|<version>', oldest first (REF_DEDUPE_WINDOW).
     ref_seen: dict[str, str] = field(default_factory=dict)
     ref_duplicates: int = 0  # ref events skipped as duplicates (stats: ref_duplicates)
@@ -179,14 +195,12 @@ def _record(state: RepoState, address: str) -> AddressRecord:
 
 def _derive(state: RepoState, address: str, rec: AddressRecord, now: int) -> None:
     """Recompute the committed flag and (unless the reaper holds it) the state of an address."""
-    live = False
-    for ref, token in rec.adds.items():
-        if ref in rec.removes:
-            continue
+    live = rec.doubt  # a contradiction keeps, like a live reference (SPEC safety 6)
+    for token in rec.unremoved().values():
         ts = state.token_state(token)
         if ts is TokenState.COMMITTED:
             rec.committed = True
-        elif ts is None or ts in LIVE_TOKEN_STATES:
+        elif ts is None or ts in KEEPING_TOKEN_STATES:
             live = True
     if rec.state in HELD_BY_REAPER:
         # The reaper's state stays, but what references did meanwhile is recorded: when the
@@ -211,26 +225,63 @@ def _derive(state: RepoState, address: str, rec: AddressRecord, now: int) -> Non
         state.unreferenced[address] = now
 
 
+def _contradiction(state: RepoState, address: str, rec: AddressRecord, ref: str, token: str,
+                   event: ev.Event, now: int, out: Outcome) -> None:
+    """A reference id is one entry of one token: an event naming it with another token than
+    an earlier add or remove did (a reused id, a misrouted or forged event) proves nothing
+    about which entry ended. The address is kept for good (sticky ``doubt``), with one
+    incident. Whether some event pair disagrees does not depend on their order."""
+    if rec.doubt:
+        return
+    if rec.adds.get(ref, token) != token or rec.removes.get(ref, token) != token:
+        rec.doubt = True
+        out.incidents.append(Incident(state.repository, address, event.event_id, event.TYPE,
+                                      ref, now, REF_DOUBT, token))
+
+
 def _add(state: RepoState, address: str, ref: str, token: str, size: int, event: ev.Event,
          now: int, out: Outcome) -> None:
     rec = _record(state, address)
-    new = ref not in rec.adds
-    if new:  # (a duplicate keeps the first token; the index follows the recorded token)
+    _contradiction(state, address, rec, ref, token, event, now, out)
+    cur = rec.adds.get(ref)
+    # The least token named is recorded (any order ends in the same record); every token
+    # named indexes the address.
+    if cur is None or token < cur:
         rec.adds[ref] = token
-        state.token_addresses.setdefault(token, set()).add(address)
+    state.token_addresses.setdefault(token, set()).add(address)
     if rec.size is None or size > rec.size:
         rec.size = size
-    if (new and rec.state in HELD_BY_REAPER and ref not in rec.removes
-            and state.token_state(rec.adds[ref]) is not TokenState.DROPPED):
+    if (cur is None and rec.state in HELD_BY_REAPER and ref not in rec.removes
+            and state.token_state(token) is not TokenState.DROPPED):
         out.incidents.append(Incident(state.repository, address, event.event_id, event.TYPE,
                                       ref, now))
     _derive(state, address, rec, now)
 
 
-def _remove(state: RepoState, address: str, ref: str, token: str, now: int) -> None:
+def _remove(state: RepoState, address: str, ref: str, token: str, event: ev.Event, now: int,
+            out: Outcome) -> None:
     rec = _record(state, address)
-    rec.removes.setdefault(ref, token)
+    _contradiction(state, address, rec, ref, token, event, now, out)
+    cur = rec.removes.get(ref)
+    if cur is None or token < cur:  # the least token named, as for adds
+        rec.removes[ref] = token
     _derive(state, address, rec, now)
+
+
+def _claim_token(state: RepoState, token: str, branch: str, event: ev.Event, now: int,
+                 out: Outcome) -> None:
+    """A branch event names ``token`` as ``branch``'s (open, sealed, committed or dropped).
+    A token belongs to one branch: named by a second one (a misrouted or forged drop), it is
+    contested: ``doubt``, which outranks dropped, so no branch event can end its references
+    whatever the order (SPEC safety 1, 5, 6); one incident."""
+    cur = state.token_owners.get(token)
+    if cur is None:
+        state.token_owners[token] = branch
+    elif cur and cur != branch:
+        state.token_owners[token] = ""
+        out.incidents.append(Incident(state.repository, "", event.event_id, event.TYPE, "",
+                                      now, TOKEN_CONTESTED, token))
+        _set_token(state, token, TokenState.DOUBT, event, now, out)
 
 
 def _set_token(state: RepoState, token: str, new: TokenState, event: ev.Event, now: int,
@@ -239,14 +290,14 @@ def _set_token(state: RepoState, token: str, new: TokenState, event: ev.Event, n
     if cur is not None and TOKEN_RANK[new] <= TOKEN_RANK[cur]:
         return
     state.tokens[token] = (new, now)
-    resurrected = cur is TokenState.DROPPED and new is TokenState.COMMITTED
+    resurrected = cur is TokenState.DROPPED and new in (TokenState.COMMITTED, TokenState.DOUBT)
     for address in sorted(state.token_addresses.get(token, ())):
         rec = state.addresses[address]
         if resurrected and rec.state in HELD_BY_REAPER:
-            # A commit took a reference whose token had been dropped and whose address the
-            # reaper already holds: committed data is (being) deleted.
-            for ref, tok in rec.adds.items():
-                if tok == token and ref not in rec.removes:
+            # A commit took (or a contest kept) a reference whose token had been dropped and
+            # whose address the reaper already holds: live data is (being) deleted.
+            for ref, tok in rec.unremoved().items():
+                if tok == token:
                     out.incidents.append(Incident(state.repository, address, event.event_id,
                                                   event.TYPE, ref, now))
         _derive(state, address, rec, now)
@@ -260,8 +311,8 @@ def _reaped(state: RepoState, address: str, event: ev.Event, now: int, out: Outc
     rec = _record(state, address)
     if rec.state in HELD_BY_REAPER:
         return  # the reaper's own record (its claim or tombstone) stands
-    for ref, token in sorted(rec.adds.items()):
-        if ref not in rec.removes and state.token_state(token) is not TokenState.DROPPED:
+    for ref, token in sorted(rec.unremoved().items()):
+        if state.token_state(token) is not TokenState.DROPPED:
             out.incidents.append(Incident(state.repository, address, event.event_id,
                                           event.TYPE, ref, now))
     rec.state = AddressState.REAPED
@@ -333,9 +384,9 @@ def apply(state: RepoState, event: ev.Event, now_ms: int) -> Outcome:
              out)
         if event.replaces_ref_id is not None and event.replaces_address is not None:
             _remove(state, event.replaces_address, event.replaces_ref_id, event.staging_token,
-                    now)
+                    event, now, out)
     elif isinstance(event, ev.ObjectDeleted):
-        _remove(state, event.address, event.ref_id, event.staging_token, now)
+        _remove(state, event.address, event.ref_id, event.staging_token, event, now, out)
     elif isinstance(event, ev.AddressIssued):
         rec = _record(state, event.address)
         if rec.issued_until is None:
@@ -343,11 +394,14 @@ def apply(state: RepoState, event: ev.Event, now_ms: int) -> Outcome:
         _derive(state, event.address, rec, now)
     elif isinstance(event, ev.BranchCreated):
         fresh = _fresh(state, event, "b:" + event.branch, event.ref_version)
+        _claim_token(state, event.staging_token, event.branch, event, now, out)
         _set_token(state, event.staging_token, TokenState.OPEN, event, now, out)
         if fresh:
             state.branches[event.branch] = BranchRecord(event.source_commit, event.staging_token)
     elif isinstance(event, ev.CommitCreated):
         fresh = _fresh(state, event, "b:" + event.branch, event.ref_version)
+        for token in (*event.sealed_tokens, event.staging_token):
+            _claim_token(state, token, event.branch, event, now, out)
         for token in event.sealed_tokens:
             _set_token(state, token, TokenState.COMMITTED, event, now, out)
         _set_token(state, event.staging_token, TokenState.OPEN, event, now, out)
@@ -357,6 +411,8 @@ def apply(state: RepoState, event: ev.Event, now_ms: int) -> Outcome:
             state.branches[event.branch] = BranchRecord(event.commit_id, event.staging_token)
     elif isinstance(event, ev.BranchReset):
         fresh = _fresh(state, event, "b:" + event.branch, event.ref_version)
+        for token in (*event.dropped_tokens, event.staging_token):
+            _claim_token(state, token, event.branch, event, now, out)
         for token in event.dropped_tokens:
             _set_token(state, token, TokenState.DROPPED, event, now, out)
         _set_token(state, event.staging_token, TokenState.OPEN, event, now, out)
@@ -364,6 +420,8 @@ def apply(state: RepoState, event: ev.Event, now_ms: int) -> Outcome:
             state.branches[event.branch] = BranchRecord(event.head, event.staging_token)
     elif isinstance(event, ev.BranchDeleted):
         fresh = _fresh(state, event, "b:" + event.branch, event.ref_version)
+        for token in event.dropped_tokens:
+            _claim_token(state, token, event.branch, event, now, out)
         for token in event.dropped_tokens:
             _set_token(state, token, TokenState.DROPPED, event, now, out)
         if fresh:
@@ -454,8 +512,8 @@ def live_refs(state: RepoState, address: str) -> dict[str, str]:
     if rec is None:
         return {}
     out = {}
-    for ref, token in rec.adds.items():
+    for ref, token in rec.unremoved().items():
         ts = state.token_state(token)
-        if ref not in rec.removes and (ts is None or ts in LIVE_TOKEN_STATES):
+        if ts is None or ts in KEEPING_TOKEN_STATES:
             out[ref] = token
     return out

@@ -276,7 +276,8 @@ def _assemble(repo: str, meta: dict[str, str], addr_hashes: dict[str, dict[str, 
               incidents: list[str], unref: Any,
               ref_versions: dict[str, str] | None = None,
               ref_seen: tuple[list[str], dict[str, str]] | None = None,
-              stats: dict[str, str] | None = None) -> RepoState:
+              stats: dict[str, str] | None = None,
+              token_owners: dict[str, str] | None = None) -> RepoState:
     st = RepoState(repo)
     st.meta = decode_meta(meta, repo)
     st.addresses = {a: parse_address(h) for a, h in addr_hashes.items()}
@@ -292,6 +293,7 @@ def _assemble(repo: str, meta: dict[str, str], addr_hashes: dict[str, dict[str, 
     st.incidents = [_incident(j) for j in incidents]
     st.unreferenced = _pairs(unref)
     st.ref_versions = {f: int(v) for f, v in (ref_versions or {}).items()}
+    st.token_owners = dict(token_owners or {})
     order, seen = ref_seen or ([], {})
     st.ref_seen = {i: seen[i] for i in order if i in seen}
     st.ref_duplicates = int((stats or {}).get("ref_duplicates", 0))
@@ -335,13 +337,14 @@ def read_repo_state(r: Any, repo: str) -> RepoState:
     pipe.lrange(k.ref_seen_order, 0, -1)
     pipe.hgetall(k.ref_seen)
     pipe.hgetall(k.stats)
+    pipe.hgetall(k.token_owners)
     res = pipe.execute()
     na, nt = len(addr_keys), len(tok_keys)
     addr = {key[len(a_pre):]: h for key, h in zip(addr_keys, res[:na], strict=True)}
     toks = {key[len(t_pre):]: m for key, m in zip(tok_keys, res[na:na + nt], strict=True)}
     (meta, tokens, branches, commits, tags, incidents, unref, versions, seen_order, seen,
-     stats) = res[na + nt:]
+     stats, owners) = res[na + nt:]
     return _assemble(repo, meta, addr, toks, tokens, branches, commits, tags, incidents, unref,
-                     versions, (seen_order, seen), stats)
+                     versions, (seen_order, seen), stats, owners)
 
 

@@ -45,9 +45,6 @@ def _past_grace(s: Settings, since_ms: int) -> Any:
 
 # --- 1. a removal that names another token than the reference's own ---
 
-@pytest.mark.xfail(reason=(
-    "open: a removal is filed by reference id alone, whatever its token"),
-    strict=False)  # adversarial review, 2026-11-27
 def test_a_removal_naming_another_token_does_not_end_a_live_reference(settings, s3, bucket):
     """Address A is staged in main's open token t1 by reference r1. An object_deleted for the
     same reference id arrives naming another token (dev's t2): a publisher that reuses a
@@ -70,9 +67,6 @@ def test_a_removal_naming_another_token_does_not_end_a_live_reference(settings, 
     assert stored(s3, address), "reaped while open token t1 still references it"
 
 
-@pytest.mark.xfail(reason=(
-    "open: the same reference id in another token is taken for a duplicate"),
-    strict=False)  # adversarial review, 2026-11-27
 def test_a_reused_reference_id_in_a_dropped_token_does_not_end_a_live_one(settings, s3,
                                                                           bucket):
     """The same reference id r1 is staged for A twice: first in dev's token, then in main's
@@ -97,9 +91,6 @@ def test_a_reused_reference_id_in_a_dropped_token_does_not_end_a_live_one(settin
     assert stored(s3, address), "reaped while main's open token still references it"
 
 
-@pytest.mark.xfail(reason=(
-    "open: branch_deleted may drop another branch's open token"),
-    strict=False)  # adversarial review, 2026-11-27
 def test_a_branch_delete_cannot_drop_another_branchs_open_token(settings, s3, bucket):
     """The mirror records main's open token t-main (branch_created). A branch_deleted of dev
     lists t-main among its dropped tokens (misrouted or forged: the tracker trusts the list).

@@ -47,14 +47,15 @@ def _shift(rec: AddressRecord, base: int) -> AddressRecord:
 
     return AddressRecord(rec.adds, rec.removes, rec.state, mv(rec.since), rec.committed,
                           rec.committed_value, mv(rec.issued_until), rec.size,
-                          mv(rec.lease_until), rec.claimer, mv(rec.reaped_at), rec.malformed)
+                          mv(rec.lease_until), rec.claimer, mv(rec.reaped_at), rec.malformed,
+                          rec.doubt)
 
 
 GARBAGE = st.sampled_from([None, None, None, ("since", "abc"), ("iu", "x1"),
                            ("lease_until", "?"), ("size", "big"), ("lease_until", "inf"),
                            ("since", "1e3"), ("iu", "0x10"), ("size", "1.0")])
 TOKEN_STATES = st.sampled_from([None, "open:1", "sealed:1", "committed:1", "dropped:1",
-                                "weird:1"])
+                                "weird:1", "doubt:1"])
 
 
 def _compare(s: Any, r: Any, records_fields: list[dict[str, str]],
@@ -99,6 +100,10 @@ def test_claim_script_is_the_judgment_on_every_rule(settings, redis_client):
     dropped = {"+r": "td", "-r": "td"}
     cases: list[dict[str, str]] = [
         {**dropped, "state": "unreferenced", "since": old},  # ok
+        {**dropped, "state": "unreferenced", "since": old, "doubt": "1"},  # doubt
+        {**dropped, "state": "unreferenced", "since": old, "doubt": "0"},  # ok
+        {"+r": "td", "-r": "to", "state": "unreferenced", "since": old},  # not ended
+        {"+r": "tq", "state": "unreferenced", "since": old},  # contested token: doubt
         {**dropped, "state": "unreferenced", "since": young},  # young
         {**dropped, "state": "unreferenced"},  # no since: doubt
         {**dropped, "state": "unreferenced", "since": "abc"},  # unreadable: doubt
@@ -129,7 +134,8 @@ def test_claim_script_is_the_judgment_on_every_rule(settings, redis_client):
         {**dropped, "state": "unreferenced", "since": old},  # held by prefix
     ]
     held = ["no"] * (len(cases) - 2) + ["exact", "prefix"]
-    tokens = {"td": "dropped:1", "to": "open:1", "tw": "weird:1", "tc": "committed:1"}
+    tokens = {"td": "dropped:1", "to": "open:1", "tw": "weird:1", "tc": "committed:1",
+              "tq": "doubt:1"}
     _compare(settings, redis_client, cases, tokens, held, cutoff, missing=True)
 
 
@@ -182,12 +188,13 @@ def test_apply_script_state_and_queue_are_the_judgment(settings, redis_client, s
         # the derived state is the judgment's classification of the record (the state puts
         # committed before staged; the judgment names a live reference first, because a
         # staged copy keeps a committed address from the reconciler too)
+        # (a doubt, a contradicted reference id or a contested token, keeps on every path)
         if rec.state == "staged":
-            assert far.reason == Keep.STAGED and not rec.committed
+            assert far.reason in (Keep.STAGED, Keep.DOUBT) and not rec.committed
         elif rec.state == "committed":
-            assert rec.committed and far.reason in (Keep.STAGED, Keep.COMMITTED)
+            assert rec.committed and far.reason in (Keep.STAGED, Keep.COMMITTED, Keep.DOUBT)
             assert judge(rec, tokens, now_ms=0, horizon_ms=2**62, grace_ms=0,
-                         path="reconciler").reason in ("", Keep.STAGED)
+                         path="reconciler").reason in ("", Keep.STAGED, Keep.DOUBT)
         elif rec.state in ("unreferenced", "issued"):
             assert far.may_delete or far.reason == Keep.ISSUED
         # the reaper's queue holds exactly the addresses the judgment may let go one day

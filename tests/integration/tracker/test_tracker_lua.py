@@ -188,3 +188,50 @@ def test_the_window_size_is_the_scripts():
     from tracker.state import APPLY_LUA
 
     assert f"local WINDOW = {REF_DEDUPE_WINDOW}" in APPLY_LUA
+
+
+def _contradictions() -> dict[str, list[ev.Event]]:
+    """The adversarial review's sequences (tests/integration/reaper/test_attack_online.py)."""
+    a = NS + "data/a"
+
+    def w(token: str, ref: str, branch: str = "main") -> ev.ObjectWritten:
+        return ev.ObjectWritten(repository="r0", branch=branch, staging_token=token, path="p",
+                                address=a, size=1, ref_id=ref)
+
+    return {
+        "removal_in_another_token": [
+            w("t1", "r1"), ev.ObjectDeleted(repository="r0", branch="dev", staging_token="t2",
+                                            path="p", address=a, ref_id="r1")],
+        "reused_id": [w("t-dev", "r1", "dev"), w("t-main", "r1"),
+                      ev.BranchDeleted(repository="r0", branch="dev", dropped_tokens=["t-dev"],
+                                       ref_version=2)],
+        "foreign_drop": [
+            ev.BranchCreated(repository="r0", branch="main", staging_token="t-main",
+                             ref_version=1),
+            ev.BranchCreated(repository="r0", branch="dev", staging_token="t-dev",
+                             ref_version=1),
+            w("t-main", "r1"),
+            ev.BranchDeleted(repository="r0", branch="dev", dropped_tokens=["t-main"],
+                             ref_version=2)],
+    }
+
+
+@pytest.mark.parametrize("name", ["removal_in_another_token", "reused_id", "foreign_drop"])
+@pytest.mark.parametrize("batch", [1, 10])
+def test_lua_agrees_on_contradictions_in_every_order(redis_client, name, batch):
+    """Every order of each sequence, one event per call or all in one: the script and the
+    pure machine agree (doubt flag, least tokens, contested token, incidents), and the
+    address stays kept with its reaper's recheck reading the record."""
+    import itertools
+
+    from schemas.liveness import Keep, judge
+
+    events = _contradictions()[name]
+    for order in itertools.permutations(events):
+        world = run_both(redis_client, list(order), itertools.repeat(batch))
+        state = world.repos["r0"]
+        assert not state.reapable(NS + "data/a", 2**62, 0)
+        rec = read_repo_state(redis_client, "r0").addresses[NS + "data/a"]
+        j = judge(rec, redis_client.hgetall(RepoKeys("r0").tokens), now_ms=0,
+                  horizon_ms=2**62, grace_ms=0)
+        assert j.reason in (Keep.DOUBT, Keep.STAGED), (order, j)

@@ -151,8 +151,10 @@ def test_codec_tokens_branches_commits():
 def test_live_references_and_guards_always_keep(rec, tokens, horizon, grace, path):
     j = judge(rec, tokens, now_ms=NOW, horizon_ms=horizon, grace_ms=grace, path=path)
     live = any(tokens.get(t) is None or str(tokens[t]).split(":")[0] in ("open", "sealed")
-               for r, t in rec.adds.items() if r not in rec.removes)
-    if live:
+               for r, t in rec.adds.items() if rec.removes.get(r) != t)
+    if rec.doubt:  # a ref id named with two tokens: kept on every path
+        assert j.reason == Keep.DOUBT
+    elif live:  # (a removal naming another token than the add's ends nothing)
         assert j.reason == Keep.STAGED
     guarded = judge(rec, tokens, now_ms=NOW, horizon_ms=horizon, grace_ms=grace, path=path,
                     guards=Guards(held="h"))
@@ -168,8 +170,9 @@ def test_online_deletes_only_proven_garbage_past_grace(rec, tokens, horizon, gra
         assert rec.since + grace <= horizon  # SPEC safety 2 on the tracker's clock
         assert not rec.committed and rec.state in ("unreferenced", "issued", "reaping")
         assert rec.issued_until is None or rec.issued_until <= min(NOW, horizon - grace)
+        assert not rec.doubt
         assert all(str(tokens.get(t)).split(":")[0] == "dropped"
-                   for r, t in rec.adds.items() if r not in rec.removes)
+                   for r, t in rec.adds.items() if rec.removes.get(r) != t)
 
 
 @settings(max_examples=400)

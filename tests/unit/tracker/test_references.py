@@ -63,8 +63,8 @@ def test_order_of_address_events_between_lifecycle_events_does_not_matter(seed, 
 def chaos(rng: random.Random, n: int) -> list[ev.Event]:
     """Small pools, contract violations included (removes naming a ref of another address,
     adds arriving after their token was committed or dropped, tokens committed after being
-    dropped...). Each ref belongs to one token: reusing a ref id in two tokens makes the first
-    add win, so order would matter (the contract forbids it)."""
+    dropped, a ref id reused in another token, a branch event naming another branch's
+    token...). Most refs keep to one token; sometimes one is named with another (doubt)."""
     ns = "s3://b/r/"
     addrs = [ns + f"data/{i}" for i in range(4)]
     refs, toks = [f"r{i}" for i in range(6)], [f"t{i}" for i in range(3)]
@@ -75,7 +75,8 @@ def chaos(rng: random.Random, n: int) -> list[ev.Event]:
         c = rng.choice
         k = rng.randrange(8)
         ref = c(refs)
-        tok = toks[refs.index(ref) % len(toks)]
+        tok = toks[refs.index(ref) % len(toks)] if rng.random() < 0.9 else c(toks)
+        branch = "main" if rng.random() < 0.85 else "dev"
         if k < 3:
             out.append(ev.ObjectWritten(repository="r", branch="main", staging_token=tok,
                                         path="p", address=c(addrs), size=1, ref_id=ref))
@@ -85,12 +86,12 @@ def chaos(rng: random.Random, n: int) -> list[ev.Event]:
         elif k == 5:
             out.append(ev.AddressIssued(repository="r", address=c(addrs), ttl_seconds=60.0))
         elif k == 6:
-            out.append(ev.CommitCreated(repository="r", branch="main", commit_id=c(["c1", "c2"]),
+            out.append(ev.CommitCreated(repository="r", branch=branch, commit_id=c(["c1", "c2"]),
                                         parents=[], sealed_tokens=[c(toks)],
                                         staging_token=c(toks), committed_at=1.0,
                                         manifest=ns + "m", ref_version=rng.randrange(5)))
         else:
-            out.append(ev.BranchReset(repository="r", branch="main", dropped_tokens=[c(toks)],
+            out.append(ev.BranchReset(repository="r", branch=branch, dropped_tokens=[c(toks)],
                                       staging_token=c(toks), ref_version=rng.randrange(5)))
     return out
 
@@ -481,3 +482,105 @@ def test_a_versioned_reset_carries_the_whole_record():
     for order in ([created, commit, reset], [created, reset, commit], [reset, commit, created]):
         b = apply_all([_repo(), *order]).repos["r"].branches["main"]
         assert (b.head, b.staging_token) == ("c1", "t3"), order
+
+
+# --- contradictions: a reference id or a token named twice (adversarial review) ------------
+
+NS_R = "s3://b/r/"
+A = NS_R + "data/a"
+
+
+def _write(token: str, ref: str, branch: str = "main") -> ev.ObjectWritten:
+    return ev.ObjectWritten(repository="r", branch=branch, staging_token=token, path="p",
+                            address=A, size=1, ref_id=ref)
+
+
+def _delete(token: str, ref: str, branch: str = "main") -> ev.ObjectDeleted:
+    return ev.ObjectDeleted(repository="r", branch=branch, staging_token=token, path="p",
+                            address=A, ref_id=ref)
+
+
+ATTACKS = {
+    # a removal naming another token than the reference's own
+    "removal_in_another_token": [_write("t1", "r1"), _delete("t2", "r1", "dev")],
+    # the same reference id staged in two tokens, one of them dropped
+    "reused_id": [_write("t-dev", "r1", "dev"), _write("t-main", "r1"),
+                  ev.BranchDeleted(repository="r", branch="dev", dropped_tokens=["t-dev"],
+                                   ref_version=2)],
+    # a branch delete dropping another branch's open token
+    "foreign_drop": [ev.BranchCreated(repository="r", branch="main", staging_token="t-main",
+                                      ref_version=1),
+                     ev.BranchCreated(repository="r", branch="dev", staging_token="t-dev",
+                                      ref_version=1),
+                     _write("t-main", "r1"),
+                     ev.BranchDeleted(repository="r", branch="dev", dropped_tokens=["t-main"],
+                                      ref_version=2)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_a_contradiction_keeps_the_address_in_every_order(name):
+    """Each sequence of the adversarial review, in every order: the address is never
+    reapable, the record is the same, and the breach is one incident."""
+    import itertools
+
+    root = ev.RepositoryCreated(repository="r", storage_namespace=NS_R, default_branch="main",
+                                default_retention_days=1.0)
+    results = []
+    for order in itertools.permutations(ATTACKS[name]):
+        st_ = apply_all([root, *order]).repos["r"]
+        assert not st_.reapable(A, NOW + 10**9, 0), order
+        assert st_.addresses[A].state is AddressState.STAGED, order
+        assert len([i for i in st_.incidents if i.kind]) == 1, st_.incidents
+        results.append(st_)
+    for st_ in results[1:]:
+        sticky_only_difference(results[0], st_)
+
+
+def test_a_removal_naming_the_adds_token_still_ends_the_reference():
+    root = ev.RepositoryCreated(repository="r", storage_namespace=NS_R, default_branch="main",
+                                default_retention_days=1.0)
+    st_ = apply_all([root, _write("t1", "r1"), _delete("t1", "r1")]).repos["r"]
+    assert st_.addresses[A].state is AddressState.UNREFERENCED and not st_.incidents
+    assert st_.reapable(A, NOW, 0)
+
+
+def test_a_contested_token_is_kept_until_a_commit_takes_it():
+    """Contested outranks dropped (no branch event ends it) and is outranked by committed."""
+    from schemas.layout import TokenState
+
+    root = ev.RepositoryCreated(repository="r", storage_namespace=NS_R, default_branch="main",
+                                default_retention_days=1.0)
+    events = ATTACKS["foreign_drop"]
+    st_ = apply_all([root, *events]).repos["r"]
+    assert st_.token_state("t-main") is TokenState.DOUBT and st_.token_owners["t-main"] == ""
+    out = World()
+    for e in [root, *events]:
+        out.apply(e, NOW)
+    s2 = out.repos["r"]
+    out.apply(ev.BranchReset(repository="r", branch="main", dropped_tokens=["t-main"],
+                             staging_token="t2", ref_version=5), NOW)
+    assert s2.token_state("t-main") is TokenState.DOUBT
+    out.apply(ev.CommitCreated(repository="r", branch="main", commit_id="c1", parents=[],
+                               sealed_tokens=["t-main"], staging_token="t3", committed_at=1.0,
+                               manifest=NS_R + "m", ref_version=6), NOW)
+    assert s2.token_state("t-main") is TokenState.COMMITTED
+    assert s2.addresses[A].state is AddressState.COMMITTED
+
+
+def test_a_contest_revealed_while_the_reaper_holds_the_address_is_an_incident():
+    """The foreign drop arrives first; the reaper claims the address; then main's
+    branch_created reveals the contest: the token is kept again and, the reaper holding the
+    address, each reference it keeps is an incident (its recheck keeps a doubt token)."""
+    root = ev.RepositoryCreated(repository="r", storage_namespace=NS_R, default_branch="main",
+                                default_retention_days=1.0)
+    w = apply_all([root, _write("t-main", "r1"),
+                   ev.BranchDeleted(repository="r", branch="dev", dropped_tokens=["t-main"],
+                                    ref_version=2)])
+    st_ = w.repos["r"]
+    assert st_.reapable(A, NOW, 0)
+    _reap_in_redis(st_, A, NOW)
+    out = w.apply(ev.BranchCreated(repository="r", branch="main", staging_token="t-main",
+                                   ref_version=1, event_id="late"), NOW + 1)
+    assert sorted((i.kind, i.address, i.ref_id) for i in out.incidents) == [
+        ("", A, "r1"), ("token_contested", "", "")]
