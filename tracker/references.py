@@ -26,8 +26,8 @@ publishes what the store confirmed deleted (``addresses_reaped``, before it mark
 address the tracker does not yet know as held becomes ``reaped`` then (Redis forgot the
 reaper's work), with an incident for each reference that would keep it.
 
-Token states only move up ``TOKEN_RANK`` (doubt outranks dropped, committed both); when a token's state
-changes, every address referenced from it is re-evaluated.
+Token states only move up ``TOKEN_RANK`` (doubt outranks dropped, committed both); when a
+token's state changes, every address referenced from it is re-evaluated.
 
 Refs (branch and tag records) converge by version: every ref event carries ``ref_version`` (the
 service KV's version of the ref after the change; required, ``schemas/events.py``). Per ref the

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
-
 from core.errors import UserError
 from core.settings import Settings
 from reaper.daemon import Reaper
