@@ -373,7 +373,7 @@ INVENTORY_COLUMNS = ("key", "size", "last_modified")
 def inventory_rows(data: bytes, name: str, where: str, *,
                    bucket: str | None = None) -> Iterator[tuple[str, int, Any]]:
     """(raw key, size, last_modified) of one inventory file: text keys, sizes >= 0,
-    last_modified a timestamp (naive means UTC, as S3 Inventory writes it), epoch
+    last_modified a timestamp with its zone (S3 Inventory's is adjusted to UTC), epoch
     milliseconds, or (CSV) ISO-8601 with a time zone; no nulls. An optional ``bucket``
     column must be the namespace's bucket on every row (another bucket's inventory would
     offer its keys, and their ages, as this bucket's)."""
@@ -407,14 +407,16 @@ def inventory_rows(data: bytes, name: str, where: str, *,
 
 def _times(column: Any, kind: str | None, where: str) -> list[int]:
     """last_modified values as epoch ms."""
-    import datetime as dt
 
     values = column.to_pylist()
     if None in values:
         raise EvidenceError(f"{where}: column 'last_modified' has a null value")
     if kind == TIME:
-        return [int((v if v.tzinfo else v.replace(tzinfo=dt.UTC)).timestamp() * 1000)
-                for v in values]
+        if column.type.tz is None:
+            # a writer's local time read as UTC would age every object by its offset
+            raise EvidenceError(f"{where}: column 'last_modified' is a timestamp without a "
+                                "time zone (write it adjusted to UTC)")
+        return [int(v.timestamp() * 1000) for v in values]
     if kind == INTEGER:
         return [_plausible_ms(v, where, "last_modified") for v in values]
     return [_time_ms(v, where, "last_modified") for v in values]
