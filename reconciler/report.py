@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from reconciler.evidence import KeepSetProof
+from reconciler.evidence import EvidenceError, KeepSetProof
 from reconciler.mark import Tally
 from reconciler.s3io import Namespace, get_json, list_dirs, put_json
 from reconciler.sweep import SweepStats
@@ -68,7 +68,28 @@ def previous_runs(s3: Any, ns: Namespace, repo: str,
             continue
         summary = read_summary(s3, ns, rid)
         if summary and summary.get("repository") == repo and summary.get("run_id"):
-            yield RunSummary.from_dict(summary)
+            yield _earlier_run(summary, ns, rid)
+
+
+def _earlier_run(summary: dict[str, Any], ns: Namespace, rid: str) -> RunSummary:
+    """An earlier run's summary as the blast-radius guard and an optimized run read it: the
+    run of its own folder, of this namespace, its sweep's counts whole numbers; anything else
+    stops the run (a summary copied from elsewhere or edited would move the guard's usual)."""
+    where = f"report {summary_key(ns, rid)}"
+    if summary.get("run_id") != rid:
+        raise EvidenceError(f"{where}: holds run {summary.get('run_id')!r}, not {rid!r}")
+    if summary.get("namespace") != ns.uri:
+        raise EvidenceError(f"{where}: a run of namespace {summary.get('namespace')!r}, not "
+                            f"{ns.uri}")
+    try:
+        run = RunSummary.from_dict(summary)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EvidenceError(f"{where}: unreadable ({type(exc).__name__}: {exc})") from None
+    stats = None if run.sweep is None else run.sweep.stats
+    if stats is not None and any(type(getattr(stats, f.name)) is not int
+                                 for f in fields(stats) if f.name != "samples"):
+        raise EvidenceError(f"{where}: its sweep's counts are not whole numbers")
+    return run
 
 
 def is_swept_baseline(summary: RunSummary) -> bool:

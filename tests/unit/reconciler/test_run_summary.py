@@ -183,3 +183,26 @@ def test_a_mark_whose_delete_expired_refs_dropped_live_refs_is_judged_again() ->
     assert not section.dropped_live_refs()  # this version: refs listed, none dropped
     del listed["expired_refs_key"], listed["refs_to_delete"]
     assert RetentionSection.from_dict(listed).dropped_live_refs()
+
+
+def test_an_earlier_run_is_read_strictly() -> None:
+    """The blast-radius history and an optimized run's baseline: a summary of another folder or
+    namespace, or with counts that are not whole numbers, stops the run (it would move the
+    guard's usual size, or the baseline, without a word)."""
+    import pytest
+
+    from reconciler.evidence import EvidenceError
+    from reconciler.report import _earlier_run
+    from reconciler.s3io import Namespace
+
+    ns = Namespace("s3://b/r/")
+    good = _full().to_dict()
+    rid = good["run_id"]
+    assert _earlier_run(good, ns, rid).sweep is not None
+    for bad, says in [({**good, "run_id": "other"}, "holds run"),
+                      ({**good, "namespace": "s3://b/q/"}, "a run of namespace"),
+                      ({**good, "sweep": {**good["sweep"], "confirmed": "9999"}},
+                       "whole numbers"),
+                      ({**good, "sweep": {**good["sweep"], "confirmed": 1e9}}, "whole numbers")]:
+        with pytest.raises(EvidenceError, match=says):
+            _earlier_run(bad, ns, rid)
