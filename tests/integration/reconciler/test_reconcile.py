@@ -214,8 +214,10 @@ def _digest_now(r: Any, keys: RepoKeys, address: str) -> str | None:
 
 
 def _set_mark_digest(s3: Any, run: dict[str, Any], ns_uri: str, rel: str,
-                     digest: str | None) -> None:
-    """Rewrite the marked row of ``rel`` with ``digest`` in the run's mark parts."""
+                     digest: str | None, r: Any) -> None:
+    """Rewrite the marked row of ``rel`` with ``digest`` in the run's mark parts, and seal the
+    mark again (as if the run had written it so: what is tested is the sweep's judgment of
+    such a mark, not the seal, tests/integration/reconciler/test_evidence_e2e.py)."""
     import io
 
     import pyarrow as pa
@@ -233,6 +235,14 @@ def _set_mark_digest(s3: Any, run: dict[str, Any], ns_uri: str, rel: str,
         buf = io.BytesIO()
         pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), buf)
         s3.put_object(Bucket=bucket, Key=key, Body=buf.getvalue())
+        from reconciler.job import mark_seal
+        from reconciler.report import RunSummary, read_summary
+
+        ns = Namespace(ns_uri)
+        stored = read_summary(s3, ns, run["run_id"])
+        assert stored is not None
+        r.set(RepoKeys(run["repository"]).mark_seal(run["run_id"]),
+              mark_seal(s3, ns, RunSummary.from_dict(stored)))
         return
     raise AssertionError(f"{rel} is in no mark part")
 
@@ -280,7 +290,8 @@ def test_sweep_only_from_a_dry_run_mark_the_lease_the_guard_and_the_crosscheck(
     # the mark is wrong, the cross-check refuses the whole sweep. (The mark's digest is set to
     # the live record's own: as if the snapshot had read it.)
     original_wrong = live_again(wrong, "early-ref")
-    _set_mark_digest(s3, dry, ns_uri, wrong[len(ns_uri):], _digest_now(redis_client, keys, wrong))
+    _set_mark_digest(s3, dry, ns_uri, wrong[len(ns_uri):], _digest_now(redis_client, keys, wrong),
+                     redis_client)
     res = reconcile(spark, rsettings, RunOptions(repo, sweep_only=dry["run_id"],
                                                  allow_large_sweep=True))
     assert res["sweep"]["status"] == "refused" and "cross-check" in res["sweep"]["reason"]
