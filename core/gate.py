@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from core.clock import aredis_time_ms, redis_time_ms
+from core.facts import NOT_PROVEN, FactsProof
 from core.guards import fail_closed_text
 from schemas.address import canonical_namespace
 from schemas.layout import (
@@ -87,6 +88,9 @@ class Gate:
     paused: str | None = None
     holds: Mapping[str, str] = field(default_factory=dict)  # address -> reason (asked ones)
     hold_prefixes: Mapping[str, str] = field(default_factory=dict)  # prefix -> reason
+    # Why the copy of the repository's holds and pauses may be missing some (core/facts.py):
+    # it keeps every address, as a hold would (no export vouches past it).
+    facts_problem: str | None = None
 
     def _registered(self, namespace: str) -> str:
         """The namespace as the registry spells it (canonical form: ``schemas.namespaces``)."""
@@ -103,6 +107,8 @@ class Gate:
         fail = fail_closed_text(self.global_fail_closed, self.repo_fail_closed)
         if fail is not None:
             return "fail_closed", fail
+        if self.facts_problem:
+            return "facts", self.facts_problem
         if self.paused:
             return "paused", f"repository paused: {self.paused}"
         if self.registry and self.registry.get(self._registered(namespace)) != repo:
@@ -122,7 +128,7 @@ class Gate:
             except OutsideNamespace as exc:
                 not_owner = str(exc)
         fail = fail_closed_text(self.global_fail_closed, self.repo_fail_closed)
-        held = self.holds.get(address)
+        held = self.facts_problem or self.holds.get(address)
         if held is None:
             for prefix, reason in self.hold_prefixes.items():
                 if address.startswith(prefix):
@@ -160,8 +166,9 @@ def applied_regression(recorded: Any, current: Mapping[Any, Any] | None) -> str 
     return None
 
 
-def _gate_from(raw: list[Any], addresses: list[str]) -> Gate:
-    registry, gfc, rfc, paused, holds, prefixes, recorded, applied = raw
+def _gate_from(raw: list[Any], addresses: list[str], repo: str,
+               facts: FactsProof | None) -> Gate:
+    registry, gfc, rfc, paused, holds, prefixes, recorded, applied, facts_seq = raw
     regressed = applied_regression(recorded, applied)
     return Gate(
         registry={_text(k): _text(v) for k, v in (registry or {}).items()},
@@ -173,6 +180,8 @@ def _gate_from(raw: list[Any], addresses: list[str]) -> Gate:
         holds={a: _reason(v, "held") for a, v in zip(addresses, holds or [], strict=False)
                if v is not None},
         hold_prefixes={_text(k): _reason(v, "held") for k, v in (prefixes or {}).items()},
+        facts_problem=(NOT_PROVEN if facts is None else
+                       facts.copy_problem(repo, int(facts_seq) if facts_seq else 0)),
     )
 
 
@@ -187,28 +196,33 @@ def _gate_calls(pipe: Any, repo: str, addresses: list[str]) -> None:
     pipe.hgetall(k.hold_prefixes)
     pipe.hget(APPLIED, repo)
     pipe.hgetall(k.applied)
+    pipe.get(k.facts_seq)
 
 
-def read_gate(r: Any, repo: str, addresses: Iterable[str] = ()) -> Gate:
-    """Read the guards now (synchronous client; Redis Cluster too)."""
+def read_gate(r: Any, repo: str, addresses: Iterable[str] = (), *,
+              facts: FactsProof | None = None) -> Gate:
+    """Read the guards now (synchronous client; Redis Cluster too). ``facts``: the proof
+    (``core.facts.RepoFacts.prove``) taken right before; without it the gate keeps everything
+    of the repository (``facts_problem``), so only readers that delete nothing omit it."""
     addrs = list(addresses)
     pipe = r.pipeline(transaction=False)
     _gate_calls(pipe, repo, addrs)
     res = pipe.execute()
     if not addrs:
         res.insert(4, [])
-    return _gate_from(res, addrs)
+    return _gate_from(res, addrs, repo, facts)
 
 
-async def aread_gate(r: Any, repo: str, addresses: Iterable[str] = ()) -> Gate:
-    """Read the guards now (async client)."""
+async def aread_gate(r: Any, repo: str, addresses: Iterable[str] = (), *,
+                     facts: FactsProof | None = None) -> Gate:
+    """Read the guards now (async client); ``facts`` as :func:`read_gate`."""
     addrs = list(addresses)
     pipe = r.pipeline(transaction=False)
     _gate_calls(pipe, repo, addrs)
     res = await pipe.execute()
     if not addrs:
         res.insert(4, [])
-    return _gate_from(res, addrs)
+    return _gate_from(res, addrs, repo, facts)
 
 
 # --- the one evidence reader ----------------------------------------------------------------------
@@ -246,11 +260,13 @@ def _evidence_from(gate: Gate, raw: list[Any], addresses: list[str]
     return records, claimed, tokens
 
 
-def read_evidence(r: Any, repo: str, addresses: Iterable[str]) -> Evidence:
-    """Read the evidence now (synchronous client; Redis Cluster too)."""
+def read_evidence(r: Any, repo: str, addresses: Iterable[str], *,
+                  facts: FactsProof | None = None) -> Evidence:
+    """Read the evidence now (synchronous client; Redis Cluster too); ``facts``: the proof
+    taken right before (:func:`read_gate`)."""
     addrs = list(dict.fromkeys(addresses))
     now = redis_time_ms(r)  # before the records: a clock read later would judge them older
-    gate = read_gate(r, repo, addrs)
+    gate = read_gate(r, repo, addrs, facts=facts)
     pipe = r.pipeline(transaction=False)
     _evidence_calls(pipe, repo, addrs)
     records, claimed, tokens = _evidence_from(gate, pipe.execute(), addrs)
@@ -259,11 +275,12 @@ def read_evidence(r: Any, repo: str, addresses: Iterable[str]) -> Evidence:
     return Evidence(gate, records, claimed, {t: _opt_text(v) for t, v in states.items()}, now)
 
 
-async def aread_evidence(r: Any, repo: str, addresses: Iterable[str]) -> Evidence:
-    """Read the evidence now (async client)."""
+async def aread_evidence(r: Any, repo: str, addresses: Iterable[str], *,
+                         facts: FactsProof | None = None) -> Evidence:
+    """Read the evidence now (async client); ``facts`` as :func:`read_evidence`."""
     addrs = list(dict.fromkeys(addresses))
     now = await aredis_time_ms(r)  # before the records (see read_evidence)
-    gate = await aread_gate(r, repo, addrs)
+    gate = await aread_gate(r, repo, addrs, facts=facts)
     pipe = r.pipeline(transaction=False)
     _evidence_calls(pipe, repo, addrs)
     records, claimed, tokens = _evidence_from(gate, await pipe.execute(), addrs)

@@ -30,9 +30,11 @@ import orjson
 
 from core.clients import topic_partitions
 from core.errors import UserError
+from core.facts import HOLD_REMOVE
 from core.settings import Settings
-from hardelete.holds import Hold, list_holds
-from schemas.holds import LEGACY_CLAIM, Removal, dlq_claim, remove_claims
+from hardelete.holds import Hold, list_holds, operator_s3, record
+from schemas.holds import LEGACY_CLAIM, Removal, dlq_claim
+from schemas.holds import remove as removal_of
 from schemas.layout import REFUSED, RepoKeys
 
 ADDRESS_KEYS = ("address", "replaces_address")
@@ -271,14 +273,16 @@ def legacy_holds(r: Any, dl: DeadLetter) -> list[Hold]:
     return [h for h in list_holds(r) if LEGACY_CLAIM in h.claims and h.target in named]
 
 
-def resolve(r: Any, dl: DeadLetter, *, wait_s: float = 0.0) -> list[tuple[Hold, Removal]]:
+def resolve(r: Any, dl: DeadLetter, *, s3: Any, wait_s: float = 0.0
+            ) -> list[tuple[Hold, Removal]]:
     """Remove this dead letter's claim from each hold it claims (atomically per hold: a claim
     another dead letter adds meanwhile stays).
 
     Only once the tracker has applied everything published before now (its horizon, waited for
     up to ``wait_s``): the fix replayed a moment ago is then in the mirror. Lifting the hold
     first left the address judged on a record without the replayed reference (found by an
-    adversarial review); a :class:`UserError` says so and nothing is lifted."""
+    adversarial review); a :class:`UserError` says so and nothing is lifted. Each removal is a
+    durable fact of the hold's repository (``core/facts.py``; ``s3`` writes it)."""
     from core.clock import redis_time_ms, tracker_horizon_ms
 
     now = redis_time_ms(r)
@@ -295,9 +299,13 @@ def resolve(r: Any, dl: DeadLetter, *, wait_s: float = 0.0) -> list[tuple[Hold, 
     out = []
     for h in holds_of(r, dl):
         k = RepoKeys(h.repository)
-        removal = remove_claims(r, k.hold_prefixes if h.kind == "prefix" else k.holds,
-                                h.target, [claim] if claim else [])
+        ids = [claim] if claim else []
+        removal, _ = removal_of(r.hget(k.hold_prefixes if h.kind == "prefix" else k.holds,
+                                       h.target), ids)
         if removal.removed:
+            record(r, s3, h.repository, HOLD_REMOVE, {
+                "hash": "hold_prefixes" if h.kind == "prefix" else "holds", "target": h.target,
+                "claim_ids": ids, "force": False}, now)
             out.append((h, removal))
     return out
 
@@ -401,7 +409,7 @@ class resolve_:
         dl = asyncio.run(read_one(settings, args.id))
         r = redis_sync(settings)
         try:
-            done = resolve(r, dl, wait_s=args.wait)
+            done = resolve(r, dl, s3=operator_s3(settings), wait_s=args.wait)
             legacy = legacy_holds(r, dl)
         finally:
             r.close()

@@ -30,9 +30,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
+from botocore.exceptions import BotoCoreError, ClientError
 
 from core.clock import redis_time_ms
 from core.errors import UserError
+from core.facts import HOLD_ADD, HOLD_REMOVE, FactError, RepoFacts, facts_home
 from core.registry import find_owner, owned_namespaces, repo_namespace
 from core.settings import Settings
 from schemas.address import canonical_uri
@@ -47,11 +49,12 @@ from schemas.holds import (
     Removal,
     Target,
     TargetError,
-    add_claims,
     claims_of,
     related,
-    remove_claims,
     resolve_target,
+)
+from schemas.holds import (
+    remove as removal_of,
 )
 from schemas.layout import REPOS, OutsideNamespace, RepoKeys
 
@@ -145,12 +148,29 @@ def find_repository(r: Any, target: str, repo: str | None = None) -> tuple[str, 
     return owner
 
 
-def add_hold(r: Any, target: str, reason: str, *, repo: str | None = None,
+def record(r: Any, s3: Any, repo: str, kind: str, body: Mapping[str, Any], now_ms: int) -> None:
+    """Record an operator's fact durably, then in Redis (``core/facts.py``); one line when
+    the repository's durable home cannot take it."""
+    from hardelete.failclosed import who
+
+    try:
+        RepoFacts(r, s3, repo, namespace_of(r, repo)).record(kind, body, by=who(),
+                                                              now_ms=now_ms)
+    except FactError as exc:
+        raise UserError(str(exc)) from None
+    except (ClientError, BotoCoreError) as exc:
+        raise UserError(f"the durable fact could not be written to repository {repo!r}'s "
+                        f"namespace ({facts_home(namespace_of(r, repo), repo)}): {exc}; "
+                        "nothing was changed") from None
+
+
+def add_hold(r: Any, target: str, reason: str, *, s3: Any, repo: str | None = None,
              prefix: bool = False, source: str = OPERATOR,
              detail: Mapping[str, Any] | None = None) -> tuple[Hold, ...]:
     """The operator's (or restore's) claim on every form ``target`` may take (one hold each:
     :func:`targets_of`); adding it again updates its reason. Dead letters' claims are the
-    tracker's (tracker/daemon.py), never added here."""
+    tracker's (tracker/daemon.py), never added here. Each is a durable fact of its repository
+    (``core/facts.py``: written to the namespace before Redis, ``s3`` writes it)."""
     if not reason.strip():
         raise UserError("a hold needs a reason (--reason)")
     claim_id = RELEASABLE.get(source)
@@ -159,13 +179,12 @@ def add_hold(r: Any, target: str, reason: str, *, repo: str | None = None,
     targets = targets_of(r, target, repo=repo, prefix=prefix)
     at = redis_time_ms(r)
     claim = {**(detail or {}), "reason": reason, "source": source, "at_ms": at}
-    by_key: dict[str, list[tuple[str, str, Mapping[str, Any]]]] = {}
-    for t in targets:  # one script call per hash (a repository's hashes share its slot)
-        k = RepoKeys(t.repository)
-        by_key.setdefault(k.hold_prefixes if t.prefix else k.holds, []).append(
-            (t.key, claim_id, claim))
-    for key, items in by_key.items():
-        add_claims(r, key, items, replace=True)
+    by_hash: dict[tuple[str, str], list[list[Any]]] = {}
+    for t in targets:  # one fact per hash of each repository
+        by_hash.setdefault((t.repository, "hold_prefixes" if t.prefix else "holds"), []).append(
+            [t.key, claim_id, claim])
+    for (repository, name), items in by_hash.items():
+        record(r, s3, repository, HOLD_ADD, {"hash": name, "replace": True, "items": items}, at)
     return tuple(Hold(t.repository, t.key, "prefix" if t.prefix else "address", reason, source,
                       at, dict(detail or {}), {claim_id: claim}) for t in targets)
 
@@ -207,15 +226,22 @@ def _claim_of(party: str) -> str:
     return claim_id
 
 
-def lift(r: Any, hold: Hold, *, party: str = OPERATOR, force: bool = False) -> Lifted:
+def lift(r: Any, hold: Hold, *, s3: Any, party: str = OPERATOR, force: bool = False) -> Lifted:
     """Remove ``party``'s claim (operator or restore; ``force``: every claim) on exactly the
-    stored hold ``hold`` (as :func:`list_holds` returned it)."""
+    stored hold ``hold`` (as :func:`list_holds` returned it), as a durable fact."""
     k = RepoKeys(hold.repository)
     key = k.hold_prefixes if hold.kind == "prefix" else k.holds
-    return Lifted(hold, remove_claims(r, key, hold.target, (_claim_of(party),), force=force))
+    ids = (_claim_of(party),)
+    removal, _ = removal_of(r.hget(key, hold.target), ids, force=force)
+    if removal.removed:
+        record(r, s3, hold.repository, HOLD_REMOVE, {
+            "hash": "hold_prefixes" if hold.kind == "prefix" else "holds",
+            "target": hold.target, "claim_ids": list(ids), "force": force},
+            redis_time_ms(r))
+    return Lifted(hold, removal)
 
 
-def remove_hold(r: Any, target: str, *, repo: str | None = None, prefix: bool = False,
+def remove_hold(r: Any, target: str, *, s3: Any, repo: str | None = None, prefix: bool = False,
                 party: str = OPERATOR, force: bool = False) -> tuple[Lifted, ...]:
     """Remove ``party``'s claim (the operator's, or restore's; ``force``: every claim) on
     every form ``target`` (any spelling) may take. A hold stays while another party still
@@ -229,7 +255,7 @@ def remove_hold(r: Any, target: str, *, repo: str | None = None, prefix: bool = 
     if not found:
         raise UserError(f"no {'prefix ' if prefix else ''}hold on {target}"
                         + (f" in {repo!r}" if repo else ""))
-    done = tuple(lift(r, h, party=party, force=force) for h in found)
+    done = tuple(lift(r, h, s3=s3, party=party, force=force) for h in found)
     if not any(d.removal.removed for d in done):
         d = done[0]
         raise UserError(f"{d.hold.target} has no {party} claim: it is held by "
@@ -283,6 +309,12 @@ def _redis(settings: Settings) -> Any:
     return redis_sync(settings)
 
 
+def operator_s3(settings: Settings) -> Any:
+    from core.clients import s3_client
+
+    return s3_client(settings)
+
+
 def _is_prefix(args: argparse.Namespace) -> bool:
     return bool(args.prefix or args.target.endswith("/"))
 
@@ -299,7 +331,7 @@ class add:
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         r = _redis(settings)
         try:
-            held = add_hold(r, args.target, args.reason, repo=args.repo,
+            held = add_hold(r, args.target, args.reason, s3=operator_s3(settings), repo=args.repo,
                             prefix=_is_prefix(args))
         finally:
             r.close()
@@ -327,7 +359,8 @@ class remove:
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         r = _redis(settings)
         try:
-            lifted = remove_hold(r, args.target, repo=args.repo, prefix=_is_prefix(args),
+            lifted = remove_hold(r, args.target, s3=operator_s3(settings), repo=args.repo,
+                                 prefix=_is_prefix(args),
                                  party=RESTORE if args.restore else OPERATOR, force=args.force)
         finally:
             r.close()

@@ -5,9 +5,12 @@ events, so nothing is lost while paused and resuming needs no catch-up.
 
 A pause is a set of claims, one per operator (``user@host``, or ``--by``), as holds are: one
 operator's ``resume`` lifts only that operator's pause, and the repository stays paused while
-another's remains (``--force`` lifts them all). Changed by one script (:data:`PAUSE_LUA`), so
-two operators at once never lose a claim. A pause stored before claims is lifted by any resume,
-as before. (Found by an adversarial review: B's pause overwrote A's, and A's resume lifted it.)"""
+another's remains (``--force`` lifts them all). Changed by one script (``schemas/pause.py``), so
+two operators at once never lose a claim. Each change is a durable fact of the repository
+(``core/facts.py``), written to its namespace before Redis: a Redis that goes back forgets no
+pause, because every delete path applies the facts it lacks before it deletes. A pause stored
+before claims is lifted by any resume. (Found by an adversarial review: B's pause overwrote A's,
+and A's resume lifted it.)"""
 
 from __future__ import annotations
 
@@ -18,8 +21,9 @@ import orjson
 
 from core.clock import redis_time_ms
 from core.errors import UserError
+from core.facts import PAUSE
 from core.settings import Settings
-from hardelete.holds import namespace_of, when
+from hardelete.holds import namespace_of, operator_s3, record, when
 from schemas.layout import RepoKeys
 
 
@@ -34,51 +38,17 @@ def paused_info(r: Any, repo: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else {"reason": str(value)}
 
 
-PAUSE_LUA = """
-local raw = redis.call('GET', KEYS[1])
-local v = nil
-if raw then
-  local ok, d = pcall(cjson.decode, raw)
-  if ok and type(d) == 'table' then v = d end
-end
-local claims = {}
-if v and type(v['claims']) == 'table' then
-  claims = v['claims']
-elseif raw then
-  claims['legacy'] = {reason = (v and v['reason']) or raw, at_ms = (v and v['at_ms']) or 0}
-end
-if ARGV[1] == 'add' then
-  claims[ARGV[2]] = {reason = ARGV[3], at_ms = tonumber(ARGV[4])}
-elseif ARGV[1] == 'remove' then
-  claims[ARGV[2]] = nil
-  claims['legacy'] = nil
-else
-  claims = {}
-end
-local reasons, first, n = {}, nil, 0
-for _, c in pairs(claims) do
-  n = n + 1
-  reasons[#reasons + 1] = tostring(c['reason'])
-  local at = tonumber(c['at_ms']) or 0
-  if first == nil or at < first then first = at end
-end
-if n == 0 then
-  redis.call('DEL', KEYS[1])
-  return ''
-end
-table.sort(reasons)
-local out = cjson.encode({reason = table.concat(reasons, '; '), at_ms = first, claims = claims})
-redis.call('SET', KEYS[1], out)
-return out
-"""
 
 
-def _pause_script(r: Any, repo: str, op: str, by: str, reason: str = "", at: int = 0) -> str:
-    out = r.eval(PAUSE_LUA, 1, RepoKeys(repo).paused, op, by, reason, str(at))
-    return out.decode() if isinstance(out, bytes) else str(out or "")
+def _pause_fact(r: Any, s3: Any, repo: str, op: str, by: str, reason: str = "",
+                at: int = 0) -> None:
+    """Change the pause as a durable fact (``core/facts.py``: the namespace first, then
+    Redis, by the pause script)."""
+    record(r, s3, repo, PAUSE, {"op": op, "who": by, "reason": reason, "at_ms": at},
+           redis_time_ms(r))
 
 
-def set_paused(r: Any, repo: str, reason: str, by: str | None = None) -> int:
+def set_paused(r: Any, repo: str, reason: str, by: str | None = None, *, s3: Any) -> int:
     """Add ``by``'s pause claim (default: this operator, ``user@host``)."""
     from hardelete.failclosed import who
 
@@ -86,11 +56,11 @@ def set_paused(r: Any, repo: str, reason: str, by: str | None = None) -> int:
     if not reason.strip():
         raise UserError("pausing needs a reason (--reason)")
     at = redis_time_ms(r)
-    _pause_script(r, repo, "add", by or who(), reason, at)
+    _pause_fact(r, s3, repo, "add", by or who(), reason, at)
     return at
 
 
-def clear_paused(r: Any, repo: str, by: str | None = None, *, force: bool = False
+def clear_paused(r: Any, repo: str, by: str | None = None, *, s3: Any, force: bool = False
                  ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Remove ``by``'s pause claim (``force``: every claim); (the pause before, the claims
     that still pause the repository)."""
@@ -100,8 +70,9 @@ def clear_paused(r: Any, repo: str, by: str | None = None, *, force: bool = Fals
     info = paused_info(r, repo)
     if info is None:
         raise UserError(f"repository {repo!r} is not paused")
-    left = _pause_script(r, repo, "force" if force else "remove", by or who())
-    remaining = (orjson.loads(left).get("claims") or {}) if left else {}
+    _pause_fact(r, s3, repo, "force" if force else "remove", by or who())
+    after = paused_info(r, repo)
+    remaining = (after or {}).get("claims") or {}
     return info, remaining
 
 
@@ -123,7 +94,7 @@ class pause:
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         r = _redis(settings)
         try:
-            at = set_paused(r, args.repository, args.reason, args.by)
+            at = set_paused(r, args.repository, args.reason, args.by, s3=operator_s3(settings))
         finally:
             r.close()
         print(f"paused {args.repository} at {when(at)}: the reaper and the sweep delete nothing "
@@ -143,7 +114,8 @@ class resume:
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         r = _redis(settings)
         try:
-            info, remaining = clear_paused(r, args.repository, args.by, force=args.force)
+            info, remaining = clear_paused(r, args.repository, args.by, s3=operator_s3(settings),
+                                           force=args.force)
         finally:
             r.close()
         if remaining:

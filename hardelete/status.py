@@ -19,6 +19,7 @@ from rich.table import Table
 from core.clients import redis_sync, s3_client
 from core.clock import horizon_from, redis_time_ms
 from core.errors import UserError
+from core.facts import RepoFacts
 from core.gate import read_gate
 from core.guards import fail_closed_repos
 from core.registry import find_owner, owned_namespaces, repo_namespace
@@ -309,7 +310,10 @@ def explain_address(r: Any, settings: Settings, address: str,
     history: list[str] = []
     if s3 is not None:
         history = reconciler_history(s3, namespace, address)
-    gate = read_gate(r, repo, [address])
+    # Proven as a delete path proves it (core/facts.py), so what it says is what they see.
+    proof = RepoFacts(r, s3 if s3 is not None else s3_client(settings), repo,
+                      namespace).prove(by="explain", adopt=False)
+    gate = read_gate(r, repo, [address], facts=proof)
     guards = gate.guards(repo, namespace, address)
     guard_lines = [f"{name.replace('_', '-')}: {why}" for name, why in (
         ("held", guards.held), ("fail_closed", guards.fail_closed), ("paused", guards.paused),

@@ -33,6 +33,7 @@ from prometheus_client import Gauge, Histogram, start_http_server
 
 from core.clients import redis_async, redis_sync, s3_client
 from core.clock import atracker_horizon_ms
+from core.facts import FactsProof, RepoFacts
 from core.gate import aread_evidence, aread_gate, client_attempts, keep_reasons
 from core.logs import get_logger
 from core.registry import arepo_namespace
@@ -128,12 +129,15 @@ class Reaper:
         self._publisher: Publisher | None = None
         self.records_published = 0  # addresses_reaped records
         self._reap_key: bytes | None = None  # signs them (schemas/reaper_auth.py)
+        self._facts_redis: Any = None  # the facts proof's client (core/facts.py: synchronous)
 
     async def close(self) -> None:
         if self._publisher is not None:
             await self._publisher.stop()
         if self._own_redis:
             await self.redis.aclose()
+        if self._facts_redis is not None:
+            self._facts_redis.close()
 
     async def _publish_reaped(self, repo: str, addresses: list[str]) -> None:
         """Record confirmed deletes in the log (acks=all) before Redis: Redis can go back to
@@ -190,7 +194,8 @@ class Reaper:
         rlog = self.log.bind(repository=repo)
         # The global fail-closed flag and the registry are not in the repository's slot: they
         # are checked here before any claim (and again right before every request).
-        problem = (await aread_gate(self.redis, repo)).repo_problem(repo, namespace)
+        problem = (await aread_gate(self.redis, repo, facts=await self._prove(repo, namespace))
+                   ).repo_problem(repo, namespace)
         if problem is not None:
             result.skipped = problem[0]
             result.kept[problem[0]] += 1
@@ -287,9 +292,19 @@ class Reaper:
         """address -> reason to keep, judged now (the one evidence reader and judgment)."""
         if not addresses:
             return {}
-        evidence = await aread_evidence(self.redis, repo, addresses)
+        evidence = await aread_evidence(self.redis, repo, addresses,
+                                        facts=await self._prove(repo, namespace))
         return keep_reasons(evidence, repo, namespace, path="online", horizon_ms=horizon,
                             grace_ms=grace_ms, claimer=self.id)
+
+    async def _prove(self, repo: str, namespace: str) -> FactsProof:
+        """The repository's holds and pauses proven current (core/facts.py), right before a
+        gate read: its durable home listed, what the Redis copy lacks applied again."""
+        if self._facts_redis is None:
+            self._facts_redis = redis_sync(self.settings)
+        facts = RepoFacts(self._facts_redis, self.gate_s3, repo, namespace)
+        return await asyncio.to_thread(facts.prove, by=self.id,
+                                       now_ms=int(time.time() * 1000))
 
     def _recheck(self, repo: str, namespace: str, horizon: int,
                  grace_ms: int) -> AddressRecheck:
@@ -317,7 +332,7 @@ class Reaper:
         r = redis_sync(self.settings)
         try:
             await purge_expired(self.gate_s3, namespace, listing=self.s3,
-                                recheck=purge_recheck(r, repo, namespace,
+                                recheck=purge_recheck(r, self.gate_s3, repo, namespace,
                                                       int(self.settings.grace_for(repo) * 1000)))
         finally:
             r.close()

@@ -15,9 +15,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from core.clients import redis_async, s3_client, split_s3_uri
+from core.clients import redis_async, redis_sync, s3_client, split_s3_uri
 from core.clock import aredis_time_ms
 from core.errors import UserError
+from core.facts import HOLD_ADD, HOLD_REMOVE, FactError, RepoFacts
 from core.gate import (
     S3_MAX_KEYS,
     Evidence,
@@ -38,7 +39,6 @@ from schemas.holds import (
     RESTORE_CLAIM,
     RestoreClaim,
     aplace_restore_claim,
-    aremove_claims,
     reaper_claims,
 )
 from schemas.layout import QUARANTINE_PREFIX, RepoKeys, namespace_key
@@ -104,15 +104,17 @@ def purge_keeps(evidence: Evidence, repo: str, namespace: str, *, horizon_ms: in
     return keep
 
 
-def purge_recheck(r: Any, repo: str, namespace: str, grace_ms: int
+def purge_recheck(r: Any, s3: Any, repo: str, namespace: str, grace_ms: int
                   ) -> Callable[[list[str]], dict[str, str]]:
     """The gate's judgment for purging quarantine copies (:func:`purge_keeps`), read right
-    before each request."""
+    before each request (the repository's holds and pauses proven first: core/facts.py)."""
+    facts = RepoFacts(r, s3, repo, namespace)
 
     def run(addresses: list[str]) -> dict[str, str]:
         from core.clock import tracker_horizon_ms
 
-        return purge_keeps(read_evidence(r, repo, addresses), repo, namespace,
+        proof = facts.prove(by="quarantine purge")
+        return purge_keeps(read_evidence(r, repo, addresses, facts=proof), repo, namespace,
                            horizon_ms=tracker_horizon_ms(r), grace_ms=grace_ms)
 
     return run
@@ -249,6 +251,7 @@ async def restore(settings: Settings, repo: str, address: str) -> Restored:
     after the object is seen in place (:func:`copy_keep_reason`)."""
     redis = redis_async(settings)
     client = s3_client(settings, retries=False)  # the gate's client
+    sync_redis = redis_sync(settings)  # the durable facts' (core/facts.py)
     try:
         namespace = await arepo_namespace(redis, repo)
         if not namespace:
@@ -268,16 +271,29 @@ async def restore(settings: Settings, repo: str, address: str) -> Restored:
         # unreferenced); `hardelete hold remove --restore` lets it go. The hold is restore's own
         # claim (schemas/holds.py): other claims on it are untouched.
         now = await aredis_time_ms(redis)
-        taken = await aplace_restore_claim(redis, repo, address, {
-            "reason": "restored from quarantine", "source": RESTORE, "at_ms": now})
+        claim = {"reason": "restored from quarantine", "source": RESTORE, "at_ms": now}
+        taken = await aplace_restore_claim(redis, repo, address, claim)
         if taken.status != "held":
             raise UserError(refusal(address, taken, now))
+        facts = RepoFacts(sync_redis, client, repo, namespace)
+
+        async def fact(kind: str, body: dict[str, Any]) -> None:
+            try:
+                await asyncio.to_thread(facts.record, kind, body, by="restore", now_ms=now)
+            except FactError as exc:
+                raise UserError(f"{address}: nothing was restored: {exc}") from None
 
         async def release() -> None:
             # Nothing was brought back: restore's claim goes unless it was there before, or
             # the object is in place (a concurrent restore brought it back and relies on it).
             if taken.added and await asyncio.to_thread(_size, client, bucket, key) is None:
-                await aremove_claims(redis, RepoKeys(repo).holds, address, [RESTORE_CLAIM])
+                await fact(HOLD_REMOVE, {"hash": "holds", "target": address,
+                                         "claim_ids": [RESTORE_CLAIM], "force": False})
+
+        # The claim is durable before anything is brought back (core/facts.py): a Redis that
+        # goes back cannot forget it while the restored object relies on it.
+        await fact(HOLD_ADD, {"hash": "holds", "replace": True,
+                              "items": [[address, RESTORE_CLAIM, claim]]})
 
         try:
             qsize = await asyncio.to_thread(_size, client, bucket, qkey)
@@ -303,16 +319,17 @@ async def restore(settings: Settings, repo: str, address: str) -> Restored:
             raise UserError(f"{address} was copied back but is not in place now: its quarantine "
                             f"copy {qaddr} is kept and the address held; run restore again")
         state = await ClaimStore(redis).restore(repo, address)
-        kept = await _delete_copy(redis, client, repo, namespace, address, qkey, qsize)
+        kept = await _delete_copy(redis, facts, client, repo, namespace, address, qkey, qsize)
         log.info("restored from quarantine", repository=repo, address=address, state=state,
                  copy_kept=kept)
         return Restored(address, state, qaddr, kept)
     finally:
         await redis.aclose()
+        sync_redis.close()
 
 
-async def _delete_copy(redis: Any, client: Any, repo: str, namespace: str, address: str,
-                       qkey: str, size: int) -> str | None:
+async def _delete_copy(redis: Any, facts: RepoFacts, client: Any, repo: str, namespace: str,
+                       address: str, qkey: str, size: int) -> str | None:
     """Delete the quarantine copy ``qkey`` of the restored ``address`` through the gate, judged
     right before each request (:func:`copy_keep_reason`); why it was kept, or None."""
     bucket, key = split_s3_uri(address)
@@ -320,7 +337,8 @@ async def _delete_copy(redis: Any, client: Any, repo: str, namespace: str, addre
     loop = asyncio.get_running_loop()
 
     async def judge() -> str | None:
-        gate = await aread_gate(redis, repo, [address])
+        proof = await asyncio.to_thread(facts.prove, by="restore")
+        gate = await aread_gate(redis, repo, [address], facts=proof)
         state = await redis.hget(k.address(address), "state")
         in_claims = await redis.zscore(k.claims, address) is not None
         in_place = await asyncio.to_thread(_size, client, bucket, key) == size

@@ -134,9 +134,10 @@ class purge:
                 try:
                     # through the gate: each copy is judged (holds, pause, fail-closed, the
                     # address's record) right before its request
+                    gate_s3 = s3_client(settings, retries=False)
                     n = asyncio.run(purge_expired(
-                        s3_client(settings, retries=False), ns, listing=s3,
-                        recheck=purge_recheck(r, repo, ns,
+                        gate_s3, ns, listing=s3,
+                        recheck=purge_recheck(r, gate_s3, repo, ns,
                                               int(settings.grace_for(repo) * 1000))))
                 finally:
                     r.close()

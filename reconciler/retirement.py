@@ -28,6 +28,7 @@ import orjson
 from core.clients import redis_sync, s3_client, split_s3_uri
 from core.clock import redis_time_ms
 from core.errors import UserError
+from core.facts import RepoFacts
 from core.gate import S3_MAX_KEYS, Gate, delete_keys, read_gate
 from core.logs import get_logger
 from core.registry import free_namespace
@@ -157,7 +158,8 @@ def purge_retired(settings: Settings, repo: str, *, release: bool = False,
             if why is not None:
                 return dict.fromkeys(keys, why)
             addresses = {f"s3://{bucket}/{k}": k for k in keys}
-            gate = read_gate(r, repo, list(addresses))
+            proof = RepoFacts(r, gate_s3, repo, ns).prove(by="retired purge")
+            gate = read_gate(r, repo, list(addresses), facts=proof)
             return {addresses[a]: why for a, why in guard_keeps(gate, repo, ns, addresses).items()}
 
         listed = 0

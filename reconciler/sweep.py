@@ -34,6 +34,7 @@ from typing import Any
 
 from core.clients import redis_sync
 from core.clock import redis_time_ms
+from core.facts import RepoFacts
 from core.gate import RetryPolicy, delete_keys, keep_reasons, read_evidence
 from core.settings import Settings
 from reconciler.s3io import Namespace, cached_s3, list_keys, put_parquet, read_parquet_rows
@@ -144,16 +145,20 @@ class _AddressesOf:
 
 def judge_rels(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutoff_ms: int,
                now_ms: int, horizon_ms: int | None = None, grace_ms: int = 0,
-               vouched: Container[str] = ()) -> dict[str, str]:
+               vouched: Container[str] = (), facts: RepoFacts | None = None) -> dict[str, str]:
     """rel -> reason, for the rels that must be kept right now: the guards (holds,
     fail-closed, pause, namespace ownership, ``core.gate.Gate``) and the tracker's
     record judged again (``schemas.liveness.judge``, path ``reconciler``).
 
     ``vouched``: rels whose garbage verdict a fresh service export vouched for at the mark
     (leaked / unreferenced / expired uploads of a fail-closed repository, SPEC safety 10): the
-    fail-closed guard does not keep them; every other guard and the record still do."""
+    fail-closed guard does not keep them; every other guard and the record still do.
+
+    ``facts``: the repository's durable holds and pauses, proven current right before the read
+    (``core/facts.py``); without them every rel is kept."""
     by_address = {ns.address(rel): rel for rel in rels}
-    evidence = read_evidence(r, repo, by_address)
+    proof = facts.prove(by="reconciler sweep") if facts is not None else None
+    evidence = read_evidence(r, repo, by_address, facts=proof)
     keep = keep_reasons(evidence, repo, ns.uri, path="reconciler", horizon_ms=horizon_ms,
                         grace_ms=grace_ms, cutoff_ms=cutoff_ms, now_ms=now_ms,
                         vouched=_AddressesOf(vouched, ns))
@@ -162,15 +167,16 @@ def judge_rels(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutoff_ms: 
 
 def still_referenced(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutoff_ms: int,
                      now_ms: int, horizon_ms: int | None = None,
-                     grace_ms: int = 0) -> set[str]:
+                     grace_ms: int = 0, facts: RepoFacts | None = None) -> set[str]:
     """The rels that must be kept right now (see :func:`judge_rels`)."""
     return set(judge_rels(r, repo, ns, rels, cutoff_ms=cutoff_ms, now_ms=now_ms,
-                          horizon_ms=horizon_ms, grace_ms=grace_ms))
+                          horizon_ms=horizon_ms, grace_ms=grace_ms, facts=facts))
 
 
 def recheck_for(r: Any, repo: str, ns: Namespace, *, cutoff_ms: int,
                 horizon_ms: int | None = None, grace_ms: int = 0,
-                vouched: Container[str] = ()) -> Callable[[list[str]], dict[str, str]]:
+                vouched: Container[str] = (), facts: RepoFacts | None = None
+                ) -> Callable[[list[str]], dict[str, str]]:
     """The recheck :func:`delete_batch` runs right before each request (Redis clock).
 
     ``horizon_ms``/``grace_ms`` make the re-check grace-aware (an address unreferenced less
@@ -180,7 +186,8 @@ def recheck_for(r: Any, repo: str, ns: Namespace, *, cutoff_ms: int,
     def run(rels: list[str]) -> dict[str, str]:
         now_ms = redis_time_ms(r)
         return judge_rels(r, repo, ns, rels, cutoff_ms=cutoff_ms, now_ms=now_ms,
-                          horizon_ms=horizon_ms, grace_ms=grace_ms, vouched=vouched)
+                          horizon_ms=horizon_ms, grace_ms=grace_ms, vouched=vouched,
+                          facts=facts)
 
     return run
 
@@ -410,6 +417,8 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, plan: SweepPlan,
         if export_vouched else frozenset()
     kept: dict[str, str] = {}
     changed: set[str] = set()
+    facts = RepoFacts(r, gate_s3 if gate_s3 is not None else s3, repo, ns.uri) \
+        if r is not None else None
     if r is not None:
         why_stop = _stop(r, repo, lease_id, refs)
         if why_stop is not None:
@@ -420,7 +429,7 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, plan: SweepPlan,
     if r is not None:
         now_ms = redis_time_ms(r)
         kept = judge_rels(r, repo, ns, list(info), cutoff_ms=cutoff_ms, now_ms=now_ms,
-                          vouched=vouched)
+                          vouched=vouched, facts=facts)
         # Live now, the record included: a reference that came after the mark's snapshot
         # (a copy back into a branch) changed it, and only that object is skipped; the same
         # record judged live means the mark missed what was there (skipped_live: refused).
@@ -457,7 +466,8 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, plan: SweepPlan,
         if why_stop is not None:
             stop.append(why_stop)
             return dict.fromkeys(rels, STOPPED)
-        keep = recheck_for(r, repo, ns, cutoff_ms=cutoff_ms, vouched=vouched)(rels)
+        keep = recheck_for(r, repo, ns, cutoff_ms=cutoff_ms, vouched=vouched,
+                           facts=facts)(rels)
         moved = changed_since_mark(r, repo, ns, {rel: digests[rel] for rel in rels
                                                  if rel not in keep})
         keep.update(dict.fromkeys(moved, CHANGED_AFTER_MARK))

@@ -255,6 +255,13 @@ class RepoKeys:
         return f"{self.tag}:markseal:{run_id}"
 
     @property
+    def facts_seq(self) -> str:
+        """string: the sequence number of the last durable fact of the repository (its holds and
+        pauses, ``core/facts.py``) this Redis copy has applied; in the slot of the copy, so the
+        two go back together and a delete path sees that the copy is behind its durable home."""
+        return f"{self.tag}:factseq"
+
+    @property
     def paused(self) -> str:
         """string: json {reason, at_ms}. Present: the reaper and the sweep skip the repository."""
         return f"{self.tag}:paused"

@@ -64,7 +64,18 @@ async def publish_and_track(s: Settings, *values: tuple[bytes, bytes]) -> None:
     await Tracker(s).run_until_caught_up()
 
 
-def setup_repo(s: Settings, repo: str = "ops", ns: str = "s3://opsb/ns/") -> None:
+def setup_repo(s: Settings, repo: str = "ops", ns: str = "s3://opsb/ns/", *,
+               bucket: bool = True) -> None:
+    """A tracked repository whose namespace's bucket exists (its durable facts live there;
+    ``bucket=False``: a repository whose bucket is gone)."""
+    from contextlib import suppress
+
+    from core.clients import s3_client, split_s3_uri
+
+    if bucket:
+        client = s3_client(s)
+        with suppress(client.exceptions.BucketAlreadyOwnedByYou):
+            client.create_bucket(Bucket=split_s3_uri(ns)[0])
     ev = created(repo, ns)
     asyncio.run(publish_and_track(s, (encode(ev), ev.key)))
 

@@ -161,14 +161,15 @@ class Drain(SoakBase):
             r.close()
 
     def _resolve_dead_letters(self) -> int:
-        from hardelete.holds import DLQ, lift, list_holds
+        from hardelete.holds import DLQ, lift, list_holds, operator_s3
 
         r = redis_sync(self.settings)
+        s3 = operator_s3(self.settings)
         n = 0
         try:
             for h in list_holds(r, source=DLQ):
                 if h.sources() <= {DLQ}:  # an operator's or a restore's claim stays
-                    lift(r, h, force=True)  # (exactly this hold, not every form of it)
+                    lift(r, h, s3=s3, force=True)  # (exactly this hold, not every form of it)
                     n += 1
         finally:
             r.close()

@@ -263,3 +263,24 @@ async def wait_for(cond: Any, timeout: float = 30.0, what: str = "condition") ->
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+def slot_copy(raw: Any, repo: str) -> dict[bytes, bytes]:
+    """A copy of every key of ``repo``'s slot (DUMP), to take Redis back to later
+    (:func:`slot_go_back`): what a restore from an older copy or a stale replica's promotion
+    does to that slot. ``raw``: a client without decoding (bytes)."""
+    from schemas.layout import RepoKeys
+
+    names = list(raw.scan_iter(match=f"{RepoKeys(repo).tag}:*".encode()))
+    return {n: raw.dump(n) for n in names}
+
+
+def slot_go_back(raw: Any, repo: str, copy: dict[bytes, bytes]) -> None:
+    """Take ``repo``'s slot back to ``copy``: keys written since go, the others are restored."""
+    from schemas.layout import RepoKeys
+
+    for n in raw.scan_iter(match=f"{RepoKeys(repo).tag}:*".encode()):
+        if n not in copy:
+            raw.delete(n)
+    for n, value in copy.items():
+        raw.restore(n, 0, value, replace=True)

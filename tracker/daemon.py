@@ -232,6 +232,10 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
                 await probe.stop()
             with contextlib.suppress(Exception):
                 await self._redis.aclose()
+            if self._facts_clients is not None:
+                with contextlib.suppress(Exception):
+                    self._facts_clients[0].close()
+                self._facts_clients = None
             if server is not None:
                 server[0].shutdown()
             self.log.info("tracker stopped", applied=self.applied, dlq=self.dead_lettered,

@@ -5,13 +5,17 @@ the addresses it names are held (SPEC safety 10) until an operator resolves it."
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
 from typing import Any
 
 import orjson
 from aiokafka.errors import MessageSizeTooLargeError
 
-from schemas.holds import aadd_claims
+from core.clients import redis_sync, s3_client
+from core.facts import HOLD_ADD, RepoFacts
+from core.registry import arepo_namespace
+from schemas.holds import aadd_claims, claims_of
 from schemas.layout import RepoKeys
 from tracker.shared import TrackerShared
 
@@ -105,16 +109,39 @@ class DeadLetters(TrackerShared):
                          offset=rec.offset)
         self.metrics.dlq.labels(reason_kind(reason)).inc()
 
+    async def _record_holds(self, repo: str, name: str, items: list[list[Any]]) -> None:
+        k = RepoKeys(repo)
+        key = k.hold_prefixes if name == "hold_prefixes" else k.holds
+        namespace = await arepo_namespace(self._redis, repo)
+        if not namespace:  # no home to write to (no such repository): Redis only
+            await aadd_claims(self._redis, key, [(t, c, v) for t, c, v in items])
+            return
+        # A redelivered dead letter whose claims the copy holds is not written again.
+        present = await self._redis.hmget(key, [t for t, _, _ in items])
+        new = [it for it, raw in zip(items, present, strict=True)
+               if raw is None or it[1] not in claims_of(raw)]
+        if not new:
+            return
+        if self._facts_clients is None:
+            self._facts_clients = (redis_sync(self.settings), s3_client(self.settings))
+        r, s3 = self._facts_clients
+        await asyncio.to_thread(
+            RepoFacts(r, s3, repo, namespace).record, HOLD_ADD,
+            {"hash": name, "replace": False, "items": new}, by=f"tracker {self.name}",
+            now_ms=int(time.time() * 1000))
+
     async def _write_holds(self, holds: list[tuple[str, str, bool, str, dict[str, Any]]]
                            ) -> None:
-        by_key: dict[str, list[tuple[str, str, dict[str, Any]]]] = defaultdict(list)
+        """Each repository's dead-letter claims are a durable fact of it (core/facts.py),
+        written to its namespace before Redis, so a Redis that goes back cannot forget them."""
+        by_hash: dict[tuple[str, str], list[list[Any]]] = defaultdict(list)
         for repo, address, prefix, claim_id, claim in holds:
-            k = RepoKeys(repo)
-            by_key[k.hold_prefixes if prefix else k.holds].append((address, claim_id, claim))
+            by_hash[(repo, "hold_prefixes" if prefix else "holds")].append(
+                [address, claim_id, claim])
 
         async def write() -> None:  # idempotent: a redelivered dead letter has the same claim
-            await asyncio.gather(*(aadd_claims(self._redis, key, items)
-                                   for key, items in by_key.items()))
+            for (repo, name), items in by_hash.items():
+                await self._record_holds(repo, name, items)
         await self._retrying(write)
         self.holds += len(holds)
         for repo, address, _, _, _ in holds:

@@ -64,6 +64,7 @@ class TrackerShared:
         self._failed = asyncio.Event()  # set with it: wakes the main loop wherever it waits
         self._last_time_read = 0.0
         self._redis: Any = None
+        self._facts_clients: tuple[Any, Any] | None = None  # (sync Redis, S3): core/facts.py
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._probe: AIOKafkaConsumer | None = None  # no group: offsets, one-record fetches

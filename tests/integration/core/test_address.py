@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
+from core.clients import split_s3_uri
 from core.settings import Settings
 from reaper.daemon import Reaper
 from schemas import events as ev
@@ -81,16 +82,19 @@ async def test_a_reference_under_another_spelling_keeps_the_object(
         finally:
             await reaper.close()
     assert victim in listed(s3, "spell")
+
+
 def test_an_operators_hold_under_another_spelling_holds_the_canonical_object(
-        redis_client: Any) -> None:
+        redis_client: Any, s3: Any) -> None:
     from hardelete.holds import add_hold, held_by, remove_hold
     from schemas.layout import REPOS
 
     redis_client.sadd(REPOS, "repo")
     redis_client.hset(RepoKeys("repo").meta, "namespace", NS)
-    (hold,) = add_hold(redis_client, "S3A://BUCKET/repo/data/x", "legal")
+    s3.create_bucket(Bucket=split_s3_uri(NS)[0])  # (the durable facts' home)
+    (hold,) = add_hold(redis_client, "S3A://BUCKET/repo/data/x", "legal", s3=s3)
     assert hold.target == NS + "data/x"
     assert redis_client.hexists(RepoKeys("repo").holds, NS + "data/x")
     assert held_by(NS + "data/x", redis_client.hgetall(RepoKeys("repo").holds), {})
-    remove_hold(redis_client, "s3://Bucket/repo/data/x")
+    remove_hold(redis_client, "s3://Bucket/repo/data/x", s3=s3)
     assert not redis_client.hlen(RepoKeys("repo").holds)

@@ -78,7 +78,7 @@ async def test_purge_keeps_the_last_copy_of_a_committed_address_and_obeys_pause(
         await wait_horizon(s, await publish(s, []))  # (past every reap: grace 0 below)
         later = time.time() + 3  # the copies' keep period (2 s, wall clock) is over by then
         gate_s3 = s3_client(s, retries=False)
-        recheck = purge_recheck(redis_client, "repo", "s3://purge/repo/", 0)
+        recheck = purge_recheck(redis_client, gate_s3, "repo", "s3://purge/repo/", 0)
 
         # paused: nothing is purged
         redis_client.set(RepoKeys("repo").paused, "an operator looks")

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from core.errors import UserError
+from core.facts import RepoFacts
 from core.gate import read_gate
 from core.registry import find_owner
 from hardelete.holds import add_hold, find_repository
@@ -22,19 +23,20 @@ def _refused_overlap(r: Any) -> None:
     r.hset(RepoKeys("b").meta, mapping={"namespace": "s3://bkt/x/"})
     r.hset(RepoKeys("a0").meta, mapping={"namespace": "s3://bkt/x/y/"})
     r.hset(NAMESPACES, "s3://bkt/x/", "b")
-def test_holds_and_explain_find_the_owner_the_gate_checks(redis_client: Any,
+def test_holds_and_explain_find_the_owner_the_gate_checks(redis_client: Any, s3: Any,
                                                            settings: Any) -> None:
     r = redis_client
     _refused_overlap(r)
+    s3.create_bucket(Bucket="bkt")  # (the durable facts' home)
     address = "s3://bkt/x/y/k"
-    gate = read_gate(r, "b", [address])
+    gate = read_gate(r, "b", [address], facts=RepoFacts(r, s3, "b", "s3://bkt/x/").prove())
     assert gate.repo_problem("b", "s3://bkt/x/") is None
     assert gate.repo_problem("a0", "s3://bkt/x/y/") is not None  # not the owner
     # A scan of metadata in name order found a0, and its hold went on a repository whose
     # objects no delete path considers: the owner's reaper went on deleting it.
     assert find_repository(r, address) == ("b", "s3://bkt/x/")
     assert find_repository(r, "S3://BKT/x/y/k") == ("b", "s3://bkt/x/")
-    (hold,) = add_hold(r, address, "keep it")
+    (hold,) = add_hold(r, address, "keep it", s3=s3)
     assert r.hexists(RepoKeys("b").holds, address) and not r.exists(RepoKeys("a0").holds)
     assert hold.repository == "b" and hold.target == address
     with pytest.raises(UserError, match="repository 'b' owns it"):

@@ -167,7 +167,8 @@ def test_piped_output_is_full_width(settings, tmp_path: Path) -> None:
 
     setup_repo(settings)
     long = "s3://opsb/ns/" + "a-very-long-directory-name/" * 5 + "object"
-    env = {"HARDELETE_REDIS_URL": settings.redis_url}
+    env = {"HARDELETE_REDIS_URL": settings.redis_url,
+           "HARDELETE_S3_ENDPOINT_URL": settings.s3_endpoint_url}
     proc = _cli("hold", "add", long, "--reason", "legal hold for a long path", env=env)
     assert proc.returncode == 0, proc.stderr
     proc = _cli("hold", "list", env=env)

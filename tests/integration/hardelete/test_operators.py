@@ -236,12 +236,12 @@ def test_dlq_replay_judges_a_refused_repository_again(cli, capsys, redis_client,
 
 # --- pause, status, health -----------------------------------------------------------------------
 
-def test_pause_resume_and_status(cli, capsys, redis_client):
+def test_pause_resume_and_status(cli, capsys, redis_client, s3):
     setup_repo(cli)
     code, out, _ = run(capsys, "pause", "ops", "--reason", "incident 42")
     assert code == 0 and "paused ops" in out
     assert orjson.loads(redis_client.get(RepoKeys("ops").paused))["reason"] == "incident 42"
-    add_hold(redis_client, "s3://opsb/ns/x", "legal")
+    add_hold(redis_client, "s3://opsb/ns/x", "legal", s3=s3)
     redis_client.hset(RepoKeys("ops").fail_closed, mapping={"reason": "log reset"})
     redis_client.hset(FAIL_CLOSED, mapping={"reason": "redis lost everything"})
     code, out, _ = run(capsys, "status", "--json")
@@ -492,7 +492,7 @@ def test_health_reaper_and_a_store_error_mid_command(cli, capsys, monkeypatch, s
     assert code == 1 and "reaper unhealthy: metrics endpoint" in out
     monkeypatch.delenv("HARDELETE_METRICS_PORT")
     # S3 answers but the namespace's bucket is gone: one line from the store, no traceback
-    setup_repo(cli, "nobucket", "s3://missing-bucket/ns/")
+    setup_repo(cli, "nobucket", "s3://missing-bucket/ns/", bucket=False)
     code, out, err = run(capsys, "quarantine", "purge", "--repo", "nobucket")
     assert code == 3 and err.count("\n") == 1
     assert f"S3 at {cli.s3_endpoint_url} refused ListObjectsV2: NoSuchBucket" in err

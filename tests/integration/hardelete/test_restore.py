@@ -70,7 +70,7 @@ def test_restore_under_a_reapers_claim_is_refused_until_it_is_settled_then_keeps
             def copy_then_hold(**kw: Any) -> Any:
                 out = real(**kw)
                 if kw["CopySource"]["Key"] == gkey:  # claimed and copied: legal holds G now
-                    add_hold(redis_client, g, "legal: case 21")
+                    add_hold(redis_client, g, "legal: case 21", s3=s3)
                 return out
 
             reaper.gate_s3.copy_object = copy_then_hold
@@ -170,3 +170,35 @@ def test_restore_while_paused_or_fail_closed_keeps_the_quarantine_copy(cli, caps
         redis_client.delete(FAIL_CLOSED)
     assert code == 0 and "is kept (fail_closed" in out, out
     assert stored(s3, h) and stored(s3, _copy(h))
+
+
+def test_restores_claim_survives_the_repositorys_redis_going_back(cli, capsys, s3, redis_client,
+                                                                  bucket):
+    """Restore's claim is a durable fact (core/facts.py; issue 34, finding 1): the slot taken
+    back to a copy from before the restore (one node: restored from a backup; a cluster: its
+    node failed over) loses the claim in Redis, and the next proof of any delete path puts it
+    back. Before, the restored object was held only in Redis."""
+    import redis as redis_lib
+
+    from core.facts import RepoFacts
+    from sim.testing import slot_copy, slot_go_back
+
+    s = cli.replace(quarantine_days=1.0, upload_ttl_seconds=1.0, lease_seconds=2.0)
+    g = _garbage(s, s3, bucket, "g")
+    _quarantined(s, s3, g)
+    raw = redis_lib.Redis.from_url(s.redis_url)
+    try:
+        before = slot_copy(raw, "repo")
+        assert run(capsys, "restore", "repo", g)[0] == 0
+        assert claims(redis_client, "repo", g) == {"restore"}
+        slot_go_back(raw, "repo", before)
+    finally:
+        raw.close()
+    assert claims(redis_client, "repo", g) == set() and stored(s3, g)
+    proof = RepoFacts(redis_client, s3, "repo", f"s3://{bucket}/repo/").prove()
+    assert proof.problem is None
+    assert claims(redis_client, "repo", g) == {"restore"}
+    # and lifting it is durable: a later go-back and proof do not bring it back
+    assert run(capsys, "hold", "remove", "--restore", g)[0] == 0
+    RepoFacts(redis_client, s3, "repo", f"s3://{bucket}/repo/").prove()
+    assert claims(redis_client, "repo", g) == set()

@@ -1,0 +1,204 @@
+"""A repository's holds and pauses survive Redis going back (issue 34, finding 1): each is a
+durable fact in its namespace (``core/facts.py``), and every delete path applies what its Redis
+copy lacks before it deletes. Before, ``hardelete hold add`` and ``hardelete pause`` wrote only
+into Redis: the repository's slot restored from a copy taken before them (one node), or its
+cluster node failing over to a replica without them, and the reaper deleted the held object."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis as redis_lib
+
+from core.clients import redis_sync, s3_client
+from core.facts import FactLog, RepoFacts
+from core.settings import Settings
+from hardelete.holds import add_hold, remove_hold
+from hardelete.pause import set_paused
+from hardelete.status import explain_address
+from reaper.daemon import Reaper
+from reconciler.s3io import Namespace
+from reconciler.sweep import recheck_for
+from schemas import events as ev
+from schemas.layout import RepoKeys
+from sim.testing import publish, redis_now, slot_copy, slot_go_back, wait_horizon
+from tracker.daemon import running_tracker
+
+pytestmark = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
+
+BUCKET = "durable"
+REPO = "dur"
+NS = f"s3://{BUCKET}/dur/"
+A = NS + "data/a"
+
+
+def _raw(s: Settings) -> Any:
+    return (redis_lib.RedisCluster.from_url(s.redis_url) if s.redis_cluster
+            else redis_lib.Redis.from_url(s.redis_url))
+
+
+async def _garbage(s: Settings, s3: Any) -> None:
+    """``A`` written then deleted: unreferenced, the reaper's once grace has passed."""
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_object(Bucket=BUCKET, Key="dur/data/a", Body=b"held")
+    events = [ev.RepositoryCreated(repository=REPO, storage_namespace=NS, default_branch="main",
+                                   default_retention_days=1.0),
+              ev.BranchCreated(repository=REPO, branch="main", staging_token="t",
+                               ref_version=1),
+              ev.ObjectWritten(repository=REPO, branch="main", staging_token="t", path="a",
+                               address=A, size=4, ref_id="ra"),
+              ev.ObjectDeleted(repository=REPO, branch="main", staging_token="t", path="a",
+                               address=A, ref_id="ra")]
+    await wait_horizon(s, await publish(s, events))
+
+
+async def _reap(s: Settings, s3: Any) -> Any:
+    await asyncio.sleep(1.2)  # past grace (1 s): the pass must judge A garbage but for its guard
+    await wait_horizon(s, await redis_now(s))
+    reaper = Reaper(s, s3=s3)
+    try:
+        return await reaper.run_once()
+    finally:
+        await reaper.close()
+
+
+def _alive(s3: Any) -> bool:
+    return s3.list_objects_v2(Bucket=BUCKET, Prefix="dur/data/a").get("KeyCount", 0) > 0
+
+
+async def test_a_hold_survives_the_repositorys_slot_going_back(settings: Settings) -> None:
+    s = settings.replace(grace_seconds=1.0, quarantine_days=0.0, lease_seconds=1.0)
+    s3 = s3_client(s)
+    raw, r = _raw(s), redis_sync(s)
+    try:
+        async with running_tracker(s, name="t1"):
+            await _garbage(s, s3)
+            before = slot_copy(raw, REPO)  # the copy Redis goes back to: no hold in it
+            add_hold(r, A, "legal: case 34", s3=s3)
+            slot_go_back(raw, REPO, before)
+            assert not r.hexists(RepoKeys(REPO).holds, A)  # Redis forgot it
+            report = await _reap(s, s3)
+            assert _alive(s3), f"a held object was deleted: {report.as_dict()}"
+            # The pass applied the durable fact again: explain and the next pass see the hold.
+            assert r.hexists(RepoKeys(REPO).holds, A)
+            assert explain_address(r, s, A).verdict.startswith("kept")
+            # Lifting it is durable too: the object goes once nothing holds it.
+            remove_hold(r, A, s3=s3)
+            # (the held address is looked at again a lease after the pass that kept it)
+            for _ in range(10):
+                report = await _reap(s, s3)
+                if not _alive(s3):
+                    break
+            assert not _alive(s3), report.as_dict()
+    finally:
+        raw.close()
+        r.close()
+
+
+async def test_a_pause_survives_the_repositorys_slot_going_back(settings: Settings) -> None:
+    s = settings.replace(grace_seconds=1.0, quarantine_days=0.0, lease_seconds=1.0)
+    s3 = s3_client(s)
+    raw, r = _raw(s), redis_sync(s)
+    try:
+        async with running_tracker(s, name="t1"):
+            await _garbage(s, s3)
+            before = slot_copy(raw, REPO)
+            set_paused(r, REPO, "incident 7: stop deleting", s3=s3)
+            slot_go_back(raw, REPO, before)
+            assert not r.exists(RepoKeys(REPO).paused)
+            report = await _reap(s, s3)
+            assert _alive(s3), f"a paused repository's object was deleted: {report.as_dict()}"
+            assert r.exists(RepoKeys(REPO).paused)
+    finally:
+        raw.close()
+        r.close()
+
+
+async def test_the_sweeps_recheck_applies_a_forgotten_hold(settings: Settings) -> None:
+    """The reconciler's re-check right before its request proves the copy too."""
+    s = settings.replace(grace_seconds=1.0, quarantine_days=0.0, lease_seconds=1.0)
+    s3 = s3_client(s)
+    raw, r = _raw(s), redis_sync(s)
+    try:
+        async with running_tracker(s, name="t1"):
+            await _garbage(s, s3)
+            before = slot_copy(raw, REPO)
+            add_hold(r, A, "legal: case 35", s3=s3)
+            slot_go_back(raw, REPO, before)
+            ns = Namespace(NS)
+            now = await redis_now(s)
+            unproven = recheck_for(r, REPO, ns, cutoff_ms=now)(["data/a"])
+            assert unproven["data/a"] == "held"  # no proof: everything is kept
+            proven = recheck_for(r, REPO, ns, cutoff_ms=now,
+                                 facts=RepoFacts(r, s3, REPO, NS))(["data/a"])
+            assert proven == {"data/a": "held"}
+            assert r.hexists(RepoKeys(REPO).holds, A)
+    finally:
+        raw.close()
+        r.close()
+
+
+async def test_a_home_that_lost_facts_deletes_nothing(settings: Settings) -> None:
+    """The durable home emptied (or gone back) while Redis applied its facts: what the copy
+    knows can no longer be re-derived, so the repository deletes nothing, and says why."""
+    s = settings.replace(grace_seconds=1.0, quarantine_days=0.0, lease_seconds=1.0)
+    s3 = s3_client(s)
+    r = redis_sync(s)
+    try:
+        async with running_tracker(s, name="t1"):
+            await _garbage(s, s3)
+            add_hold(r, NS + "data/other", "legal", s3=s3)  # a fact about another address
+            log = FactLog(s3, NS, REPO)
+            for seq in log.seqs_from(1):
+                s3.delete_object(Bucket=log.bucket, Key=log.prefix + f"{seq:012d}.json")
+            report = await _reap(s, s3)
+            assert _alive(s3), report.as_dict()
+            proof = RepoFacts(r, s3, REPO, NS).prove()
+            assert proof.problem is not None and "lacks fact 1" in proof.problem
+            assert "facts" in str(report.as_dict())
+    finally:
+        r.close()
+
+
+async def test_writers_race_and_the_copy_applies_each_fact_once(settings: Settings) -> None:
+    """Writers at once each get their own seq; a fact is applied once, in order, whoever
+    applies it (a writer, or a delete path's proof)."""
+    import threading
+
+    s3 = s3_client(settings)
+    s3.create_bucket(Bucket=BUCKET)
+    r = redis_sync(settings)
+    r.hset(RepoKeys(REPO).meta, mapping={"namespace": NS})
+    errors: list[BaseException] = []
+
+    def writer(i: int) -> None:
+        try:
+            facts = RepoFacts(redis_sync(settings), s3_client(settings), REPO, NS)
+            for j in range(4):
+                facts.record("hold_add", {"hash": "holds", "replace": False, "items": [
+                    [f"{NS}w{i}/{j}", "operator", {"reason": "r", "at_ms": j}]]},
+                    by=f"w{i}", now_ms=j)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert not errors, errors
+        log = FactLog(s3, NS, REPO)
+        assert log.seqs_from(1) == list(range(1, 17))
+        assert int(r.get(RepoKeys(REPO).facts_seq)) == 16
+        assert len(r.hkeys(RepoKeys(REPO).holds)) == 16
+        # A fact applied twice, or out of order, is refused by the copy's guard.
+        facts = RepoFacts(r, s3, REPO, NS)
+        assert facts._apply(log.read(16)) == "already"
+        r.set(RepoKeys(REPO).facts_seq, 10)
+        assert facts._apply(log.read(16)) == "gap"
+        assert facts.prove().durable == 16 and int(r.get(RepoKeys(REPO).facts_seq)) == 16
+    finally:
+        r.close()
