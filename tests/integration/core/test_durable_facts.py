@@ -202,3 +202,33 @@ async def test_writers_race_and_the_copy_applies_each_fact_once(settings: Settin
         assert facts.prove().durable == 16 and int(r.get(RepoKeys(REPO).facts_seq)) == 16
     finally:
         r.close()
+
+
+async def test_a_dead_letters_hold_survives_the_repositorys_slot_going_back(
+        settings: Settings) -> None:
+    """The tracker's hold on what a dead-lettered event names is a durable fact too: the slot
+    going back alone (a cluster node failing over; the tracker's own offsets, elsewhere, do not
+    move, so nothing replays the dead letter) loses it in Redis, and the reaper's proof brings
+    it back before it claims."""
+    from schemas.publisher import Publisher
+    from sim.operations import broken
+
+    s = settings.replace(grace_seconds=1.0, quarantine_days=0.0, lease_seconds=1.0)
+    s3 = s3_client(s)
+    raw, r = _raw(s), redis_sync(s)
+    try:
+        async with running_tracker(s, name="t1"):
+            await _garbage(s, s3)
+            before = slot_copy(raw, REPO)
+            async with Publisher(s) as pub:
+                await pub.publish_raw(broken(REPO, A), REPO.encode())
+            await wait_horizon(s, await redis_now(s))
+            assert r.hexists(RepoKeys(REPO).holds, A)  # the tracker held what it names
+            slot_go_back(raw, REPO, before)
+            assert not r.hexists(RepoKeys(REPO).holds, A)
+            report = await _reap(s, s3)
+            assert _alive(s3), f"a dead letter's address was deleted: {report.as_dict()}"
+            assert r.hexists(RepoKeys(REPO).holds, A)
+    finally:
+        raw.close()
+        r.close()
