@@ -29,11 +29,23 @@ proves nothing: the repository deletes nothing and the reason says so.
 
 A repository whose home is still empty while its Redis holds holds or pauses (placed before
 this module) is **adopted**: the first proof or write records them as facts first.
+
+**Only the product lifts protection.** Anyone who writes the namespace (the service, its
+publishers) could write a fact into the home. A fact is signed (HMAC-SHA256, its own domain)
+under the product's fact key (``hd:factkey``, minted in Redis, which publishers are never
+given); a fact that lifts protection (a hold's removal, a pause's removal) that does not verify
+is applied as nothing, with a ``forged_fact`` incident. Facts that add protection are applied
+whatever their signature: a forged one can only keep more. A Redis that went back past the key's
+mint loses the key: removals signed with it are then ignored (safe: the holds come back, and the
+incident says to lift them again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +54,7 @@ import orjson
 
 from core.clients import split_s3_uri
 from schemas.holds import SCRIPT as HOLDS_LUA
-from schemas.layout import RepoKeys, key_part
+from schemas.layout import FACT_KEY, RepoKeys, key_part
 from schemas.pause import PAUSE_LUA
 
 FACTS_DIR = "_hardelete/facts/"
@@ -85,11 +97,48 @@ class Fact:
     body: Mapping[str, Any]
     at_ms: int
     by: str
+    signature: str = ""  # hex HMAC under the fact key (:func:`sign`); "" unsigned
+
+    def fields(self) -> dict[str, Any]:
+        return {"format": FORMAT, "repository": self.repository, "seq": self.seq,
+                "kind": self.kind, "body": dict(self.body), "at_ms": self.at_ms, "by": self.by}
 
     def encode(self) -> bytes:
-        return orjson.dumps({"format": FORMAT, "repository": self.repository, "seq": self.seq,
-                             "kind": self.kind, "body": dict(self.body), "at_ms": self.at_ms,
-                             "by": self.by})
+        return orjson.dumps({**self.fields(), "signature": self.signature})
+
+    @property
+    def lifts(self) -> bool:
+        """Does it lift protection (only a verified one is applied)?"""
+        return self.kind == HOLD_REMOVE or (self.kind == PAUSE and self.body["op"] != "add")
+
+
+_DOMAIN = b"hardelete fact v1\0"  # never a reaper's or a dead letter's signature
+
+
+def _message(fact: Fact) -> bytes:
+    return _DOMAIN + orjson.dumps(fact.fields(), option=orjson.OPT_SORT_KEYS)
+
+
+def sign(key: bytes, fact: Fact) -> Fact:
+    from dataclasses import replace
+
+    return replace(fact, signature=hmac.new(key, _message(fact), hashlib.sha256).hexdigest())
+
+
+def verified(key: bytes | None, fact: Fact) -> bool:
+    if not key or not fact.signature:
+        return False
+    return hmac.compare_digest(fact.signature,
+                               hmac.new(key, _message(fact), hashlib.sha256).hexdigest())
+
+
+def load_key(r: Any) -> bytes:
+    """The fact key (minted in Redis by the first one to need it)."""
+    r.set(FACT_KEY, secrets.token_hex(32), nx=True)
+    raw = r.get(FACT_KEY)
+    if raw is None:  # pragma: no cover - deleted between the two calls
+        raise FactError("the fact key vanished from Redis")
+    return raw.encode() if isinstance(raw, str) else bytes(raw)
 
 
 def _check_body(kind: str, body: Any) -> str | None:
@@ -145,10 +194,11 @@ def decode_fact(raw: bytes, *, repository: str, seq: int) -> Fact:
     if not isinstance(kind, str):
         raise FactError(f"fact {seq} of {repository!r} has no kind")
     problem = _check_body(kind, d.get("body"))
-    if problem is not None or type(d.get("at_ms")) is not int or not isinstance(d.get("by"), str):
+    if problem is not None or type(d.get("at_ms")) is not int or not isinstance(d.get("by"), str) \
+            or not isinstance(d.get("signature", ""), str):
         raise FactError(f"fact {seq} of {repository!r} is malformed: "
-                        f"{problem or 'at_ms and by are required'}")
-    return Fact(repository, seq, kind, d["body"], d["at_ms"], d["by"])
+                        f"{problem or 'at_ms, by (and signature) are required'}")
+    return Fact(repository, seq, kind, d["body"], d["at_ms"], d["by"], d.get("signature", ""))
 
 
 @dataclass(frozen=True)
@@ -271,22 +321,33 @@ def _guarded(effect: str) -> str:
 
 GUARDED_HOLDS = _guarded(HOLDS_LUA)
 GUARDED_PAUSE = _guarded(PAUSE_LUA)
+# A removal that does not verify: its seq is taken, its effect is an incident.
+GUARDED_INCIDENT = _guarded("redis.call('LPUSH', KEYS[1], ARGV[1])")
 
 
-def _call(fact: Fact) -> tuple[str, list[str], list[str]]:
+def _call(fact: Fact, key: bytes | None) -> tuple[str, list[str], list[str]]:
     """(script, keys, args) applying ``fact`` to the copy (pure)."""
     k = RepoKeys(fact.repository)
     b = fact.body
+    if fact.lifts and not verified(key, fact):
+        incident = {"kind": "forged_fact", "repository": fact.repository, "seq": fact.seq,
+                    "fact": fact.kind, "body": dict(fact.body), "by": fact.by,
+                    "at_ms": fact.at_ms,
+                    "detail": "a fact lifting protection without the product's signature (or "
+                              "signed with a key Redis lost) was not applied; lift it again "
+                              "with hardelete if it was yours"}
+        return GUARDED_INCIDENT, [k.incidents, k.facts_seq], [
+            orjson.dumps(incident).decode(), str(fact.seq)]
     if fact.kind == PAUSE:
         return GUARDED_PAUSE, [k.paused, k.facts_seq], [
             b["op"], b["who"], b["reason"], str(b["at_ms"]), str(fact.seq)]
-    key = k.holds if b["hash"] == "holds" else k.hold_prefixes
+    holds = k.holds if b["hash"] == "holds" else k.hold_prefixes
     if fact.kind == HOLD_ADD:
         args = ["add", "1" if b["replace"] else "0"]
         for target, claim_id, claim in b["items"]:
             args += [target, claim_id, orjson.dumps(claim).decode()]
-        return GUARDED_HOLDS, [key, k.facts_seq], [*args, str(fact.seq)]
-    return GUARDED_HOLDS, [key, k.facts_seq], [
+        return GUARDED_HOLDS, [holds, k.facts_seq], [*args, str(fact.seq)]
+    return GUARDED_HOLDS, [holds, k.facts_seq], [
         "remove", b["target"], "1" if b["force"] else "0", *b["claim_ids"], str(fact.seq)]
 
 
@@ -341,12 +402,18 @@ class RepoFacts:
         self.repo = repo
         self.log = FactLog(s3, namespace, repo)
         self.k = RepoKeys(repo)
+        self._key: bytes | None = None
+
+    def key(self) -> bytes:
+        if self._key is None:
+            self._key = load_key(self.r)
+        return self._key
 
     def applied(self) -> int:
         return _int(self.r.get(self.k.facts_seq))
 
     def _apply(self, fact: Fact) -> str:
-        script, keys, args = _call(fact)
+        script, keys, args = _call(fact, self.key() if fact.lifts else None)
         status, _ = _status(self.r.eval(script, len(keys), *keys, *args))
         return status
 
@@ -386,7 +453,7 @@ class RepoFacts:
             cur = self.sync()
         seq = cur.durable + 1
         for _ in range(_APPEND_TRIES):
-            fact = make_fact(self.repo, seq, kind, body, at_ms=now_ms, by=by)
+            fact = sign(self.key(), make_fact(self.repo, seq, kind, body, at_ms=now_ms, by=by))
             if self.log.put(fact):
                 break
             seq = max(self.log.seqs_from(seq) or [seq]) + 1  # another writer took it

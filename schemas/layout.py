@@ -42,6 +42,7 @@ RETIRED = f"{PREFIX}:retired"  # hash: repository id -> json {namespace, at_ms, 
 # redelivery after a crash, a duplicate), whatever changed since: a decision on an event is
 # final, so the outcome never depends on batching or redelivery.
 REAPER_KEY = f"{PREFIX}:reaperkey"  # string: the key that signs addresses_reaped (reaper_auth)
+FACT_KEY = f"{PREFIX}:factkey"  # string: the key that signs durable facts (core/facts.py)
 REFUSED = f"{PREFIX}:refused"  # hash: event id of a refused repository_created -> reason
 # Incidents that belong to no live repository (a repository_created refused because its
 # namespace overlaps a live one's, or because its id was retired): json, newest last.

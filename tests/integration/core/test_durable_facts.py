@@ -22,7 +22,7 @@ from reaper.daemon import Reaper
 from reconciler.s3io import Namespace
 from reconciler.sweep import recheck_for
 from schemas import events as ev
-from schemas.layout import RepoKeys
+from schemas.layout import REPOS, RepoKeys
 from sim.testing import publish, redis_now, slot_copy, slot_go_back, wait_horizon
 from tracker.daemon import running_tracker
 
@@ -231,4 +231,40 @@ async def test_a_dead_letters_hold_survives_the_repositorys_slot_going_back(
             assert r.hexists(RepoKeys(REPO).holds, A)
     finally:
         raw.close()
+        r.close()
+
+
+async def test_a_forged_fact_cannot_lift_a_hold(settings: Settings) -> None:
+    """Whoever writes the namespace can write into the facts home; a removal without the
+    product's signature is applied as nothing (an incident), so a forgery cannot lift a hold.
+    A forged hold is applied: it can only keep more."""
+    import orjson
+
+    from core.facts import HOLD_ADD, HOLD_REMOVE, make_fact, sign
+
+    s3 = s3_client(settings)
+    s3.create_bucket(Bucket=BUCKET)
+    r = redis_sync(settings)
+    r.sadd(REPOS, REPO)
+    r.hset(RepoKeys(REPO).meta, mapping={"namespace": NS})
+    try:
+        add_hold(r, A, "legal", s3=s3)
+        log = FactLog(s3, NS, REPO)
+        removal = {"hash": "holds", "target": A, "claim_ids": ["operator"], "force": True}
+        log.put(make_fact(REPO, 2, HOLD_REMOVE, removal, at_ms=1, by="forger"))
+        log.put(sign(b"not the key", make_fact(REPO, 3, HOLD_REMOVE, removal, at_ms=1,
+                                               by="forger")))
+        log.put(make_fact(REPO, 4, HOLD_ADD, {"hash": "holds", "replace": False, "items": [
+            [NS + "data/b", "operator", {"reason": "forged, but only keeps"}]]},
+            at_ms=1, by="forger"))
+        assert RepoFacts(r, s3, REPO, NS).prove().durable == 4
+        assert r.hexists(RepoKeys(REPO).holds, A), "a forged removal lifted a hold"
+        assert r.hexists(RepoKeys(REPO).holds, NS + "data/b")
+        incidents = [orjson.loads(i) for i in r.lrange(RepoKeys(REPO).incidents, 0, -1)]
+        assert [(i["kind"], i["seq"]) for i in incidents] == [("forged_fact", 3),
+                                                               ("forged_fact", 2)]
+        # the product's own removal still lifts it
+        remove_hold(r, A, s3=s3)
+        assert not r.hexists(RepoKeys(REPO).holds, A)
+    finally:
         r.close()

@@ -104,3 +104,26 @@ def test_adoption_records_every_claim_as_it_is() -> None:
     assert adoption("r", {}, {}, None) == []
     for kind, body in facts:
         make_fact("r", 1, kind, body, at_ms=0, by="adoption")  # each is a valid fact
+
+
+def test_a_fact_is_signed_over_everything_it_says() -> None:
+    from dataclasses import replace
+
+    from core.facts import sign, verified
+
+    f = make_fact("r", 2, HOLD_REMOVE, {"hash": "holds", "target": "s3://b/ns/a",
+                                        "claim_ids": ["operator"], "force": False},
+                  at_ms=5, by="me")
+    signed = sign(b"k", f)
+    assert verified(b"k", signed) and not verified(b"other", signed)
+    assert not verified(b"k", f) and not verified(None, signed)
+    for changed in (replace(signed, seq=3), replace(signed, repository="s"),
+                    replace(signed, by="you"), replace(signed, at_ms=6),
+                    replace(signed, body={**signed.body, "force": True})):
+        assert not verified(b"k", changed)
+    assert decode_fact(signed.encode(), repository="r", seq=2) == signed
+    assert signed.lifts and not make_fact(
+        "r", 1, PAUSE, {"op": "add", "who": "a", "reason": "x", "at_ms": 1}, at_ms=1,
+        by="a").lifts
+    assert make_fact("r", 1, PAUSE, {"op": "force", "who": "a", "reason": "", "at_ms": 1},
+                     at_ms=1, by="a").lifts
