@@ -83,6 +83,8 @@ class SoakBase:
         self.fail_closed: dict[str, FailClosedPeriod] = {}
         self.fail_closed_periods: list[FailClosedPeriod] = []
         self.misdirected: list[list[Event]] = []  # miskeyed blocks, dead-lettered
+        self.operator_holds: set[str] = set()  # addresses an operator held (never deleted)
+        self.paused_spans = 0  # operator pauses carried out and checked
         self.dlq_replayed = 0
         self.dlq_resolved = 0
         self.exported: set[str] = set()  # rebuild nonces the service exported its state for

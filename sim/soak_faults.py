@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 import uuid
 
 import orjson
 
-from core.clients import redis_async
+from core.clients import redis_async, redis_sync, s3_client
 from core.logs import get_logger
 from schemas.events import (
     BranchCreated,
@@ -58,6 +59,8 @@ class FaultInjection(SoakBase):
     async def _fault_redis_rollback(self, step: Step) -> None:
         snapshot = await asyncio.to_thread(self.servers.snapshot_redis)
         target = step.at_op + max(1, step.span)
+        # A hold placed after the copy Redis goes back to: only its durable fact keeps it.
+        await self._operator_hold(step, "placed after the Redis copy a rollback restores")
 
         async def go() -> None:
             while self.op_index < target and not self.stopping:
@@ -66,6 +69,80 @@ class FaultInjection(SoakBase):
             self._injected(FaultKind.REDIS_ROLLBACK)
 
         self._background(go(), "redis_rollback")
+
+    async def _operator_hold(self, step: Step, why: str) -> str | None:
+        """``hardelete hold add`` on an object of the step's repository (one about to become
+        garbage when there is one): it must never be deleted."""
+        from hardelete.holds import add_hold
+
+        rng = random.Random(f"soak-hold:{self.o.seed}:{step.at_op}:{step.target}")
+        repos = sorted(self.model.repositories)
+        if not repos:
+            return None
+        repo = repos[step.target % len(repos)]
+        candidates = sorted(a for a, obj in self.model.objects.items()
+                            if obj.repository == repo and a not in self.operator_holds)
+        if not candidates:
+            return None
+        address = rng.choice(candidates[-200:])  # recent ones: most still in the store
+        s = self.servers.daemon_settings
+        r = redis_sync(s)
+        try:
+            await asyncio.to_thread(add_hold, r, address, f"soak: {why}", s3=s3_client(s))
+        finally:
+            r.close()
+        self.operator_holds.add(address)
+        self._note(address, f"operator hold ({why})")
+        return address
+
+    async def _fault_operator_hold(self, step: Step) -> None:
+        if await self._operator_hold(step, "a legal hold") is not None:
+            self._injected(FaultKind.OPERATOR_HOLD)
+        else:
+            self._failed(FaultKind.OPERATOR_HOLD, "no object to hold yet")
+
+    async def _fault_operator_pause(self, step: Step) -> None:
+        """``hardelete pause`` a repository for ``span`` operations: the objects it had when
+        paused must all be there when it is resumed (no delete path deletes while paused)."""
+        from hardelete.pause import clear_paused, set_paused
+
+        repos = sorted(self.model.repositories)
+        if not repos:
+            self._failed(FaultKind.OPERATOR_PAUSE, "no repository yet")
+            return
+        repo = repos[step.target % len(repos)]
+        s = self.servers.daemon_settings
+        who = f"soak-{step.at_op}"
+        r = redis_sync(s)
+        try:
+            await asyncio.to_thread(set_paused, r, repo, "soak: an operator looks", who,
+                                    s3=s3_client(s))
+        finally:
+            r.close()
+        # A request judged right before the pause may still land: the listing waits out the
+        # longest request (every retry is judged again, so none lands later than that).
+        await asyncio.sleep(5.0)
+        before = set(await self.service.list_namespace(repo))
+        target = step.at_op + max(1, step.span)
+        self._injected(FaultKind.OPERATOR_PAUSE)
+
+        async def go() -> None:
+            while self.op_index < target and not self.stopping:
+                await asyncio.sleep(0.05)
+            after = set(await self.service.list_namespace(repo))
+            for address in sorted(before - after):
+                self._note(address, f"deleted while {repo} was paused (ops {step.at_op}-"
+                                    f"{self.op_index})")
+                self.violations.setdefault(address, "while its repository was paused")
+                self.violation_op.setdefault(address, min(self.op_index, self.o.ops))
+            rr = redis_sync(s)
+            try:
+                await asyncio.to_thread(clear_paused, rr, repo, who, s3=s3_client(s))
+            finally:
+                rr.close()
+            self.paused_spans += 1
+
+        self._background(go(), "operator_pause")
 
     async def _fault_broker_restart(self, step: Step) -> None:
         await asyncio.to_thread(self.servers.restart_broker, lose_log=False,

@@ -40,6 +40,8 @@ class Judging(SoakBase):
         incidents = await asyncio.to_thread(self._incidents)
         incident_addresses = {i.address for i in incidents}
         closed = set(self.fail_closed)
+        for address in sorted(self.operator_holds - listed):  # held: it had to stay
+            self.violations.setdefault(address, "end (under an operator hold)")
         live: list[LiveDeletion] = []
         late: list[LiveDeletion] = []
         r = redis_sync(self.servers.daemon_settings)
@@ -81,7 +83,7 @@ class Judging(SoakBase):
                    else self.model.truth(now).online_garbage) & written
         # A dead-lettered event that named an address put a hold on it (SPEC safety 10): it is
         # kept until an operator resolves the dead letter, which the soak does not play.
-        held = self._held()
+        held = self._held() | self.operator_holds
         # Every repository counts, fail-closed ones included: failing closed is safe, but the
         # promise is that garbage still goes, so what they keep is garbage not reclaimed.
         reclaimable = {a for a in garbage if a not in held}
@@ -110,6 +112,7 @@ class Judging(SoakBase):
             rebuilds=sum(i.type == "rebuilt" and not i.address for i in incidents),
             rebuild_exports=self.rebuild_exports,
             dlq_replayed=self.dlq_replayed, dlq_resolved=self.dlq_resolved,
+            operator_holds=len(self.operator_holds), paused_spans=self.paused_spans,
             reclaimable=len(reclaimable), reclaimed=len(reclaimable) - len(left),
             garbage_left_sample=left[:10], garbage_left_why=why_left,
             fail_closed_repos=sorted(closed),

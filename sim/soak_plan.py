@@ -56,6 +56,8 @@ class FaultKind(StrEnum):
     MISKEYED = "miskeyed"  # a valid event published under another repository's key
     NAMESPACE_CLAIM = "namespace_claim"  # a repository claims a namespace around another's
     S3_ERRORS = "s3_errors"  # a share of delete requests/keys fail at the S3 proxy
+    OPERATOR_HOLD = "operator_hold"  # an operator holds an object: it is never deleted
+    OPERATOR_PAUSE = "operator_pause"  # a repository paused for a span: nothing of it goes
 
 
 class ReconcileKind(StrEnum):
@@ -74,6 +76,8 @@ SURVIVED: frozenset[FaultKind] = frozenset({
     FaultKind.NAMESPACE_CLAIM, FaultKind.MARK_SWEEP_RACE,
     # CreatePartitions under running trackers: Apache Kafka has it (Tansu 0.6 had not)
     FaultKind.ADD_PARTITION,
+    # durable holds and pauses (issue 34): a Redis rollback in the run must not lose them
+    FaultKind.OPERATOR_HOLD, FaultKind.OPERATOR_PAUSE,
 })
 
 # Kinds that cannot be injected on the embedded stack, and why (none since Apache Kafka).
@@ -238,6 +242,9 @@ def _fault_step(rng: random.Random, kind: FaultKind, at: int, repos: int, grace:
     if kind is k.S3_ERRORS:
         return Step(at, kind, span=max(1, int(ops * rng.uniform(0.01, 0.05))),
                     share=round(rng.uniform(0.1, 0.5), 3))
-    if kind in (k.MARK_SWEEP_RACE, k.MISKEYED, k.NAMESPACE_CLAIM):
+    if kind is k.OPERATOR_PAUSE:
+        return Step(at, kind, target=rng.randrange(repos),
+                    span=max(1, int(ops * rng.uniform(0.005, 0.02))))
+    if kind in (k.MARK_SWEEP_RACE, k.MISKEYED, k.NAMESPACE_CLAIM, k.OPERATOR_HOLD):
         return Step(at, kind, target=rng.randrange(repos))
     return Step(at, kind, target=rng.randrange(4))  # MALFORMED (variant), OVERSIZED, ADD_PARTITION

@@ -168,6 +168,8 @@ class SoakVerdict:
     rebuild_exports: int = 0  # state exports the service wrote for a prepared rebuild
     dlq_replayed: int = 0  # dead-lettered service events published again under their own key
     dlq_resolved: int = 0  # dead-letter holds lifted by the soak as operator, after the replay
+    operator_holds: int = 0  # objects an operator held (each must still be there)
+    paused_spans: int = 0  # repositories paused for a span and checked: nothing of them went
 
     @property
     def reclaim_ratio(self) -> float:
@@ -255,6 +257,8 @@ def print_verdict(v: SoakVerdict, console: Console) -> None:
               f"{v.rebuilds} ({v.rebuild_exports})")
     t.add_row("dead letters: events replayed / holds resolved (the soak as operator)",
               f"{v.dlq_replayed} / {v.dlq_resolved}")
+    t.add_row("operator holds kept / pauses checked (durable facts, across Redis rollbacks)",
+              f"{v.operator_holds} / {v.paused_spans}")
     t.add_row("dead-lettered events", str(v.dead_lettered))
     t.add_row("tracker caught up in the drain", "yes" if v.tracker_caught_up else "[red]no")
     t.add_row("longest tracker stall: horizon behind the Redis clock (s)",

@@ -59,6 +59,7 @@ def test_a_hold_through_any_spelling_keeps_the_object_and_any_spelling_finds_it(
     address = NS + key
     placed, repo = data.draw(spellings(key))
     assume(address in address_forms(NS, placed))  # a spelling of this object
+    assume(placed.strip())  # (all whitespace names nothing: refused with one line)
     targets = resolve_target(REGISTRY, placed, repo=repo)
     assert _gate(targets).guards("repo", NS, address).held
     # every stored form is canonical: what a delete path would compare
@@ -66,6 +67,7 @@ def test_a_hold_through_any_spelling_keeps_the_object_and_any_spelling_finds_it(
                for t in targets)
     again, repo2 = data.draw(spellings(key))
     assume(address in address_forms(NS, again))
+    assume(again.strip())
     found = resolve_target(REGISTRY, again, repo=repo2)
     assert any(related(t, s.key, s.prefix) for t in found for s in targets
                if t.repository == s.repository)
