@@ -57,7 +57,13 @@ from schemas.holds import DLQ, dlq_claim
 from schemas.layout import APPLIED, INCIDENTS, NAMESPACES, REFUSED, REPOS, RETIRED, RepoKeys
 from schemas.publisher import ensure_topics
 from tracker import codec
-from tracker.deadletters import MAX_REASON, DeadLetters, event_id_of, short_key
+from tracker.deadletters import (
+    MAX_REASON,
+    DeadLetterClaim,
+    DeadLetters,
+    event_id_of,
+    short_key,
+)
 from tracker.fetching import buffered, set_fetch_max_wait
 from tracker.logid import fingerprint, is_anchor, log_field
 from tracker.progress import PartitionClock, ProgressProof
@@ -78,7 +84,8 @@ class _Batch:
     calls: list[tuple[str, int, bytes]] = field(default_factory=list)
     maxoff: dict[tuple[str, int], int] = field(default_factory=dict)  # (repo, p) -> offset
     dlq: list[tuple[Any, str]] = field(default_factory=list)
-    claims: dict[int, str] = field(default_factory=dict)  # id(dead record) -> its hold claim
+    # id(dead record) -> its hold claim and what it holds
+    claims: dict[int, DeadLetterClaim] = field(default_factory=dict)
     new_repos: set[str] = field(default_factory=set)
     refused: list[dict[str, Any]] = field(default_factory=list)  # refused repository_created
     refused_ids: dict[str, str] = field(default_factory=dict)  # hd:refused, as far as known
@@ -513,7 +520,7 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             # One claim per dead letter (schemas/holds.py): resolving it leaves the others'.
             claim_id = dlq_claim(rec.topic, rec.partition, rec.offset,
                                  self._epochs.get(rec.partition, ""), rec.key, rec.value)
-            rec_claims[id(rec)] = claim_id
+            rec_claims[id(rec)] = DeadLetterClaim(claim_id, tuple(targets))
             claim = {"reason": reason[:MAX_REASON], "source": DLQ, "at_ms": self._redis_now,
                      "event_id": event_id_of(rec.value), "topic": rec.topic,
                      "partition": rec.partition, "offset": rec.offset}
