@@ -27,6 +27,7 @@ from sim.operations import created, written
 from sim.testing import publish
 from sim.worlds import boundary, past_grace
 from tracker.daemon import Tracker, running_tracker
+from tracker.rebuild import RebuildError, prepare
 
 pytestmark = [pytest.mark.spark]
 
@@ -110,6 +111,8 @@ def test_a_backfill_conflict_fails_closed_both_and_the_winners_sweep_keeps_the_o
             clear(redis_client, repo, reason="test", who="pytest")
     with pytest.raises(UserError, match="nothing was cleared"):
         clear(redis_client, None, reason="test", who="pytest")
+    with pytest.raises(RebuildError, match="registry conflict"):  # (a rebuild lifts the flag)
+        prepare(redis_client, s3, "A")
     asyncio.run(Tracker(s).run_until_caught_up(timeout=60))
     assert redis_client.llen(INCIDENTS) == 1
     assert redis_client.exists(RepoKeys("A").fail_closed, RepoKeys("B").fail_closed) == 2
