@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from schemas.layout import FAIL_CLOSED, REPOS, RepoKeys
+from schemas.layout import FAIL_CLOSED, REPOS, RETIRED, RepoKeys
 
 
 def fail_closed_text(global_reason: str | None, repo_reason: str | None) -> str | None:
@@ -46,7 +46,8 @@ def fail_closed_repos(r: Any) -> dict[str, dict[str, str]]:
     glob = r.hgetall(FAIL_CLOSED)
     if glob:
         out["*"] = glob
-    repos = sorted(r.smembers(REPOS))
+    # retired ones too: a registry conflict may fail one closed (its purge then waits)
+    repos = sorted(set(r.smembers(REPOS)) | set(r.hkeys(RETIRED)))
     pipe = r.pipeline(transaction=False)
     for repo in repos:
         pipe.hgetall(RepoKeys(repo).fail_closed)

@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import orjson
+
 from schemas.address import canonical_namespace, canonical_uri
-from schemas.layout import NAMESPACES, REPOS, OutsideNamespace, RepoKeys
-from schemas.namespaces import conflict_reason
+from schemas.layout import INCIDENTS, NAMESPACES, REPOS, OutsideNamespace, RepoKeys
+from schemas.namespaces import Conflict, conflict_reason, standing_conflict
 
 NAMESPACES_LUA = """
 local repo, ns = ARGV[1], ARGV[2]
@@ -149,3 +151,56 @@ def find_owner(r: Any, address: str) -> tuple[str, str] | None:
     except OutsideNamespace:
         return None
     return owner_of(owned_namespaces(r), address)
+
+
+# --- registry conflicts (schemas/README.md, "Registry conflicts") ------------------------------
+
+async def afail_closed_conflict(r: Any, conflict: Conflict, *, now_ms: int, event_id: str = "",
+                                incident: dict[str, Any] | None = None) -> None:
+    """Fail closed every repository of ``conflict`` (its own flag: the reaper, the sweep and
+    the purges of each delete nothing), then record one incident that names them all
+    (``incident``: extra fields; None: the caller records it). Idempotent but for the loss
+    counter, which makes a rebuild prepared before stale. Once every one carries this conflict's
+reason, nothing is written again."""
+    reason = conflict.reason()
+    flagged = [await r.hget(RepoKeys(repo).fail_closed, "reason")
+               for repo in conflict.repositories]
+    if all(f == reason for f in flagged):
+        return  # recorded already (a tracker restarted, a refusal delivered again)
+    detail = orjson.dumps({"kind": "registry_conflict",
+                           "members": [list(m) for m in conflict.members]}).decode()
+    for repo in conflict.repositories:
+        k = RepoKeys(repo)
+        pipe = r.pipeline(transaction=False)
+        pipe.hsetnx(k.fail_closed, "reason", reason)
+        pipe.hsetnx(k.fail_closed, "at_ms", str(now_ms))
+        pipe.hsetnx(k.fail_closed, "detail", detail)
+        pipe.hincrby(k.fail_closed, "losses", 1)
+        await pipe.execute()
+    if incident is not None:
+        await r.rpush(INCIDENTS, orjson.dumps({
+            "kind": "registry_conflict", "repository": conflict.repositories[0],
+            "repositories": conflict.repositories,
+            "namespaces": {repo: ns for repo, ns in conflict.members},
+            "reason": reason, "event_id": event_id, "at_ms": now_ms, **incident}))
+
+
+def conflicts_standing(r: Any, repos: Iterable[str]) -> dict[str, Conflict]:
+    """The registry conflict each of ``repos`` is still in (its namespace overlaps one the
+    registry holds for another repository, or another live repository's own); repositories
+    in none are left out."""
+    wanted = set(repos)
+    holders = [(str(owner), str(ns)) for ns, owner in namespace_registry(r).items()]
+    live = sorted(repositories(r) | wanted)
+    pipe = r.pipeline(transaction=False)
+    for name in live:
+        pipe.hmget(RepoKeys(name).meta, list(_LIFECYCLE))
+    for name, values in zip(live, pipe.execute(), strict=True):
+        ns, retired = _lifecycle(values)
+        if ns and not retired:
+            holders.append((name, ns))
+    return {repo: c for repo in sorted(wanted) if (c := standing_conflict(repo, holders))}
+
+
+def conflict_standing(r: Any, repo: str) -> Conflict | None:
+    return conflicts_standing(r, [repo]).get(repo)

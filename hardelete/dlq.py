@@ -14,6 +14,14 @@ was cut). A dead letter is named here by its place in the dead-letter topic, ``P
   replayed or judged it: a hold that another dead letter (or an operator, or a restore) still
   claims stays. A hold stored before holds had claims is only lifted by
   ``hardelete hold remove --force``; resolve names those it finds on the event's addresses.
+
+Any publisher can write the dead-letter topic, so resolve acts only on a dead letter the tracker
+signed (``schemas/reaper_auth.py``: its claim, origin, reason, the digest of its key and value
+and the (repository, target) pairs it held, under the key publishers never hold), and lifts
+its claim only from those pairs. An unsigned dead letter (forged, or written before the tracker
+signed them), a wrong signature, or one signed under a key Redis no longer has (re-minted after
+Redis went back) is refused, nothing lifted: an operator who judged the event lifts its holds
+with ``hardelete hold remove --force TARGET``. list and show mark such dead letters.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from hardelete.holds import Hold, list_holds, operator_s3, record
 from schemas.holds import LEGACY_CLAIM, Removal, dlq_claim
 from schemas.holds import remove as removal_of
 from schemas.layout import REFUSED, RepoKeys
+from schemas.reaper_auth import DeadLetterFields, dead_letter_problem, load_key, record_digest
 
 ADDRESS_KEYS = ("address", "replaces_address")
 READ_TIMEOUT_S = 20.0
@@ -53,6 +62,9 @@ class DeadLetter:
     size: int
     value: bytes = field(repr=False)
     headers: dict[str, str] = field(default_factory=dict)
+    raw_key: bytes | None = field(default=None, repr=False)
+    # why it is not known to be the tracker's (None: its signature verified); see verify_all
+    unverified: str | None = "not checked"
 
     @property
     def body(self) -> dict[str, Any] | None:
@@ -93,11 +105,36 @@ class DeadLetter:
             return None
         return dlq_claim(self.origin_topic, self.origin_partition, self.origin_offset)
 
+    def held(self) -> tuple[tuple[str, str], ...] | None:
+        """The (repository, target) pairs the tracker held for it (its ``held`` header), or
+        None when it has none or it is unreadable."""
+        try:
+            pairs = orjson.loads(self.headers.get("held", ""))
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(pairs, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+                for p in pairs):
+            return None
+        return tuple((p[0], p[1]) for p in pairs)
+
+    def seal_problem(self, key: bytes | None) -> str | None:
+        """Why this is not a dead letter the tracker wrote (signed under ``key``), or None."""
+        h = self.headers
+        held = self.held()
+        if h.get("signature") and (held is None or not h.get("claim")):
+            return "its signature does not verify (its claim or held header is unreadable)"
+        fields = DeadLetterFields(
+            h.get("claim", ""), h.get("topic", ""), h.get("partition", ""), h.get("offset", ""),
+            h.get("reason", ""), record_digest(self.raw_key, self.value), held or ())
+        return dead_letter_problem(key, fields, h.get("signature"), h.get("signed_by"))
+
     def summary(self) -> dict[str, Any]:
         return {"id": self.id, "time": _iso(self.timestamp_ms), "reason": self.reason,
                 "repository": self.repository, "type": self.event_type, "size": self.size,
                 "origin": {"topic": self.origin_topic, "partition": self.origin_partition,
                            "offset": self.origin_offset},
+                "verified": self.unverified is None, "unverified": self.unverified,
                 "headers": self.headers, "addresses": self.addresses()}
 
 
@@ -129,7 +166,31 @@ def from_record(rec: Any) -> DeadLetter:
         origin_partition=_int(headers.get("partition")),
         origin_offset=_int(headers.get("offset")),
         key=rec.key.decode(errors="replace") if rec.key else None,
-        size=len(value), value=value, headers=headers)
+        size=len(value), value=value, headers=headers, raw_key=rec.key)
+
+
+def verify_all(settings: Settings, letters: list[DeadLetter]) -> None:
+    """Mark each dead letter verified or not (``unverified``), under the tracker's key."""
+    if not letters:
+        return
+    why = None
+    key = None
+    if settings.reaper_secret:
+        key = settings.reaper_secret.encode()
+    elif not settings.redis_url:
+        why = "cannot be verified: no redis_url to read the tracker's key from"
+    else:
+        from core.clients import redis_sync
+
+        r = redis_sync(settings)
+        try:
+            key = load_key(r)
+        except Exception as exc:  # list/show still work without Redis; nothing is trusted
+            why = f"cannot be verified: Redis unreachable ({type(exc).__name__})"
+        finally:
+            r.close()
+    for d in letters:
+        d.unverified = why or d.seal_problem(key)
 
 
 def parse_id(text: str) -> tuple[int, int]:
@@ -266,6 +327,16 @@ def holds_of(r: Any, dl: DeadLetter) -> list[Hold]:
     return [h for h in list_holds(r) if claim in h.claims]
 
 
+def unverified_line(r: Any, dl: DeadLetter, problem: str) -> str:
+    """The one line a refused resolve says: why, and what an operator does instead."""
+    named = sorted({f"{h.target} in {h.repository}" for h in holds_of(r, dl)})
+    which = (f" (holds carrying its claim: {', '.join(named[:5])}"
+             + (f" and {len(named) - 5} more" if len(named) > 5 else "") + ")") if named else ""
+    return (f"dead letter {dl.id} is not verified as the tracker's: {problem}; nothing was "
+            f"lifted. Check the event (`hardelete dlq show {dl.id}`); an operator lifts a hold "
+            f"it must not keep with `hardelete hold remove --force TARGET`{which}")
+
+
 def legacy_holds(r: Any, dl: DeadLetter) -> list[Hold]:
     """Holds stored before holds had claims on an address the event names: nobody can tell
     which dead letter placed them, so only ``hold remove --force`` lifts them."""
@@ -273,10 +344,13 @@ def legacy_holds(r: Any, dl: DeadLetter) -> list[Hold]:
     return [h for h in list_holds(r) if LEGACY_CLAIM in h.claims and h.target in named]
 
 
-def resolve(r: Any, dl: DeadLetter, *, s3: Any, wait_s: float = 0.0
-            ) -> list[tuple[Hold, Removal]]:
-    """Remove this dead letter's claim from each hold it claims (atomically per hold: a claim
-    another dead letter adds meanwhile stays).
+def resolve(r: Any, dl: DeadLetter, *, s3: Any, wait_s: float = 0.0,
+            secret: str = "") -> list[tuple[Hold, Removal]]:
+    """Remove this dead letter's claim from each hold it claims among those the tracker held
+    for it (atomically per hold: a claim another dead letter adds meanwhile stays).
+
+    Only a dead letter the tracker signed (under ``secret``, else the key in Redis): any
+    other is refused with a :class:`UserError`, nothing lifted.
 
     Only once the tracker has applied everything published before now (its horizon, waited for
     up to ``wait_s``): the fix replayed a moment ago is then in the mirror. Lifting the hold
@@ -285,6 +359,10 @@ def resolve(r: Any, dl: DeadLetter, *, s3: Any, wait_s: float = 0.0
     durable fact of the hold's repository (``core/facts.py``; ``s3`` writes it)."""
     from core.clock import redis_time_ms, tracker_horizon_ms
 
+    problem = dl.seal_problem(load_key(r, secret))
+    if problem is not None:
+        raise UserError(unverified_line(r, dl, problem))
+    held = set(dl.held() or ())
     now = redis_time_ms(r)
     deadline = time.monotonic() + wait_s
     while (horizon := tracker_horizon_ms(r)) is None or horizon < now:
@@ -298,6 +376,8 @@ def resolve(r: Any, dl: DeadLetter, *, s3: Any, wait_s: float = 0.0
     claim = dl.claim
     out = []
     for h in holds_of(r, dl):
+        if (h.repository, h.target) not in held:
+            continue  # not what the tracker held for it
         k = RepoKeys(h.repository)
         ids = [claim] if claim else []
         removal, _ = removal_of(r.hget(k.hold_prefixes if h.kind == "prefix" else k.holds,
@@ -327,6 +407,7 @@ class list_:
         letters.sort(key=lambda d: (d.timestamp_ms, d.id))
         if args.limit > 0:
             letters = letters[-args.limit:]
+        verify_all(settings, letters)
         if args.json:
             print(orjson.dumps([d.summary() for d in letters],
                                option=orjson.OPT_INDENT_2).decode())
@@ -335,13 +416,16 @@ class list_:
         from rich.table import Table
 
         t = Table(title=f"dead letters in {settings.dlq_topic} ({len(letters)})")
-        for col in ("id", "time", "repository", "type", "origin", "size", "reason"):
+        for col in ("id", "time", "repository", "type", "origin", "size", "signed", "reason"):
             t.add_column(col)
         for d in letters:
             t.add_row(d.id, _iso(d.timestamp_ms), d.repository or "-", d.event_type or "-",
                       f"{d.origin_topic}/{d.origin_partition}@{d.origin_offset}", _size(d),
-                      d.reason)
+                      "yes" if d.unverified is None else "UNVERIFIED", d.reason)
         Console().print(t)
+        if any(d.unverified is not None for d in letters):
+            print("UNVERIFIED: not known to be written by the tracker (`hardelete dlq show ID` "
+                  "says why); `dlq resolve` refuses them")
         return 0
 
 
@@ -358,6 +442,7 @@ class show:
         if args.raw:
             sys.stdout.buffer.write(dl.value + b"\n")
             return 0
+        verify_all(settings, [dl])
         body = dl.body
         out = {**dl.summary(), "key": dl.key,
                "event": body if body is not None else dl.value.decode(errors="replace")}
@@ -409,7 +494,8 @@ class resolve_:
         dl = asyncio.run(read_one(settings, args.id))
         r = redis_sync(settings)
         try:
-            done = resolve(r, dl, s3=operator_s3(settings), wait_s=args.wait)
+            done = resolve(r, dl, s3=operator_s3(settings), wait_s=args.wait,
+                           secret=settings.reaper_secret)
             legacy = legacy_holds(r, dl)
         finally:
             r.close()

@@ -6,6 +6,10 @@ retention removed records Redis never applied, or Redis lost everything while th
 starts at 0. Nothing is deleted for them (reaper, reconciler) until an operator, having rebuilt
 the state (e.g. a reconciler run), lifts the flag here. Each clear is recorded as an incident
 (who, why, what the flag said).
+
+A repository in a registry conflict that still stands (its namespace overlaps one the registry
+holds for another repository, or another live repository's: schemas/README.md, "Registry
+conflicts") is not cleared: the conflict is resolved first, by retiring one of them.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from core.clients import redis_sync
 from core.clock import redis_time_ms
 from core.errors import UserError
 from core.guards import fail_closed_repos
+from core.registry import conflicts_standing
 from core.settings import Settings
 from schemas.layout import APPLIED, FAIL_CLOSED, INCIDENTS, RepoKeys
 
@@ -46,6 +51,13 @@ def clear(r: Any, repo: str | None, *, reason: str, who: str) -> int:
               if '"regressed"' in str(v)}
     known = set(flags) | set(marked)
     targets = sorted(known) if repo is None else [repo] if repo in known else []
+    standing = conflicts_standing(r, [t for t in targets if t != "*"])
+    if standing:
+        c = next(iter(standing.values()))
+        raise UserError(
+            f"{', '.join(sorted(standing))} cannot be cleared: {c.reason().split('; ')[0]}; "
+            "nothing was cleared. Resolve it first: retire one of them (its service's "
+            "repository_deleted), then clear the others (schemas/README.md, Registry conflicts)")
     now = redis_time_ms(r)
     for target in targets:
         record = orjson.dumps({"type": "fail_closed_cleared", "repository": target,

@@ -13,7 +13,8 @@ trailing slash.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from schemas.address import canonical_namespace
 from schemas.layout import OutsideNamespace, namespace_key
@@ -94,3 +95,58 @@ def ownership_problem(registry: Mapping[str, str], repo: str, namespace: str,
         if owner != repo and address.startswith(other_ns):
             return f"{address!r} lies in namespace {other_ns!r} of repository {owner!r}"
     return None
+
+
+# --- registry conflicts ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Conflict:
+    """Repositories whose namespaces overlap (equal or nested), each with its namespace. The
+    sweep of the one whose namespace contains the other's would take the other's data for
+    its own garbage, so every one of them is fail-closed until an operator resolves it
+    (schemas/README.md, "Registry conflicts")."""
+
+    members: tuple[tuple[str, str], ...]  # (repository, namespace), sorted
+
+    @property
+    def repositories(self) -> list[str]:
+        return sorted({repo for repo, _ in self.members})
+
+    def reason(self) -> str:
+        named = ", ".join(f"{repo!r} ({ns})" for repo, ns in self.members)
+        return (f"registry conflict: the storage namespaces of {named} overlap; nothing of "
+                "them is deleted until an operator resolves it (schemas/README.md, Registry "
+                "conflicts)")
+
+
+def conflict_of(repo: str, namespace: str, registry: Mapping[str, str]) -> Conflict | None:
+    """``repo`` with ``namespace`` and every other repository whose registered namespace
+    equals, contains or lies inside it, or None (no overlap, or a namespace that is no
+    namespace). Pure."""
+    try:
+        ns = canonical_namespace(namespace)
+    except OutsideNamespace:
+        return None
+    others = {(owner, other) for other, owner in registry.items()
+              if owner != repo and overlaps(ns, other)}
+    if not others:
+        return None
+    return Conflict(tuple(sorted({(repo, ns), *others})))
+
+
+def standing_conflict(repo: str, holders: Iterable[tuple[str, str]]) -> Conflict | None:
+    """The conflict ``repo`` is still in, or None. ``holders``: (repository, namespace) of
+    every namespace held now: the registry's entries (live repositories, and retired ones
+    whose data is kept) and each live repository's own namespace. Pure."""
+    held = set()
+    for owner, namespace in holders:
+        try:
+            held.add((owner, canonical_namespace(namespace)))
+        except OutsideNamespace:
+            continue
+    mine = {ns for owner, ns in held if owner == repo}
+    members = {(owner, ns) for owner, ns in held if owner != repo
+               and any(overlaps(ns, m) for m in mine)}
+    if not members:
+        return None
+    return Conflict(tuple(sorted(members | {(repo, m) for m in mine})))

@@ -16,6 +16,14 @@ object gone, records it again).
 
 The signed message covers every field a record's effect depends on: repository, reaper, event
 id and the addresses in order.
+
+The same key signs the tracker's dead letters (:func:`seal_dead_letter`): ``hardelete dlq
+resolve`` lifts a dead letter's holds only when the tracker wrote it, since any publisher can
+write the dead-letter topic too. Messages are domain-separated: an ``addresses_reaped`` message
+(the first form, kept so that records already in the log still verify) starts with the length
+of its first field; every other domain's starts with :data:`DOMAIN_MARK`, a length no field
+has (fields are far below 4 GiB), then its domain name. So no signature of one domain is a
+signature of another.
 """
 
 from __future__ import annotations
@@ -23,22 +31,44 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from schemas.layout import REAPER_KEY
 
+DOMAIN_MARK = b"\xff\xff\xff\xff"  # starts every message but addresses_reaped's
+DEAD_LETTER = "hardelete/dead_letter/1"
+KEY_ID = "hardelete/key_id/1"
+
+
+def _fields(parts: Iterable[str]) -> bytes:
+    # Length-prefixed fields: no two different field lists share a message.
+    return b"".join(len(p.encode()).to_bytes(4, "big") + p.encode() for p in parts)
+
+
+def domain_message(domain: str, parts: Iterable[str]) -> bytes:
+    """The message of ``parts`` in ``domain`` (never an ``addresses_reaped`` message)."""
+    return DOMAIN_MARK + _fields([domain, *parts])
+
 
 def message(repository: str, reaper: str, event_id: str, addresses: Sequence[str]) -> bytes:
-    # Length-prefixed fields: no two different records share a message.
-    parts = [repository, reaper, event_id, *addresses]
-    return b"".join(len(p.encode()).to_bytes(4, "big") + p.encode() for p in parts)
+    return _fields([repository, reaper, event_id, *addresses])
+
+
+def _mac(key: bytes, msg: bytes) -> str:
+    return hmac.new(key, msg, hashlib.sha256).hexdigest()
 
 
 def sign(key: bytes, repository: str, reaper: str, event_id: str,
          addresses: Sequence[str]) -> str:
-    return hmac.new(key, message(repository, reaper, event_id, addresses),
-                    hashlib.sha256).hexdigest()
+    return _mac(key, message(repository, reaper, event_id, addresses))
+
+
+def key_id(key: bytes) -> str:
+    """A name of the key (a MAC, not the key): tells a dead letter signed under a key this
+    Redis no longer has from one whose signature is wrong."""
+    return _mac(key, domain_message(KEY_ID, []))[:16]
 
 
 def verify(key: bytes, body: dict[str, Any]) -> bool:
@@ -58,6 +88,66 @@ def problem(key: bytes | None, body: dict[str, Any]) -> str | None:
         return None
     return ("forged addresses_reaped: no valid reaper signature (only the reaper may assert a "
             "deletion)")
+
+
+# --- dead letters ---------------------------------------------------------------------------
+
+def record_digest(key: bytes | None, value: bytes) -> str:
+    """The digest of a dead letter's record as written (key and value, possibly cut)."""
+    h = hashlib.sha256()
+    for part in (key, value):
+        h.update(b"-" if part is None else b"+" + len(part).to_bytes(8, "big") + part)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class DeadLetterFields:
+    """Every field ``dlq resolve`` acts on (or shows as the dead letter's origin)."""
+
+    claim: str  # the claim id its holds carry
+    topic: str  # where the record was in the events topic
+    partition: str
+    offset: str
+    reason: str
+    digest: str  # record_digest of the dead letter's key and value as written
+    held: tuple[tuple[str, str], ...]  # (repository, target) the tracker held for it
+
+    def message(self) -> bytes:
+        return domain_message(DEAD_LETTER, [
+            self.claim, self.topic, self.partition, self.offset, self.reason, self.digest,
+            str(len(self.held)), *(x for pair in self.held for x in pair)])
+
+
+def seal_dead_letter(key: bytes, fields: DeadLetterFields) -> str:
+    return _mac(key, fields.message())
+
+
+def dead_letter_problem(key: bytes | None, fields: DeadLetterFields, signature: str | None,
+                        signed_by: str | None) -> str | None:
+    """Why this dead letter is not one the tracker wrote under ``key`` (one line), or None."""
+    if not signature:
+        return ("it carries no tracker signature (written before the tracker signed its dead "
+                "letters, or not by the tracker)")
+    if key is None:
+        return "no tracker key to verify it with (none in Redis: the key was lost)"
+    if signed_by and signed_by != key_id(key):
+        return ("it was signed under a tracker key this Redis no longer has (the key was "
+                "re-minted, e.g. Redis went back to a copy older than it, or reaper_secret "
+                "changed)")
+    if not hmac.compare_digest(signature, seal_dead_letter(key, fields)):
+        return "its signature does not verify (forged, or altered after the tracker wrote it)"
+    return None
+
+
+def load_key(redis: Any, secret: str = "") -> bytes | None:
+    """The signing key as a reader sees it (synchronous; never mints one): None when Redis
+    has none."""
+    if secret:
+        return secret.encode()
+    raw = redis.get(REAPER_KEY)
+    if raw is None:
+        return None
+    return raw.encode() if isinstance(raw, str) else bytes(raw)
 
 
 async def aload_key(redis: Any, secret: str = "") -> bytes:

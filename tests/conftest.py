@@ -145,6 +145,7 @@ def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Settings:
     """The CLI's environment points at the test's servers and topics."""
     for key, value in {
         "KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "REDIS_URL": settings.redis_url,
+        "REDIS_CLUSTER": "true" if settings.redis_cluster else "false",
         "S3_ENDPOINT_URL": settings.s3_endpoint_url, "EVENTS_TOPIC": settings.events_topic,
         "DLQ_TOPIC": settings.dlq_topic, "CONSUMER_GROUP": settings.consumer_group,
         "GRACE_SECONDS": "1", "ALLOW_UNSAFE_GRACE": "true", "LOG_LEVEL": "error",

@@ -49,15 +49,22 @@ from redis.exceptions import ResponseError
 
 from core.clients import redis_async, redis_sync
 from core.clock import aredis_time_ms, atracker_horizon_ms
-from core.registry import aregister_namespace, arepo_lifecycles
+from core.registry import afail_closed_conflict, aregister_namespace, arepo_lifecycles
 from core.settings import Settings
 from schemas import reaper_auth
 from schemas.events import EventError
 from schemas.holds import DLQ, dlq_claim
 from schemas.layout import APPLIED, INCIDENTS, NAMESPACES, REFUSED, REPOS, RETIRED, RepoKeys
+from schemas.namespaces import Conflict, conflict_of
 from schemas.publisher import ensure_topics
 from tracker import codec
-from tracker.deadletters import MAX_REASON, DeadLetters, event_id_of, short_key
+from tracker.deadletters import (
+    MAX_REASON,
+    DeadLetterClaim,
+    DeadLetters,
+    event_id_of,
+    short_key,
+)
 from tracker.fetching import buffered, set_fetch_max_wait
 from tracker.logid import fingerprint, is_anchor, log_field
 from tracker.progress import PartitionClock, ProgressProof
@@ -78,9 +85,11 @@ class _Batch:
     calls: list[tuple[str, int, bytes]] = field(default_factory=list)
     maxoff: dict[tuple[str, int], int] = field(default_factory=dict)  # (repo, p) -> offset
     dlq: list[tuple[Any, str]] = field(default_factory=list)
-    claims: dict[int, str] = field(default_factory=dict)  # id(dead record) -> its hold claim
+    # id(dead record) -> its hold claim and what it holds
+    claims: dict[int, DeadLetterClaim] = field(default_factory=dict)
     new_repos: set[str] = field(default_factory=set)
     refused: list[dict[str, Any]] = field(default_factory=list)  # refused repository_created
+    conflicts: list[Conflict] = field(default_factory=list)  # their registry conflicts
     refused_ids: dict[str, str] = field(default_factory=dict)  # hd:refused, as far as known
     retired: dict[str, tuple[str, str]] = field(default_factory=dict)  # repo -> (ns, event id)
     offsets: dict[Any, OffsetAndMetadata] = field(default_factory=dict)
@@ -517,7 +526,7 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             # One claim per dead letter (schemas/holds.py): resolving it leaves the others'.
             claim_id = dlq_claim(rec.topic, rec.partition, rec.offset,
                                  self._epochs.get(rec.partition, ""), rec.key, rec.value)
-            rec_claims[id(rec)] = claim_id
+            rec_claims[id(rec)] = DeadLetterClaim(claim_id, tuple(targets))
             claim = {"reason": reason[:MAX_REASON], "source": DLQ, "at_ms": self._redis_now,
                      "event_id": event_id_of(rec.value), "topic": rec.topic,
                      "partition": rec.partition, "offset": rec.offset}
@@ -583,16 +592,29 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
         if batch.refused_ids.get(eid) != problem:
             batch.refused_ids[eid] = problem
             await self._retrying(lambda: self._redis.hset(REFUSED, eid, problem))
+        # Its service may write its data into the other's namespace (or the other's data lies
+        # in its own): every repository of the overlap is fail-closed (schemas/README.md).
+        registry = await self._retrying(lambda: self._redis.hgetall(NAMESPACES))
+        conflict = conflict_of(repo, ns, registry)
+        extra: dict[str, Any] = {}
+        if conflict is not None:
+            batch.conflicts.append(conflict)
+            extra = {"repositories": conflict.repositories,
+                     "namespaces": dict(conflict.members), "fail_closed": conflict.reason()}
         batch.refused.append({"kind": "repository_refused", "repository": repo,
-                              "namespace": ns, "reason": problem, "event_id": eid})
+                              "namespace": ns, "reason": problem, "event_id": eid, **extra})
         self.log.error("incident: repository refused", repository=repo, namespace=ns,
-                       reason=problem, event_id=eid)
+                       reason=problem, event_id=eid,
+                       fail_closed=conflict.repositories if conflict else [])
         return problem
 
     async def _backfill_registry(self) -> None:
         """Register live repositories that predate the registry (an upgrade): every delete
-        path requires its repository to own its namespace there. A conflict is an incident
-        (the repository's reaper then deletes nothing until an operator resolves it)."""
+        path requires its repository to own its namespace there. An overlap with another
+        repository fails closed every repository of it, with one incident naming them all
+        (the one registered first would otherwise sweep the other's data as its garbage);
+        another refusal is an incident (the repository then deletes nothing, as it owns
+        nothing in the registry)."""
         repos = sorted(await self._redis.smembers(REPOS))
         if not repos:
             return
@@ -603,6 +625,13 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             problem = await aregister_namespace(self._redis, repo, ns)
             if problem is not None:
                 now = await aredis_time_ms(self._redis)
+                conflict = conflict_of(repo, ns, await self._redis.hgetall(NAMESPACES))
+                if conflict is not None:
+                    await afail_closed_conflict(self._redis, conflict, now_ms=now,
+                                                incident={"refused": repo})
+                    self.log.error("incident: registry conflict: repositories fail-closed",
+                                   repositories=conflict.repositories, reason=problem)
+                    continue
                 await self._redis.rpush(INCIDENTS, orjson.dumps({
                     "kind": "registry_conflict", "repository": repo, "namespace": ns,
                     "reason": problem, "event_id": "", "at_ms": now}))
@@ -629,6 +658,11 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
         if batch.dlq:
             # acknowledged before the offsets are committed
             await self._dead_letter(batch.dlq, batch.claims)
+        for conflict in batch.conflicts:  # first: the flags stand before the incident says so
+            now = await aredis_time_ms(self._redis)
+            await self._retrying(lambda c=conflict, now=now: afail_closed_conflict(
+                self._redis, c, now_ms=now))
+            self.fail_closed += len(conflict.repositories)
         if batch.refused:
             now = await aredis_time_ms(self._redis)
             items = [orjson.dumps({**inc, "at_ms": now}) for inc in batch.refused]

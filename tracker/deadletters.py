@@ -1,12 +1,18 @@
 """Dead letters, one part of the tracker: a record that cannot be applied goes to the
 dead-letter topic with its reason, acknowledged before the batch's offsets are committed, and
-the addresses it names are held (SPEC safety 10) until an operator resolves it."""
+the addresses it names are held (SPEC safety 10) until an operator resolves it.
+
+Each dead letter is signed (``schemas/reaper_auth.py``, the key publishers never hold) over its
+claim, origin, reason, the digest of its key and value as written and the (repository, target)
+pairs held for it: ``dlq resolve`` lifts only what a dead letter the tracker wrote held."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -17,6 +23,7 @@ from core.facts import HOLD_ADD, RepoFacts
 from core.registry import arepo_namespace
 from schemas.holds import aadd_claims, claims_of
 from schemas.layout import RepoKeys
+from schemas.reaper_auth import DeadLetterFields, key_id, record_digest, seal_dead_letter
 from tracker.shared import TrackerShared
 
 _DLQ_MAX_VALUE = 900_000  # bytes of a dead-lettered value (the producer's request limit is 1 MB)
@@ -48,11 +55,22 @@ def event_id_of(value: bytes | None) -> str:
     return eid[:200] if type(eid) is str else ""
 
 
+@dataclass(frozen=True)
+class DeadLetterClaim:
+    """The claim a dead letter's holds carry and the (repository, target) pairs held."""
+
+    claim: str
+    held: tuple[tuple[str, str], ...]
+
+
 def dlq_message(rec: Any, reason: str, max_value: int = _DLQ_MAX_VALUE,
-                claim: str | None = None) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+                claim: str | None = None, held: Sequence[tuple[str, str]] = (),
+                signing_key: bytes | None = None,
+                ) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
     """(key, value, headers) of the dead-letter record for ``rec``: its value and key cut to
     fit the topic, with the reason, the id of the claim its holds carry (``dlq resolve``
-    removes exactly that one) and, when cut, the original sizes in the headers."""
+    removes exactly that one), when cut the original sizes, and with ``signing_key`` what it
+    held (``held``) and the tracker's signature over all of that."""
     value = rec.value if rec.value is not None else b""
     key = rec.key
     headers = [("reason", reason.encode()), ("topic", rec.topic.encode()),
@@ -66,6 +84,13 @@ def dlq_message(rec: Any, reason: str, max_value: int = _DLQ_MAX_VALUE,
     if key is not None and len(key) > _DLQ_MAX_KEY:
         headers += [("original_key_size", str(len(key)).encode())]
         key = key[:_DLQ_MAX_KEY]
+    if signing_key is not None and claim is not None:
+        pairs = tuple(sorted(set(held)))
+        fields = DeadLetterFields(claim, rec.topic, str(rec.partition), str(rec.offset), reason,
+                                  record_digest(key, value), pairs)
+        headers += [("held", orjson.dumps([list(p) for p in pairs])),
+                    ("signature", seal_dead_letter(signing_key, fields).encode()),
+                    ("signed_by", key_id(signing_key).encode())]
     return key, value, headers
 
 
@@ -73,7 +98,7 @@ class DeadLetters(TrackerShared):
     """Publish dead letters (with backoff, never dropped) and place their holds."""
 
     async def _dead_letter(self, items: list[tuple[Any, str]],
-                           claims: dict[int, str] | None = None) -> None:
+                           claims: dict[int, DeadLetterClaim] | None = None) -> None:
         """Every item is acknowledged by the dead-letter topic before the offsets are committed;
         a failing publish is retried with backoff (never dropped, never stops the tracker for
         good: only a requested stop ends the retries, and then nothing is committed)."""
@@ -81,12 +106,15 @@ class DeadLetters(TrackerShared):
                                for rec, reason in items))
         self.dead_lettered += len(items)
 
-    async def _dead_letter_one(self, rec: Any, reason: str, claim: str | None = None) -> None:
+    async def _dead_letter_one(self, rec: Any, reason: str,
+                               claim: DeadLetterClaim | None = None) -> None:
         assert self._producer is not None
         limit, delay = _DLQ_MAX_VALUE, 0.1
         reason = reason[:MAX_REASON]
         while True:
-            key, value, headers = dlq_message(rec, reason, limit, claim)
+            key, value, headers = dlq_message(
+                rec, reason, limit, claim.claim if claim else None,
+                claim.held if claim else (), self._reap_key)
             try:
                 fut = await self._producer.send(self.settings.dlq_topic, value=value, key=key,
                                                 headers=headers)

@@ -46,7 +46,7 @@ import orjson
 
 from core.clock import redis_time_ms
 from core.gate import applied_regression
-from core.registry import repo_lifecycle, repo_namespace
+from core.registry import conflict_standing, repo_lifecycle, repo_namespace
 from schemas.address import canonical_address
 from schemas.layout import (
     APPLIED,
@@ -196,6 +196,10 @@ def _flag_losses(r: Any, repo: str) -> str:
     flag = r.hgetall(RepoKeys(repo).fail_closed)
     if not flag:
         raise RebuildError(f"{repo} is not fail-closed: nothing to rebuild")
+    conflict = conflict_standing(r, repo)
+    if conflict is not None:  # a rebuild lifts the flag; the overlap would still stand
+        raise RebuildError(f"{repo}: {conflict.reason().split('; ')[0]}: a rebuild does not "
+                           "resolve it (schemas/README.md, Registry conflicts)")
     return str(flag.get("losses", ""))
 
 

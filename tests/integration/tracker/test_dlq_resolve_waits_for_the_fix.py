@@ -63,14 +63,14 @@ async def test_resolve_right_after_replay_waits_for_the_fix_to_be_applied(
         assert len(letters) == 1
         await dlq.publish_fixed(s, letters[0].value)
         with pytest.raises(UserError, match="nothing was lifted"):
-            dlq.resolve(r, letters[0])  # the tracker is down: the fix is not applied yet
+            dlq.resolve(r, letters[0], s3=s3)  # the tracker is down: the fix is not applied yet
         assert r.hexists(RepoKeys("r").holds, A)
         reaper = Reaper(s, s3=s3)
         try:
             report = await reaper.run_once()
             assert report.total("deleted") == 0  # held
             async with running_tracker(s, name="t2"):
-                done = await asyncio.to_thread(dlq.resolve, r, letters[0], wait_s=60)
+                done = await asyncio.to_thread(dlq.resolve, r, letters[0], s3=s3, wait_s=60)
                 assert done and not r.hexists(RepoKeys("r").holds, A)
                 report = await reaper.run_once()  # the replayed copy keeps A now
         finally:

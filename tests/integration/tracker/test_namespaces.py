@@ -15,11 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
+import pytest
 
 from core.clients import redis_async, redis_sync
 from core.clock import await_horizon
+from core.guards import fail_closed_repos
 from core.registry import register_namespace
 from core.settings import Settings
+from hardelete.failclosed import clear
 from hardelete.status import collect_status, explain_address
 from reaper.daemon import Reaper
 from reconciler.retirement import purge_retired
@@ -199,6 +202,18 @@ async def test_a_retired_repositorys_queue_is_not_reaped_under_a_new_repository(
             await _wait(registered, "R1 registered")
             await publish(settings, [early])
             await _wait(refused, "R2's premature repository_created refused")
+            # R2's service may write into R1's namespace: both are fail-closed (R1's purge
+            # waits) until the operator, having judged it, clears R1 (R2 is not live: the
+            # conflict does not stand)
+            rs = redis_sync(settings)
+            try:
+                for repo in ("R1", "R2"):
+                    assert "'R1'" in rs.hget(RepoKeys(repo).fail_closed, "reason") \
+                        and "'R2'" in rs.hget(RepoKeys(repo).fail_closed, "reason")
+                assert clear(rs, "R1", reason="R2's service writes nothing yet",
+                             who="pytest") == 1
+            finally:
+                rs.close()
             await publish(settings, [ev.RepositoryDeleted(
                 repository="R1", storage_namespace=ns, event_id="r1-retire")])
 
@@ -236,6 +251,9 @@ async def test_a_retired_repositorys_queue_is_not_reaped_under_a_new_repository(
         incidents = [orjson.loads(j) for j in rs.lrange(INCIDENTS, 0, -1)]
         # (R1's and R2's events lie on different partitions: no order between them)
         assert sorted(i["event_id"] for i in incidents) == ["r1-again", "r2-early", "r2-early"]
+        # (delivered again once R1's namespace was freed: no conflict any more)
+        assert [i.get("repositories") for i in incidents if i["event_id"] == "r2-early"] \
+            == [["R1", "R2"], None]
         assert len({i["reason"] for i in incidents if i["event_id"] == "r2-early"}) == 1
         assert explain_address(rs, settings, a).repository == "R2"
         gone = explain_address(rs, settings, f"s3://{bucket}/again/x")
@@ -300,7 +318,9 @@ async def test_a_tracker_registers_repositories_that_predate_the_registry(
                 await r.aclose()
         assert rs.hgetall(NAMESPACES) == {"s3://b/L/": "L1", "s3://b/M/": "L3"}
         (inc,) = [orjson.loads(j) for j in rs.lrange(INCIDENTS, 0, -1)]
-        assert inc["kind"] == "registry_conflict" and inc["repository"] == "L2"
+        assert inc["kind"] == "registry_conflict" and inc["refused"] == "L2"
+        assert inc["repositories"] == ["L1", "L2"]  # both at risk: both fail-closed
+        assert set(fail_closed_repos(rs)) == {"L1", "L2"}
     finally:
         rs.close()
 async def test_a_tracker_with_a_stale_cache_cannot_revive_a_retired_repository(
@@ -358,3 +378,48 @@ async def test_a_retirement_interrupted_after_its_apply_completes_on_redelivery(
         rs.close()
 
 
+
+
+@pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
+@pytest.mark.parametrize("inside", [True, False], ids=["nested", "containing"])
+async def test_a_repository_created_over_a_live_one_fails_closed_both(
+        settings: Settings, s3: Any, bucket: str, inside: bool) -> None:
+    """P's repository_created nests in (or contains) live R's namespace (issue 34 item 4;
+    failed before: only P's refusal was recorded, R went on deleting, and P's service may write
+    its data where R's sweep takes it for R's garbage). Both are fail-closed, one incident names
+    both, R's reaper deletes nothing; the operator who judged it clears R (P, refused, is not
+    live: the conflict does not stand), and R deletes again."""
+    s = settings.replace(grace_seconds=1.0, quarantine_days=0.0)
+    r_ns = f"s3://{bucket}/R/"
+    p_ns = r_ns + "P/" if inside else f"s3://{bucket}/"
+    q = r_ns + "data/q"  # R's own garbage
+    s3.put_object(Bucket=bucket, Key="R/data/q", Body=b"garbage of R")
+    rs = redis_sync(s)
+    try:
+        async with running_tracker(s):
+            await publish(s, [created("R", r_ns),
+                              ev.BranchCreated(repository="R", branch="main",
+                                               staging_token="t1", ref_version=1),
+                              written("R", q, token="t1", ref="rq"),
+                              deleted("R", q, token="t1", ref="rq")])
+
+            async def registered() -> bool:  # (P's events lie on another partition)
+                return bool(rs.hget(NAMESPACES, r_ns) == "R")
+
+            await _wait(registered, "R registered")
+            target = await publish(s, [created("P", p_ns, event_id="p-create")])
+            await _past_grace(s, target)
+            report = await _reap(s)
+            assert report.total("deleted") == 0 and _exists(s3, bucket, "R/data/q"), \
+                report.as_dict()
+            for repo in ("R", "P"):
+                reason = rs.hget(RepoKeys(repo).fail_closed, "reason") or ""
+                assert "registry conflict" in reason and "'P'" in reason and "'R'" in reason
+            (inc,) = [orjson.loads(j) for j in rs.lrange(INCIDENTS, 0, -1)]
+            assert inc["event_id"] == "p-create" and inc["repositories"] == ["P", "R"]
+            assert inc["namespaces"] == {"P": p_ns, "R": r_ns}
+            assert clear(rs, "R", reason="P's service writes nothing there", who="pytest") == 1
+            report = await _reap(s)
+        assert report.total("deleted") == 1 and not _exists(s3, bucket, "R/data/q")
+    finally:
+        rs.close()

@@ -9,8 +9,11 @@ then is its namespace free for a new repository."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from schemas import events as ev
+from schemas.namespaces import conflict_of, overlaps, standing_conflict
 from sim.model import ManualClock, Model, ModelError, seeded_ids
 from sim.operations import created, deleted, written
 from tracker.references import World
@@ -131,3 +134,39 @@ def test_status_prints_refusals_and_retired_repositories(capsys):
     out = capsys.readouterr().out
     assert "1 incident(s) outside any live repository" in out
     assert "P: namespace overlap" in out and "R1 (s3://b/R1/, kept until" in out
+
+
+# --- registry conflicts (issue 34 item 4) ------------------------------------------------------
+
+def test_a_conflict_names_every_repository_whose_namespace_overlaps() -> None:
+    registry = {"s3://b/x/": "X", "s3://b/x/y/z/": "Z", "s3://b/w/": "W"}
+    c = conflict_of("Y", "s3://b/x/y/", registry)
+    assert c is not None and c.repositories == ["X", "Y", "Z"]
+    assert dict(c.members) == {"X": "s3://b/x/", "Y": "s3://b/x/y/", "Z": "s3://b/x/y/z/"}
+    assert all(f"'{r}'" in c.reason() for r in "XYZ")
+    assert conflict_of("Y", "s3://b/v/", registry) is None
+    assert conflict_of("W", "s3://b/w/", registry) is None  # its own entry
+    assert conflict_of("Y", "not a namespace", registry) is None
+    assert conflict_of("E", "S3://B/w/", registry) is not None  # compared canonically
+
+
+def test_a_conflict_stands_while_another_holder_overlaps() -> None:
+    holders = [("A", "s3://b/A/"), ("B", "s3://b/A/B/"), ("C", "s3://b/C/")]
+    for repo in ("A", "B"):
+        c = standing_conflict(repo, holders)
+        assert c is not None and c.repositories == ["A", "B"]
+    assert standing_conflict("C", holders) is None
+    assert standing_conflict("P", holders) is None  # holds nothing (refused, retired, unknown)
+    assert standing_conflict("A", [h for h in holders if h[0] != "B"]) is None  # B retired
+
+
+@given(spaces=st.lists(st.sampled_from(["s3://b/", "s3://b/x/", "s3://b/x/y/", "s3://b/w/",
+                                        "s3://c/"]), min_size=1, max_size=5))
+def test_standing_conflict_is_exactly_an_overlap_with_another_holder(spaces: list[str]) -> None:
+    holders = [(f"r{i}", ns) for i, ns in enumerate(spaces)]
+    for repo, ns in holders:
+        others = [o for o, n in holders if o != repo and overlaps(ns, n)]
+        c = standing_conflict(repo, holders)
+        assert (c is None) == (not others)
+        if c is not None:
+            assert set(c.repositories) == {repo, *others}
