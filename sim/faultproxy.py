@@ -28,10 +28,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, urlencode, urlparse
 from xml.sax.saxutils import escape
-
-from urllib.parse import parse_qsl, urlencode
 
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
@@ -185,7 +183,7 @@ class FaultProxy:
                              + ("?" + urlencode(rest) if rest else ""), data=body, headers=kept)
             ExpiringQueryAuth(self._credentials, "s3", self._region,
                               expires=expires, timestamp=date).add_auth(req)
-            return (req.url[len(self.upstream._replace(path="").geturl()):],
+            return (str(req.url)[len(self.upstream._replace(path="").geturl()):],
                     dict(req.headers.items()))
         req = AWSRequest(method=method, url=self.upstream._replace(path="").geturl() + path,
                          data=body, headers=kept)
