@@ -56,6 +56,7 @@ class Faults:
     # while the test acted is retried (several sweep tasks may be in flight at once).
     throttle_held: bool = False
     delete_requests: int = 0
+    deletes_forwarded: int = 0  # DeleteObjects the server has answered (it acted on them)
     # A seeded share of DeleteObjects requests answer 503, and the same share of the keys of
     # the others fail with InternalError (0 disables).
     error_share: float = 0.0
@@ -147,6 +148,9 @@ class FaultProxy:
                         f"<Error><Key>{escape(k)}</Key><Code>{c}</Code>"
                         f"<Message>injected</Message></Error>" for k, c in injected)
                     data = data.replace(b"</DeleteResult>", errors.encode() + b"</DeleteResult>")
+                if is_delete:
+                    with proxy.faults.lock:
+                        proxy.faults.deletes_forwarded += 1
                 self._reply(resp.status, data, resp.getheaders())
                 conn.close()
 
