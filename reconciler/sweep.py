@@ -415,7 +415,7 @@ def _sweep_batch(deleter: Deleter, r: Any, plan: SweepPlan,
 
     res = deleter.delete(Plan(ns.uri, recheck=None if r is None else address_recheck,
                               retry=RetryPolicy(attempts=5, base_delay=0.1)),
-                         [ns.address(rel) for rel in ok])
+                         [f"s3://{ns.bucket}/{key}" for key in ok])  # (ok: bucket keys)
     stats.requests += res.requests
     for address, why in res.kept.items():  # kept by the re-check right before the request
         rel = address[len(ns.uri):]
