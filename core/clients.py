@@ -18,8 +18,12 @@ if TYPE_CHECKING:
 def s3_client(settings: Settings, max_pool: int = 32, *, retries: bool = True) -> S3Client:
     """A boto3 S3 client; also used inside Spark tasks (settings are picklable).
 
-    ``retries=False``: botocore never retries (one attempt per request): the delete gate's
-    client (``core.gate``), which re-judges before each of its own retries."""
+    ``retries=False``: botocore never retries (one attempt per request), and it waits at most
+    ``s3_request_seconds`` to connect and per read: the one deleter's client
+    (``core.deleter``), which re-judges before each of its own retries and whose requests the
+    store refuses after that bound."""
+    # (botocore's own defaults when None: 60 s)
+    timeout = None if retries else settings.s3_request_seconds
     client: S3Client = boto3.client(
         "s3",
         endpoint_url=settings.s3_endpoint_url or None,
@@ -31,6 +35,8 @@ def s3_client(settings: Settings, max_pool: int = 32, *, retries: bool = True) -
             retries=({"max_attempts": 5, "mode": "adaptive"} if retries
                      else {"total_max_attempts": 1, "mode": "standard"}),
             s3={"addressing_style": "path"},
+            connect_timeout=timeout,
+            read_timeout=timeout,
         ),
     )
     return client

@@ -1,13 +1,7 @@
-"""The one deleter core and the guards every delete path re-reads right before its request.
+"""The guards and the evidence every delete path re-reads right before its request.
 
-:func:`delete_keys` is the only code that calls ``delete_objects``: at most 1,000 keys per
-request (real S3's limit; moto accepts more, so it is enforced here), jittered exponential
-backoff on transient failures, per-key transient codes retried, and a key counts as
-**confirmed only when the store lists it under ``Deleted``** (never quiet mode: a key the store
-does not mention is asked again, then reported unconfirmed). Before *every* request (retries
-included) it calls the caller's ``recheck``: keys it returns are kept, with their reason, and
-never sent. The reaper wraps it (``reaper.deleter.S3Deleter``: ``asyncio.to_thread`` and a
-concurrency limit); the sweep calls it (``reconciler.sweep.delete_batch``).
+The requests themselves are the one deleter's (``core.deleter``): it runs a caller's
+recheck, built from what this module reads, right before every request.
 
 :class:`Gate` is what a recheck reads from Redis right before the request (SPEC safety 3, 8,
 and the holds of issue 8): the namespace registry ``hd:namespaces``, the global and the
@@ -23,9 +17,7 @@ address inside another live repository's namespace is refused.
 
 from __future__ import annotations
 
-import random
-import time
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -46,15 +38,6 @@ from schemas.layout import (
 from schemas.liveness import Guards, Path, judge
 from schemas.namespaces import ownership_problem
 from schemas.records import AddressRecord, decode_address
-
-S3_MAX_KEYS = 1000
-TRANSIENT_CODES = frozenset({
-    "SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "503", "500",
-    "Throttling", "ThrottlingException", "RequestLimitExceeded"})
-NO_ANSWER = "NoAnswer"  # the store did not mention the key (neither Deleted nor Errors)
-
-Recheck = Callable[[list[str]], Mapping[str, str]]  # keys -> {key: reason to keep}
-
 
 # --- the guards ----------------------------------------------------------------------------------
 
@@ -313,154 +296,3 @@ def keep_reasons(evidence: Evidence, repo: str, namespace: str, *, path: Path,
         if not j.may_delete:
             keep[address] = j.reason
     return keep
-
-
-# --- the core ------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    attempts: int = 6  # requests per batch at most (the first included)
-    base_delay: float = 0.05
-    max_delay: float = 5.0
-
-    def backoff(self, retry: int, rng: random.Random) -> float:
-        # Full jitter: spreads the retries of many deleters hitting one throttled prefix.
-        return rng.uniform(0, min(self.max_delay, self.base_delay * 2 ** retry))
-
-
-@dataclass
-class KeysOutcome:
-    """Per bucket key: confirmed by the store, failed (code and text), or kept by the recheck."""
-
-    deleted: list[str] = field(default_factory=list)
-    codes: dict[str, str] = field(default_factory=dict)  # failed key -> last error code
-    errors: dict[str, str] = field(default_factory=dict)  # failed key -> "Code: message"
-    kept: dict[str, str] = field(default_factory=dict)  # key -> reason the recheck kept it
-    requests: int = 0
-    retries: int = 0
-
-
-def delete_keys(s3: Any, bucket: str, keys: list[str], *, policy: RetryPolicy = RetryPolicy(),
-                recheck: Recheck | None = None, sleep: Callable[[float], None] = time.sleep,
-                rng: random.Random | None = None) -> KeysOutcome:
-    """Delete up to 1,000 keys of one bucket; see the module docstring.
-
-    ``recheck`` runs right before every request; if it raises, every pending key is kept
-    (doubt keeps) and the error is the reason.
-    """
-    if len(keys) > S3_MAX_KEYS:
-        raise ValueError(f"{len(keys)} keys in one delete request (at most {S3_MAX_KEYS})")
-    _no_retries(s3)
-    rng = rng or random.Random()
-    out = KeysOutcome()
-    pending = list(dict.fromkeys(keys))
-    last: dict[str, tuple[str, str]] = {}
-    attempt = 0
-    while pending:
-        if recheck is not None:
-            try:
-                keep = recheck(list(pending))
-            except Exception as exc:  # the guards could not be read: nothing is sent
-                keep = {k: f"recheck failed: {type(exc).__name__}: {exc}" for k in pending}
-            for k in pending:
-                if k in keep:
-                    out.kept[k] = keep[k]
-            pending = [k for k in pending if k not in keep]
-            if not pending:
-                break
-        out.requests += 1
-        attempt += 1
-        retry: list[str] = []
-        give_up = False
-        try:
-            resp = s3.delete_objects(
-                Bucket=bucket, Delete={"Objects": [{"Key": k} for k in pending], "Quiet": False})
-        except Exception as exc:  # the whole request failed
-            code, text = _request_error(exc)
-            for k in pending:
-                last[k] = (code, text)
-            retry = pending
-            give_up = code not in TRANSIENT_CODES and _is_client_error(exc)
-        else:
-            asked = set(pending)
-            confirmed = {d.get("Key") for d in resp.get("Deleted", ()) or ()} & asked
-            errors = {e.get("Key", ""): (str(e.get("Code", "Error")), str(e.get("Message", "")))
-                      for e in resp.get("Errors", ()) or () if e.get("Key") in asked}
-            for k in pending:
-                if k in confirmed:
-                    out.deleted.append(k)
-                elif k in errors:
-                    code, msg = errors[k]
-                    last[k] = (code, f"{code}: {msg}")
-                    if code in TRANSIENT_CODES:
-                        retry.append(k)
-                    else:
-                        out.codes[k], out.errors[k] = code, f"{code}: {msg}"
-                else:  # not mentioned: not confirmed; ask again
-                    last[k] = (NO_ANSWER, "no answer from the store")
-                    retry.append(k)
-        pending = retry
-        if not pending:
-            break
-        if give_up or attempt >= policy.attempts:
-            for k in pending:
-                code, text = last[k]
-                out.codes[k], out.errors[k] = code, text
-            break
-        out.retries += 1
-        sleep(policy.backoff(attempt, rng))
-    return out
-
-
-def _is_client_error(exc: BaseException) -> bool:
-    from botocore.exceptions import ClientError
-
-    return isinstance(exc, ClientError)
-
-
-def _request_error(exc: BaseException) -> tuple[str, str]:
-    from botocore.exceptions import ClientError
-
-    if isinstance(exc, ClientError):
-        code = str(exc.response.get("Error", {}).get("Code", "ClientError"))
-        return code, f"{code}: {exc}"
-    return type(exc).__name__, f"request: {type(exc).__name__}: {exc}"
-
-
-# --- quarantine copies (the gate's other requests) ------------------------------------------------
-
-def copy_key(s3: Any, bucket: str, key: str, dst_key: str,
-                metadata: Mapping[str, str] | None = None) -> None:
-    """Copy ``key`` to ``dst_key`` in one bucket: a quarantine copy (``metadata`` replaces the
-    object's) or a restore (``metadata`` None: kept). The only ``copy_object`` of the product:
-    a quarantine is a copy then a delete, and both are the gate's."""
-    _no_retries(s3)
-    if metadata is None:
-        s3.copy_object(Bucket=bucket, Key=dst_key, CopySource={"Bucket": bucket, "Key": key},
-                       MetadataDirective="COPY")
-    else:
-        s3.copy_object(Bucket=bucket, Key=dst_key, CopySource={"Bucket": bucket, "Key": key},
-                       MetadataDirective="REPLACE", Metadata=dict(metadata))
-
-
-# --- no retries below us --------------------------------------------------------------------------
-
-def client_attempts(s3: Any) -> int:
-    """How many attempts botocore makes per request with this client (1: it never retries)."""
-    config = getattr(getattr(s3, "meta", None), "config", None)
-    if config is None:
-        return 1  # not a botocore client: no botocore retries
-    retries = getattr(config, "retries", None) or {}
-    if "total_max_attempts" in retries:
-        return int(retries["total_max_attempts"])
-    if "max_attempts" in retries:
-        return int(retries["max_attempts"]) + 1
-    return 3  # botocore's legacy default: retries
-
-
-def _no_retries(s3: Any) -> None:
-    # A client that retries by itself could send a throttled request again without the
-    # re-check this module runs before every request (retries included).
-    if client_attempts(s3) != 1:
-        raise ValueError("the delete gate needs an S3 client that does not retry by itself "
-                         "(core.clients.s3_client(..., retries=False))")

@@ -98,6 +98,8 @@ class Settings:
     min_safe_grace_seconds: float = field(default=300.0, metadata=_opt(_non_negative))
     allow_unsafe_grace: bool = False
     lease_seconds: float = field(default=120.0, metadata=_opt(_positive))
+    s3_request_seconds: int = field(default=10, metadata=_opt(_positive))
+    clock_skew_seconds: float = field(default=1.0, metadata=_opt(_non_negative))
     tombstone_days: float = field(default=7.0, metadata=_opt(_positive))
     retired_retention_days: float = field(default=7.0, metadata=_opt(_non_negative))
     reaper_batch_keys: int = field(default=1_000, metadata=_opt(_positive))
@@ -206,6 +208,10 @@ DOCS: dict[str, str] = {
     "repository_grace": "per-repository grace windows: repo=seconds[,repo=seconds]",
     "allow_unsafe_grace": "accept a grace window under min_safe_grace_seconds",
     "lease_seconds": "a reaper's claim on an address expires after this",
+    "s3_request_seconds": "a delete or copy request is void after this (its signature expires; "
+                          "the S3 client's timeouts too): restore waits it out",
+    "clock_skew_seconds": "the largest clock difference between the reaper, the S3 store, "
+                          "Redis and the operator's host",
     "tombstone_days": "reaped addresses are remembered this long to catch late references",
     "retired_retention_days": "a retired repository's data is kept this long (its namespace "
                               "is not given to another repository meanwhile), then purged",

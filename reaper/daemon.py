@@ -33,13 +33,13 @@ from prometheus_client import Gauge, Histogram, start_http_server
 
 from core.clients import redis_async, redis_sync, s3_client
 from core.clock import atracker_horizon_ms
+from core.deleter import AsyncDeleter, Deleter, Plan, Recheck, Report, client_attempts
 from core.facts import FactsProof, RepoFacts
-from core.gate import aread_evidence, aread_gate, client_attempts, keep_reasons
+from core.gate import aread_evidence, aread_gate, keep_reasons
 from core.logs import get_logger
 from core.registry import arepo_namespace
 from core.settings import Settings
 from reaper.claims import ClaimBatch, ClaimStore
-from reaper.deleter import AddressRecheck, DeleteOutcome, S3Deleter
 from reaper.quarantine import purge_expired, purge_recheck, quarantine, quarantine_size
 from schemas import reaper_auth
 from schemas.events import MAX_REAPED_PER_EVENT, AddressesReaped, new_id
@@ -113,7 +113,7 @@ class Reaper:
         self.redis = redis if redis is not None else redis_async(settings)
         pool = settings.reaper_concurrency * 2
         self.s3 = s3 if s3 is not None else s3_client(settings, max_pool=pool)
-        # The gate's own client: one attempt per request (the gate retries, re-judging first).
+        # The deleter's own client: one attempt per request (it retries, re-judging first).
         if s3 is None:
             self.gate_s3 = s3_client(settings, max_pool=pool, retries=False)
         elif client_attempts(s3) == 1:
@@ -122,8 +122,8 @@ class Reaper:
             self.gate_s3 = s3_client(settings.replace(s3_endpoint_url=s3.meta.endpoint_url),
                                      max_pool=pool, retries=False)
         self.claims = ClaimStore(self.redis)
-        self.deleter = S3Deleter(self.gate_s3, concurrency=settings.reaper_concurrency,
-                                 batch_keys=settings.reaper_batch_keys)
+        self.deleter = AsyncDeleter(Deleter.for_settings(settings, self.gate_s3),
+                                    concurrency=settings.reaper_concurrency)
         self.log = log.bind(reaper=self.id, dry_run=dry_run)
         self._last_purge = 0.0
         self._publisher: Publisher | None = None
@@ -237,8 +237,8 @@ class Reaper:
             pending = claim()
             outcome = await self._remove(namespace, repo, [c.address for c in batch.claimed],
                                          recheck)
-            await self._publish_reaped(repo, outcome.deleted)
-            await self.claims.complete(repo, outcome.deleted)
+            await self._publish_reaped(repo, list(outcome.deleted))
+            await self.claims.complete(repo, list(outcome.deleted))
             self._account(result, batch, outcome, rlog)
             if not outcome.deleted:
                 # Everything failed: do not spin. The prefetched claims, like the failed ones,
@@ -252,7 +252,7 @@ class Reaper:
             await self._quarantine_housekeeping(repo, namespace)
         return result
 
-    def _account(self, result: RepoPass, batch: ClaimBatch, outcome: DeleteOutcome,
+    def _account(self, result: RepoPass, batch: ClaimBatch, outcome: Report,
                  rlog: Any) -> None:
         repo = result.repository
         confirmed = set(outcome.deleted)
@@ -279,7 +279,7 @@ class Reaper:
         REAPED.labels(repo).inc(len(outcome.deleted))
         REAPED_BYTES.labels(repo).inc(reaped_bytes)
         FAILURES.labels(repo).inc(len(outcome.failed) + len(outcome.refused))
-        for address, code in outcome.failed.items():
+        for address, code in outcome.codes.items():
             # The claim stays until its lease expires: a natural backoff before the retry.
             rlog.warning("delete failed; will retry after the lease", address=address,
                          error=code)
@@ -307,7 +307,7 @@ class Reaper:
                                        now_ms=int(time.time() * 1000))
 
     def _recheck(self, repo: str, namespace: str, horizon: int,
-                 grace_ms: int) -> AddressRecheck:
+                 grace_ms: int) -> Recheck:
         """The judgment, run from the deleter's threads right before each request."""
         loop = asyncio.get_running_loop()
 
@@ -319,11 +319,12 @@ class Reaper:
         return run
 
     async def _remove(self, namespace: str, repo: str, addresses: list[str],
-                      recheck: AddressRecheck | None = None) -> DeleteOutcome:
+                      recheck: Recheck | None = None) -> Report:
+        plan = Plan(namespace, recheck=recheck, batch_keys=self.settings.reaper_batch_keys)
         if self.settings.quarantine_days > 0:
-            return await quarantine(self.gate_s3, self.deleter, namespace, repo, addresses,
-                                    self.settings.quarantine_days, recheck)
-        return await self.deleter.delete(namespace, addresses, recheck)
+            return await quarantine(self.deleter, plan, repo, addresses,
+                                    self.settings.quarantine_days)
+        return await self.deleter.delete(plan, addresses)
 
     async def _quarantine_housekeeping(self, repo: str, namespace: str) -> None:
         if self.settings.quarantine_days <= 0 or time.time() - self._last_purge < 300:
@@ -331,7 +332,7 @@ class Reaper:
         self._last_purge = time.time()
         r = redis_sync(self.settings)
         try:
-            await purge_expired(self.gate_s3, namespace, listing=self.s3,
+            await purge_expired(self.deleter.deleter, namespace, listing=self.s3,
                                 recheck=purge_recheck(r, self.gate_s3, repo, namespace,
                                                       int(self.settings.grace_for(repo) * 1000)))
         finally:

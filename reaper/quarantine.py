@@ -9,30 +9,21 @@ import asyncio
 import contextlib
 import datetime as dt
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from core.clients import redis_async, redis_sync, s3_client, split_s3_uri
+from core.clients import redis_async, redis_sync, split_s3_uri
 from core.clock import aredis_time_ms
+from core.deleter import QUARANTINE, AsyncDeleter, Copy, Deleter, Plan, Recheck, Report
 from core.errors import UserError
 from core.facts import HOLD_ADD, HOLD_REMOVE, FactError, RepoFacts
-from core.gate import (
-    S3_MAX_KEYS,
-    Evidence,
-    aread_gate,
-    copy_key,
-    delete_keys,
-    keep_reasons,
-    read_evidence,
-)
+from core.gate import Evidence, aread_gate, keep_reasons, read_evidence
 from core.logs import get_logger
 from core.registry import arepo_namespace
 from core.settings import Settings
 from reaper.claims import ClaimStore
-from reaper.deleter import AddressRecheck, DeleteOutcome, S3Deleter
 from schemas.address import canonical_address
 from schemas.holds import (
     RESTORE,
@@ -50,41 +41,26 @@ def quarantine_address(namespace: str, address: str) -> str:
     return namespace + QUARANTINE_PREFIX + namespace_key(namespace, address)
 
 
-async def quarantine(client: Any, deleter: S3Deleter, namespace: str, repo: str,
-                     addresses: list[str], keep_days: float,
-                     recheck: AddressRecheck | None = None) -> DeleteOutcome:
-    """Copy each address into quarantine, then delete the original through the deleter (so the
-    same namespace guard, re-check right before the request and confirmation rules apply).
-    A failed copy deletes nothing."""
-    copied: list[str] = []
-    failed: dict[str, str] = {}
-    expires = time.time() + keep_days * 86400
-
-    def copy_one(address: str) -> None:
-        bucket, key = split_s3_uri(address)
-        _, qkey = split_s3_uri(quarantine_address(namespace, address))
-        copy_key(client, bucket, key, qkey, {"hardelete-repo": repo,
-                                             "hardelete-address": address,
-                                             "hardelete-expires": str(int(expires))})
-
-    async def one(address: str) -> None:
+async def quarantine(deleter: AsyncDeleter, plan: Plan, repo: str, addresses: list[str],
+                     keep_days: float) -> Report:
+    """Copy each address into quarantine, then delete the original (``plan``: its namespace,
+    recheck right before each request); one report of both. A failed copy deletes nothing."""
+    expires = str(int(time.time() + keep_days * 86400))
+    valid: list[str] = []
+    refused: dict[str, str] = {}
+    for address in addresses:
         try:
-            namespace_key(namespace, address)
-            await asyncio.to_thread(copy_one, address)
-            copied.append(address)
-        except ClientError as exc:
-            code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in ("NoSuchKey", "404"):
-                copied.append(address)  # nothing to keep: deleting is a no-op
-            else:
-                failed[address] = code or "copy failed"
-        except ValueError as exc:
-            failed[address] = str(exc)
-
-    await asyncio.gather(*(one(a) for a in addresses))
-    outcome = await deleter.delete(namespace, copied, recheck)
-    outcome.failed.update(failed)
-    return outcome
+            quarantine_address(plan.namespace, address)
+            valid.append(address)
+        except ValueError as exc:  # (OutsideNamespace): never copied, never deleted
+            refused[address] = str(exc)
+    copies = await deleter.copy(Plan(plan.namespace), [
+        Copy(a, quarantine_address(plan.namespace, a),
+             {"hardelete-repo": repo, "hardelete-address": a, "hardelete-expires": expires})
+        for a in valid])
+    # A source that is not there leaves nothing to keep: its delete is a no-op.
+    gone = await deleter.delete(plan, [*copies.copied, *copies.absent])
+    return Report(refused=refused) + copies + gone
 
 
 def purge_keeps(evidence: Evidence, repo: str, namespace: str, *, horizon_ms: int | None,
@@ -104,8 +80,7 @@ def purge_keeps(evidence: Evidence, repo: str, namespace: str, *, horizon_ms: in
     return keep
 
 
-def purge_recheck(r: Any, s3: Any, repo: str, namespace: str, grace_ms: int
-                  ) -> Callable[[list[str]], dict[str, str]]:
+def purge_recheck(r: Any, s3: Any, repo: str, namespace: str, grace_ms: int) -> Recheck:
     """The gate's judgment for purging quarantine copies (:func:`purge_keeps`), read right
     before each request (the repository's holds and pauses proven first: core/facts.py)."""
     facts = RepoFacts(r, s3, repo, namespace)
@@ -120,18 +95,18 @@ def purge_recheck(r: Any, s3: Any, repo: str, namespace: str, grace_ms: int
     return run
 
 
-async def purge_expired(client: Any, namespace: str, now: float | None = None,
-                        recheck: Callable[[list[str]], Mapping[str, str]] | None = None,
-                        listing: Any = None) -> int:
-    """Delete quarantine copies whose keep period is over, through the gate: ``recheck``
-    (addresses -> reasons to keep, :func:`purge_recheck`) runs right before each request.
-    Only ever touches the quarantine prefix of this namespace. ``listing``: a client to list
-    and read metadata with (default ``client``); ``client`` must be the gate's (no retries)."""
+async def purge_expired(deleter: Deleter, namespace: str, now: float | None = None,
+                        recheck: Recheck | None = None, listing: Any = None) -> Report:
+    """Delete quarantine copies whose keep period is over, through the one deleter:
+    ``recheck`` (addresses -> reasons to keep, :func:`purge_recheck`) runs right before each
+    request with the addresses the copies keep. Only ever touches the quarantine prefix of
+    this namespace (the plan's area). ``listing``: a client to list and read metadata with
+    (default the deleter's)."""
     now = time.time() if now is None else now
     bucket, prefix = split_s3_uri(namespace + QUARANTINE_PREFIX)
-    lister = listing if listing is not None else client
+    lister = listing if listing is not None else deleter.client
 
-    def run() -> int:
+    def run() -> Report:
         due: dict[str, str] = {}  # quarantine key -> the address it keeps
         for page in lister.get_paginator("list_objects_v2").paginate(Bucket=bucket,
                                                                      Prefix=prefix):
@@ -144,23 +119,20 @@ async def purge_expired(client: Any, namespace: str, now: float | None = None,
                     continue  # doubt keeps: no recorded address
                 if exp <= now and obj["Key"].startswith(prefix):
                     due[obj["Key"]] = address
-        n = 0
-        items = sorted(due.items())
-        for i in range(0, len(items), S3_MAX_KEYS):
-            batch = dict(items[i:i + S3_MAX_KEYS])
+        copies = {f"s3://{bucket}/{k}": a for k, a in sorted(due.items())}
 
-            def key_recheck(keys: list[str], batch: dict[str, str] = batch) -> dict[str, str]:
-                if recheck is None:
-                    return {}
-                keep = recheck([batch[k] for k in keys])
-                return {k: keep[batch[k]] for k in keys if batch[k] in keep}
+        def copy_recheck(qaddrs: list[str]) -> dict[str, str]:
+            if recheck is None:
+                return {}
+            keep = recheck([copies[q] for q in qaddrs])
+            return {q: keep[copies[q]] for q in qaddrs if copies[q] in keep}
 
-            n += len(delete_keys(client, bucket, list(batch), recheck=key_recheck).deleted)
-        return n
+        return deleter.delete(Plan(namespace, area=QUARANTINE, recheck=copy_recheck),
+                              list(copies))
 
     purged = await asyncio.to_thread(run)
-    if purged:
-        log.info("quarantine purged", namespace=namespace, objects=purged)
+    if purged.deleted:
+        log.info("quarantine purged", namespace=namespace, objects=len(purged.deleted))
     return purged
 
 
@@ -246,11 +218,16 @@ async def restore(settings: Settings, repo: str, address: str) -> Restored:
     hold that keeps the restored object) is placed in one script with the check that no
     reaper claims the address (``schemas.holds.restore_claim``); a claimed address is refused
     with nothing touched (its delete may be in flight: the quarantine copy may be the only one
-    left once it lands), and once the hold is on, the reaper's claim script and its recheck
-    before the request keep the address. The quarantine copy is deleted through the gate, only
-    after the object is seen in place (:func:`copy_keep_reason`)."""
+    left once it lands), and once the hold is on, the reaper's claim script and every delete
+    path's recheck before its request keep the address. A delete request sent before the hold
+    (a reaper whose lease ran out mid-request, its claim since finished by another; a sweep)
+    may still be on its way: restore copies the object back only once every such request is
+    void (``core.deleter``, point 3: ``settle_seconds`` after the hold). The quarantine copy
+    is deleted through the one deleter, only after the object is seen in place
+    (:func:`copy_keep_reason`)."""
     redis = redis_async(settings)
-    client = s3_client(settings, retries=False)  # the gate's client
+    deleter = Deleter.for_settings(settings)
+    client = deleter.client
     sync_redis = redis_sync(settings)  # the durable facts' (core/facts.py)
     try:
         namespace = await arepo_namespace(redis, repo)
@@ -275,6 +252,7 @@ async def restore(settings: Settings, repo: str, address: str) -> Restored:
         taken = await aplace_restore_claim(redis, repo, address, claim)
         if taken.status != "held":
             raise UserError(refusal(address, taken, now))
+        settled = time.monotonic() + deleter.settle_seconds  # (measured after the hold)
         facts = RepoFacts(sync_redis, client, repo, namespace)
 
         async def fact(kind: str, body: dict[str, Any]) -> None:
@@ -298,11 +276,17 @@ async def restore(settings: Settings, repo: str, address: str) -> Restored:
         try:
             qsize = await asyncio.to_thread(_size, client, bucket, qkey)
             if qsize is not None:
-                try:
-                    await asyncio.to_thread(copy_key, client, bucket, qkey, key)
-                except ClientError as exc:
-                    if str(exc.response.get("Error", {}).get("Code", "")) not in _MISSING:
-                        raise
+                wait = settled - time.monotonic()
+                if wait > 0:  # a delete request sent before the hold may still land until then
+                    log.info("restore waits for delete requests sent before its hold to be "
+                             "void", address=address, seconds=round(wait, 1))
+                    await asyncio.sleep(wait)
+                back = await asyncio.to_thread(deleter.copy_one, Plan(namespace),
+                                               Copy(qaddr, address))
+                if back.failed or back.refused:
+                    raise RuntimeError(f"copying {qaddr} back failed: "
+                                       f"{(back.failed or back.refused)[qaddr]}")
+                if back.absent:
                     qsize = None  # purged, or a concurrent restore's, since the head
         except BaseException:
             with contextlib.suppress(Exception):  # (if it fails too, the claim stays: keeps)
@@ -319,7 +303,8 @@ async def restore(settings: Settings, repo: str, address: str) -> Restored:
             raise UserError(f"{address} was copied back but is not in place now: its quarantine "
                             f"copy {qaddr} is kept and the address held; run restore again")
         state = await ClaimStore(redis).restore(repo, address)
-        kept = await _delete_copy(redis, facts, client, repo, namespace, address, qkey, qsize)
+        kept = await _delete_copy(redis, facts, deleter, repo, namespace, address, qaddr,
+                                  qsize)
         log.info("restored from quarantine", repository=repo, address=address, state=state,
                  copy_kept=kept)
         return Restored(address, state, qaddr, kept)
@@ -328,10 +313,12 @@ async def restore(settings: Settings, repo: str, address: str) -> Restored:
         sync_redis.close()
 
 
-async def _delete_copy(redis: Any, facts: RepoFacts, client: Any, repo: str, namespace: str,
-                       address: str, qkey: str, size: int) -> str | None:
-    """Delete the quarantine copy ``qkey`` of the restored ``address`` through the gate, judged
-    right before each request (:func:`copy_keep_reason`); why it was kept, or None."""
+async def _delete_copy(redis: Any, facts: RepoFacts, deleter: Deleter, repo: str,
+                       namespace: str, address: str, qaddr: str, size: int) -> str | None:
+    """Delete the quarantine copy ``qaddr`` of the restored ``address`` through the one
+    deleter, judged right before each request (:func:`copy_keep_reason`); why it was kept, or
+    None."""
+    client = deleter.client
     bucket, key = split_s3_uri(address)
     k = RepoKeys(repo)
     loop = asyncio.get_running_loop()
@@ -347,15 +334,16 @@ async def _delete_copy(redis: Any, facts: RepoFacts, client: Any, repo: str, nam
             held=gate.guards(repo, namespace, address).held is not None,
             reaper_claimed=reaper_claims(None if state is None else str(state), in_claims))
 
-    def recheck(keys: list[str]) -> dict[str, str]:
+    def recheck(qaddrs: list[str]) -> dict[str, str]:
         why = asyncio.run_coroutine_threadsafe(judge(), loop).result(timeout=60)
-        return dict.fromkeys(keys, why) if why else {}
+        return dict.fromkeys(qaddrs, why) if why else {}
 
-    out = await asyncio.to_thread(delete_keys, client, bucket, [qkey], recheck=recheck)
-    if qkey in out.kept:
-        return out.kept[qkey]
-    if qkey in out.errors:
-        return f"its delete failed: {out.errors[qkey]}"
+    out = await asyncio.to_thread(deleter.delete, Plan(namespace, area=QUARANTINE,
+                                                       recheck=recheck), [qaddr])
+    if qaddr in out.kept:
+        return out.kept[qaddr]
+    if qaddr in out.failed or qaddr in out.refused:
+        return f"its delete failed: {out.failed.get(qaddr) or out.refused[qaddr]}"
     return None
 
 

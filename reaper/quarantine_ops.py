@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from core.clients import redis_sync, s3_client, split_s3_uri
+from core.deleter import Deleter
 from core.errors import UserError
 from core.registry import repo_namespace
 from core.settings import Settings
@@ -132,13 +133,13 @@ class purge:
             else:
                 r = redis_sync(settings)
                 try:
-                    # through the gate: each copy is judged (holds, pause, fail-closed, the
+                    # through the one deleter: each copy is judged (holds, pause, fail-closed, the
                     # address's record) right before its request
-                    gate_s3 = s3_client(settings, retries=False)
-                    n = asyncio.run(purge_expired(
-                        gate_s3, ns, listing=s3,
-                        recheck=purge_recheck(r, gate_s3, repo, ns,
-                                              int(settings.grace_for(repo) * 1000))))
+                    deleter = Deleter.for_settings(settings)
+                    n = len(asyncio.run(purge_expired(
+                        deleter, ns, listing=s3,
+                        recheck=purge_recheck(r, deleter.client, repo, ns,
+                                              int(settings.grace_for(repo) * 1000)))).deleted)
                 finally:
                     r.close()
             total += n

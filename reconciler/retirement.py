@@ -4,7 +4,7 @@ A ``repository_deleted`` retires a repository: nothing of it is deleted online f
 and its namespace **stays registered to it** (``hd:namespaces``) while any of its data is kept,
 so no new repository can be given that namespace and take the retired repository's committed
 objects for leaks. The data is kept for ``retired_retention_days`` (default 7), then purged by
-a reported run through the one gate (``core.gate``): every object of the namespace
+a reported run through the one deleter (``core.deleter``): every object of the namespace
 outside the reserved metadata prefixes, each request re-judged right before it is sent (the
 repository still retired and due, the namespace still registered to it, holds, pause,
 fail-closed). Only when the store lists nothing left is the namespace freed (and the purge
@@ -27,9 +27,10 @@ import orjson
 
 from core.clients import redis_sync, s3_client, split_s3_uri
 from core.clock import redis_time_ms
+from core.deleter import S3_MAX_KEYS, Deleter, Plan
 from core.errors import UserError
 from core.facts import RepoFacts
-from core.gate import S3_MAX_KEYS, Gate, delete_keys, read_gate
+from core.gate import Gate, read_gate
 from core.logs import get_logger
 from core.registry import free_namespace
 from core.settings import Settings
@@ -120,7 +121,7 @@ def purge_retired(settings: Settings, repo: str, *, release: bool = False,
     """Purge a retired repository's data once due (see the module docstring); the report."""
     r = redis_sync(settings)
     s3 = s3_client(settings)
-    gate_s3 = s3_client(settings, retries=False)
+    deleter = Deleter.for_settings(settings)
     try:
         raw = r.hget(RETIRED, repo)
         if raw is None:
@@ -143,7 +144,7 @@ def purge_retired(settings: Settings, repo: str, *, release: bool = False,
                                    "started_at": iso(now), "deleted": 0, "kept": {},
                                    "failed": {}}
 
-        def recheck(keys: list[str]) -> dict[str, str]:
+        def recheck(addresses: list[str]) -> dict[str, str]:
             # right before each request: still retired, due, still its namespace, no guard
             cur = r.hget(RETIRED, repo)
             why = None if cur is None else purge_due(parse_retired(repo, cur),
@@ -156,20 +157,19 @@ def purge_retired(settings: Settings, repo: str, *, release: bool = False,
             elif r.exists(FAIL_CLOSED):
                 why = "all repositories fail-closed"
             if why is not None:
-                return dict.fromkeys(keys, why)
-            addresses = {f"s3://{bucket}/{k}": k for k in keys}
-            proof = RepoFacts(r, gate_s3, repo, ns).prove(by="retired purge")
-            gate = read_gate(r, repo, list(addresses), facts=proof)
-            return {addresses[a]: why for a, why in guard_keeps(gate, repo, ns, addresses).items()}
+                return dict.fromkeys(addresses, why)
+            proof = RepoFacts(r, deleter.client, repo, ns).prove(by="retired purge")
+            return guard_keeps(read_gate(r, repo, addresses, facts=proof), repo, ns, addresses)
 
         listed = 0
         batch: list[str] = []
 
         def flush() -> None:
-            res = delete_keys(gate_s3, bucket, batch, recheck=recheck)
+            res = deleter.delete(Plan(ns, recheck=recheck), batch)
             summary["deleted"] += len(res.deleted)
             summary["kept"].update(res.kept)
-            summary["failed"].update(res.errors)
+            summary["failed"].update(res.failed)
+            summary["failed"].update(res.refused)
             batch.clear()
             if progress is not None:
                 progress(summary["deleted"], listed)
@@ -180,7 +180,7 @@ def purge_retired(settings: Settings, repo: str, *, release: bool = False,
                 if rel.startswith(RESERVED_PREFIXES):
                     continue  # its reports and manifests stay (and say what happened)
                 listed += 1
-                batch.append(obj["Key"])
+                batch.append(f"s3://{bucket}/{obj['Key']}")
                 if len(batch) >= S3_MAX_KEYS:
                     flush()
         if batch:

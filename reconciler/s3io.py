@@ -31,7 +31,7 @@ def check_run_id(run_id: str) -> str:
 
 def cached_s3(settings: Settings, *, retries: bool = True) -> Any:
     """One boto3 client per settings per process (Spark reuses its Python workers);
-    ``retries=False``: the delete gate's (``core.gate``: it retries by itself)."""
+    ``retries=False``: the one deleter's (``core.deleter``: it retries by itself)."""
     client = _CLIENTS.get((settings, retries))
     if client is None:
         client = _CLIENTS[(settings, retries)] = s3_client(settings, max_pool=16,

@@ -9,10 +9,10 @@ Each task reads mark parts, and for every batch of at most 1,000 keys:
    (``marked but still referenced online``), and a key whose record (or the state of a token
    it names) changed since the mark's export is skipped (``skipped_changed``: judged again by
    the next mark; a new reference, a commit unknown at mark time, a restarted grace window);
-3. **delete** (:func:`delete_batch`): one ``delete_objects`` request (never more than 1,000
-   keys), retried with jittered exponential backoff; per-key errors are retried when they are
-   transient and reported otherwise. Only keys the store lists under ``Deleted`` count as
-   confirmed.
+3. **delete**: through the one deleter (``core.deleter``): one request of at most 1,000
+   keys, the re-check again right before it and before each retry (jittered exponential
+   backoff; per-key errors retried when transient, reported otherwise). Only keys the store
+   lists under ``Deleted`` (each version, on a versioned bucket) count as confirmed.
 
 Outcomes per key are written next to the mark (``sweep/part-*.parquet``) for ``explain``, batch
 by batch as each is done. A task that must stop (the lease lost, the refs moved, an error) writes
@@ -25,17 +25,16 @@ every delete the store confirmed, and only those (SPEC safety 6).
 
 from __future__ import annotations
 
-import random
-import time
 import uuid
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.clients import redis_sync
 from core.clock import redis_time_ms
+from core.deleter import Deleter, Plan, RetryPolicy
 from core.facts import RepoFacts
-from core.gate import RetryPolicy, delete_keys, keep_reasons, read_evidence
+from core.gate import keep_reasons, read_evidence
 from core.settings import Settings
 from reconciler.s3io import Namespace, cached_s3, list_keys, put_parquet, read_parquet_rows
 from reconciler.state import refs_fingerprint
@@ -73,60 +72,6 @@ def guard(ns: Namespace, rels: Iterable[str]) -> tuple[list[str], list[str]]:
             continue
         ok.append(ns.key(rel))
     return ok, refused
-
-
-@dataclass
-class BatchResult:
-    deleted: list[str] = field(default_factory=list)
-    errors: dict[str, str] = field(default_factory=dict)  # key -> "Code: message"
-    refused: list[str] = field(default_factory=list)
-    kept: dict[str, str] = field(default_factory=dict)  # key -> reason the recheck kept it
-    requests: int = 0
-
-
-def delete_batch(s3: Any, ns: Namespace, keys: list[str], *, attempts: int = 5,
-                 base_delay: float = 0.1, sleep: Callable[[float], None] = time.sleep,
-                 rng: random.Random | None = None,
-                 recheck: Callable[[list[str]], Mapping[str, str]] | None = None) -> BatchResult:
-    """Delete up to 1,000 bucket keys of the namespace; confirmed keys in ``deleted``.
-
-    The final guard lives here: every key is checked against the namespace and the reserved
-    prefixes before any request, and more than 1,000 keys is a programming error. The request
-    itself is the one deleter core (``core.gate.delete_keys``: confirmed only from the
-    store's ``Deleted`` entries); ``recheck`` (namespace-relative keys -> reason to keep, see
-    :func:`recheck_for`) runs right before every request, retries included.
-    """
-    if len(keys) > MAX_KEYS_PER_REQUEST:
-        raise ValueError(f"{len(keys)} keys in one delete request (at most 1000)")
-    result = BatchResult()
-    pending: list[str] = []
-    for key in keys:
-        rel = ns.rel_of_key(key)
-        try:
-            if rel is None:
-                raise OutsideNamespace(key)
-            namespace_key(ns.uri, ns.address(rel))
-        except OutsideNamespace:
-            result.refused.append(key)
-            continue
-        pending.append(key)
-    if not pending:
-        return result
-    key_recheck = None
-    if recheck is not None:
-        def key_recheck(batch: list[str]) -> dict[str, str]:
-            rels = {k: k[len(ns.prefix):] for k in batch}
-            keep = recheck(list(rels.values()))
-            return {k: keep[rel] for k, rel in rels.items() if rel in keep}
-
-    res = delete_keys(s3, ns.bucket, pending,
-                      policy=RetryPolicy(attempts=attempts, base_delay=base_delay),
-                      recheck=key_recheck, sleep=sleep, rng=rng)
-    result.deleted = res.deleted
-    result.errors = res.errors
-    result.kept = res.kept
-    result.requests = res.requests
-    return result
 
 
 # ------------------------------------------------------------------------ online re-check
@@ -177,7 +122,7 @@ def recheck_for(r: Any, repo: str, ns: Namespace, *, cutoff_ms: int,
                 horizon_ms: int | None = None, grace_ms: int = 0,
                 vouched: Container[str] = (), facts: RepoFacts | None = None
                 ) -> Callable[[list[str]], dict[str, str]]:
-    """The recheck :func:`delete_batch` runs right before each request (Redis clock).
+    """The recheck the deleter runs right before each request (Redis clock).
 
     ``horizon_ms``/``grace_ms`` make the re-check grace-aware (an address unreferenced less
     than ``grace_ms`` before the horizon is kept, ``young``); without them only ``cutoff_ms``
@@ -356,12 +301,13 @@ def sweep_part(settings: Settings, plan: SweepPlan, mark_key: str,
     r = None
     try:
         s3 = cached_s3(settings)
-        gate_s3 = cached_s3(settings, retries=False)  # the gate's: it retries by itself
+        # the one deleter, on a client that never retries by itself (it does, re-judging)
+        deleter = Deleter.for_settings(settings, cached_s3(settings, retries=False))
         r = redis_sync(settings) if plan.recheck else None
         rows = read_parquet_rows(s3, ns.bucket, mark_key, ["key", "category", "size", "digest"])
         for batch in _batches(rows):
             try:
-                _sweep_batch(s3, gate_s3, r, plan, batch, stats, record)
+                _sweep_batch(deleter, r, plan, batch, stats, record)
             finally:
                 flush()  # the batch's rows, also when it stopped the sweep
     except Exception as exc:
@@ -407,7 +353,7 @@ def _stop(r: Any, repo: str, lease_id: str, refs: str | None) -> BaseException |
     return None
 
 
-def _sweep_batch(s3: Any, gate_s3: Any, r: Any, plan: SweepPlan,
+def _sweep_batch(deleter: Deleter, r: Any, plan: SweepPlan,
                  batch: list[tuple[str, str, int, str | None]],
                  stats: SweepStats, record: Callable[..., None]) -> None:
     repo, lease_id, ns, cutoff_ms = plan.repo, plan.lease_id, plan.ns, plan.cutoff_ms
@@ -417,8 +363,7 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, plan: SweepPlan,
         if export_vouched else frozenset()
     kept: dict[str, str] = {}
     changed: set[str] = set()
-    facts = RepoFacts(r, gate_s3 if gate_s3 is not None else s3, repo, ns.uri) \
-        if r is not None else None
+    facts = RepoFacts(r, deleter.client, repo, ns.uri) if r is not None else None
     if r is not None:
         why_stop = _stop(r, repo, lease_id, refs)
         if why_stop is not None:
@@ -473,10 +418,16 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, plan: SweepPlan,
         keep.update(dict.fromkeys(moved, CHANGED_AFTER_MARK))
         return keep
 
-    res = delete_batch(gate_s3, ns, ok, recheck=None if r is None else recheck)
+    def address_recheck(addresses: list[str]) -> dict[str, str]:
+        by_rel = {a[len(ns.uri):]: a for a in addresses}
+        return {by_rel[rel]: why for rel, why in recheck(list(by_rel)).items()}
+
+    res = deleter.delete(Plan(ns.uri, recheck=None if r is None else address_recheck,
+                              retry=RetryPolicy(attempts=5, base_delay=0.1)),
+                         [f"s3://{ns.bucket}/{key}" for key in ok])  # (ok: bucket keys)
     stats.requests += res.requests
-    for key, why in res.kept.items():  # kept by the re-check right before the request
-        rel = key[len(ns.prefix):]
+    for address, why in res.kept.items():  # kept by the re-check right before the request
+        rel = address[len(ns.uri):]
         if why == CHANGED_AFTER_MARK:
             stats.skipped_changed += 1
             stats.sample("skipped_changed", f"{rel}: {why}")
@@ -487,18 +438,18 @@ def _sweep_batch(s3: Any, gate_s3: Any, r: Any, plan: SweepPlan,
             _count_kept(stats, rel, why)
             record(rel, info[rel][0], info[rel][1],
                    SKIPPED_GUARD if why in GUARD_REASONS else SKIPPED_LIVE, why)
-    for key in res.refused:
-        rel = key[len(ns.prefix):]
+    for address in res.refused:
+        rel = address[len(ns.uri):]
         stats.refused += 1
         stats.sample("refused", rel)
         record(rel, info.get(rel, ("", 0))[0], info.get(rel, ("", 0))[1], REFUSED)
-    for key in res.deleted:
-        rel = key[len(ns.prefix):]
+    for address in res.deleted:
+        rel = address[len(ns.uri):]
         stats.confirmed += 1
         stats.confirmed_bytes += info[rel][1]
         record(rel, info[rel][0], info[rel][1], CONFIRMED)
-    for key, err in res.errors.items():
-        rel = key[len(ns.prefix):]
+    for address, err in res.failed.items():
+        rel = address[len(ns.uri):]
         stats.failed += 1
         stats.sample("failed", f"{rel}: {err}")
         record(rel, info[rel][0], info[rel][1], FAILED, err)

@@ -10,7 +10,9 @@ imitates the reaper: it exercises it.
 A request passes unchanged, its signature with it (the client's ``Host`` header is kept: SigV4
 signs it). One whose body the proxy rewrites (keys taken out of a ``DeleteObjects``) is signed
 again with the proxy's credentials, the S3 server's, as the client would have signed it: MinIO,
-like S3, checks every signature and every body's hash.
+like S3, checks every signature and every body's hash. The one deleter's requests are signed
+in the query string with an expiry (``core.deleter``): a rewritten one is signed again the
+same way, with the original's date and expiry, so the store still refuses it once late.
 
 (The fault tests import it through sim/faultproxy.py.)
 """
@@ -26,12 +28,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, urlencode, urlparse
 from xml.sax.saxutils import escape
 
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+
+from core.deleter import ExpiringQueryAuth
 
 _KEY_RE = re.compile(rb"<Object>\s*<Key>(.*?)</Key>.*?</Object>", re.S)
 _SLOW_DOWN = b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>"
@@ -52,6 +56,7 @@ class Faults:
     # while the test acted is retried (several sweep tasks may be in flight at once).
     throttle_held: bool = False
     delete_requests: int = 0
+    deletes_forwarded: int = 0  # DeleteObjects the server has answered (it acted on them)
     # A seeded share of DeleteObjects requests answer 503, and the same share of the keys of
     # the others fail with InternalError (0 disables).
     error_share: float = 0.0
@@ -71,7 +76,9 @@ class FaultProxy:
         """``upstream``: the S3 server; the keys are its (the embedded MinIO's by default)."""
         self.upstream = urlparse(upstream)
         self.faults = Faults()
-        self._signer = S3SigV4Auth(Credentials(access_key, secret_key), "s3", region)
+        self._credentials = Credentials(access_key, secret_key)
+        self._region = region
+        self._signer = S3SigV4Auth(self._credentials, "s3", region)
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -123,12 +130,13 @@ class FaultProxy:
                             return
                 headers = {k: v for k, v in self.headers.items()
                            if k.lower() not in _HOP_HEADERS}
+                path = self.path
                 if injected:
-                    headers = proxy._resign(self.command, self.path, headers, body)
+                    path, headers = proxy._resign(self.command, self.path, headers, body)
                 conn = http.client.HTTPConnection(proxy.upstream.hostname or "127.0.0.1",
                                                   proxy.upstream.port,
                                                   timeout=60)
-                conn.request(self.command, self.path, body=body or None, headers=headers)
+                conn.request(self.command, path, body=body or None, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
                 late = proxy.faults.late_reads
@@ -140,6 +148,9 @@ class FaultProxy:
                         f"<Error><Key>{escape(k)}</Key><Code>{c}</Code>"
                         f"<Message>injected</Message></Error>" for k, c in injected)
                     data = data.replace(b"</DeleteResult>", errors.encode() + b"</DeleteResult>")
+                if is_delete:
+                    with proxy.faults.lock:
+                        proxy.faults.deletes_forwarded += 1
                 self._reply(resp.status, data, resp.getheaders())
                 conn.close()
 
@@ -161,16 +172,27 @@ class FaultProxy:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def _resign(self, method: str, path: str, headers: dict[str, str],
-                body: bytes) -> dict[str, str]:
-        """The headers of a request whose body changed, signed anew for the upstream."""
+                body: bytes) -> tuple[str, dict[str, str]]:
+        """(path, headers) of a request whose body changed, signed anew for the upstream."""
         kept = {k: v for k, v in headers.items()
                 if k.lower() not in _RESIGNED_HEADERS and not k.lower().startswith(
                     "x-amz-checksum")}
         kept["Content-MD5"] = base64.b64encode(hashlib.md5(body).digest()).decode()
+        base, _, query = path.partition("?")
+        params = dict(parse_qsl(query, keep_blank_values=True))
+        if "X-Amz-Signature" in params:  # query-signed: again so, same date and expiry
+            date, expires = params["X-Amz-Date"], int(params["X-Amz-Expires"])
+            rest = {k: v for k, v in params.items() if not k.startswith("X-Amz-")}
+            req = AWSRequest(method=method, url=self.upstream._replace(path="").geturl() + base
+                             + ("?" + urlencode(rest) if rest else ""), data=body, headers=kept)
+            ExpiringQueryAuth(self._credentials, "s3", self._region,
+                              expires=expires, timestamp=date).add_auth(req)
+            return (str(req.url)[len(self.upstream._replace(path="").geturl()):],
+                    dict(req.headers.items()))
         req = AWSRequest(method=method, url=self.upstream._replace(path="").geturl() + path,
                          data=body, headers=kept)
         self._signer.add_auth(req)
-        return dict(req.headers.items())
+        return path, dict(req.headers.items())
 
     def _strip_failing(self, body: bytes) -> tuple[bytes, list[tuple[str, str]]]:
         injected: list[tuple[str, str]] = []

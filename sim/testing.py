@@ -52,6 +52,8 @@ def base_settings(**overrides: Any) -> Settings:
         "grace_seconds": 1.0,
         "allow_unsafe_grace": True,
         "lease_seconds": 5.0,
+        "s3_request_seconds": 2,  # (restore waits it out: short in tests)
+        "clock_skew_seconds": 0.0,  # one machine, one clock
         "tracker_poll_ms": 50,
         "reaper_poll_seconds": 0.1,
     }

@@ -149,6 +149,7 @@ def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Settings:
         "S3_ENDPOINT_URL": settings.s3_endpoint_url, "EVENTS_TOPIC": settings.events_topic,
         "DLQ_TOPIC": settings.dlq_topic, "CONSUMER_GROUP": settings.consumer_group,
         "GRACE_SECONDS": "1", "ALLOW_UNSAFE_GRACE": "true", "LOG_LEVEL": "error",
+        "S3_REQUEST_SECONDS": "2", "CLOCK_SKEW_SECONDS": "0",
     }.items():
         monkeypatch.setenv(f"HARDELETE_{key}", value)
     monkeypatch.setenv("COLUMNS", "1000")

@@ -1,4 +1,4 @@
-"""One gate (``core/gate.py``): every S3 delete and quarantine copy of the product.
+"""One deleter (``core/deleter.py``): every S3 delete and quarantine copy of the product.
 
 Issue 19 finding: ``quarantine purge`` deleted the last copy of an object a commit references
 (it checked holds only) and deleted while the repository was paused or fail-closed; restore and
@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from core.clients import s3_client
-from core.gate import client_attempts, delete_keys
+from core.deleter import Deleter, client_attempts
 from core.settings import Settings
 from reaper.daemon import Reaper
 from reaper.quarantine import purge_expired, purge_recheck
@@ -31,7 +31,7 @@ def test_the_gate_refuses_a_client_that_retries_by_itself(settings: Settings) ->
     retrying = s3_client(settings)
     assert client_attempts(retrying) > 1
     with pytest.raises(ValueError, match="does not retry by itself"):
-        delete_keys(retrying, "bucket", ["k"])
+        Deleter(retrying)
     assert client_attempts(s3_client(settings, retries=False)) == 1
 
 
@@ -77,21 +77,24 @@ async def test_purge_keeps_the_last_copy_of_a_committed_address_and_obeys_pause(
         assert redis_client.hget(RepoKeys("repo").address(committed), "committed") == "1"
         await wait_horizon(s, await publish(s, []))  # (past every reap: grace 0 below)
         later = time.time() + 3  # the copies' keep period (2 s, wall clock) is over by then
-        gate_s3 = s3_client(s, retries=False)
-        recheck = purge_recheck(redis_client, gate_s3, "repo", "s3://purge/repo/", 0)
+        deleter = Deleter(s3_client(s, retries=False))
+        recheck = purge_recheck(redis_client, deleter.client, "repo", "s3://purge/repo/", 0)
 
         # paused: nothing is purged
         redis_client.set(RepoKeys("repo").paused, "an operator looks")
-        assert await purge_expired(gate_s3, "s3://purge/repo/", recheck=recheck, now=later) == 0
+        assert not (await purge_expired(deleter, "s3://purge/repo/", recheck=recheck,
+                                       now=later)).deleted
         assert {_copy(a) for a in garbage} <= listed(s3, "purge")
         redis_client.delete(RepoKeys("repo").paused)
         # fail-closed: nothing is purged
         redis_client.hset(RepoKeys("repo").fail_closed, "reason", "redis went back")
-        assert await purge_expired(gate_s3, "s3://purge/repo/", recheck=recheck, now=later) == 0
+        assert not (await purge_expired(deleter, "s3://purge/repo/", recheck=recheck,
+                                       now=later)).deleted
         redis_client.delete(RepoKeys("repo").fail_closed)
         # a hold on one; the committed one is the last copy of committed data: both stay
         redis_client.hset(RepoKeys("repo").holds, held, '{"reason": "legal"}')
-        assert await purge_expired(gate_s3, "s3://purge/repo/", recheck=recheck, now=later) == 1
+        assert len((await purge_expired(deleter, "s3://purge/repo/", recheck=recheck,
+                                         now=later)).deleted) == 1
     left = listed(s3, "purge")
     assert _copy(committed) in left and _copy(held) in left
     assert _copy(free) not in left

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from core.clients import s3_client
-from reaper.deleter import S3Deleter
+from core.deleter import AsyncDeleter, Deleter, Plan, RetryPolicy
 from sim.faultproxy import FaultProxy
 
 
@@ -34,14 +34,15 @@ async def test_partial_failures_are_retried_and_reported_truthfully(settings, s3
         proxy.faults.throttle_deletes = 2
         proxy.faults.fail_keys = {keys[3]: ("InternalError", 2), keys[7]: ("AccessDenied", 99)}
         client = s3_client(settings.replace(s3_endpoint_url=proxy.url), retries=False)
-        deleter = S3Deleter(client, concurrency=4, batch_keys=100, base_delay=0.01)
+        deleter = AsyncDeleter(Deleter(client), concurrency=4)
         addresses = [f"s3://{bucket}/{k}" for k in keys]
         bad = [f"s3://{bucket}/repo/_hardelete/manifests/m.parquet", f"s3://{bucket}/elsewhere/x"]
-        outcome = await deleter.delete(ns, addresses + bad)
+        outcome = await deleter.delete(
+            Plan(ns, batch_keys=100, retry=RetryPolicy(base_delay=0.01)), addresses + bad)
 
     assert max(proxy.faults.keys_per_request) <= 100
     assert set(outcome.refused) == set(bad)
-    assert outcome.failed == {f"s3://{bucket}/{keys[7]}": "AccessDenied"}
+    assert outcome.codes == {f"s3://{bucket}/{keys[7]}": "AccessDenied"}
     assert sorted(outcome.deleted) == sorted(a for a in addresses if not a.endswith(keys[7]))
     # Every retry is the gate's own (botocore does not retry its client), so each was judged
     # again first: two for the InternalError key, two for the throttled requests; 3 batches
@@ -54,21 +55,21 @@ async def test_partial_failures_are_retried_and_reported_truthfully(settings, s3
 
 async def test_deleting_twice_is_harmless(settings, s3, bucket):
     _put_many(s3, bucket, ["repo/data/1/a"])
-    deleter = S3Deleter(s3_client(settings, retries=False))
-    first = await deleter.delete(f"s3://{bucket}/repo/", [f"s3://{bucket}/repo/data/1/a"])
-    second = await deleter.delete(f"s3://{bucket}/repo/", [f"s3://{bucket}/repo/data/1/a"])
-    assert first.deleted == second.deleted == [f"s3://{bucket}/repo/data/1/a"]
+    deleter = AsyncDeleter(Deleter(s3_client(settings, retries=False)))
+    plan = Plan(f"s3://{bucket}/repo/")
+    first = await deleter.delete(plan, [f"s3://{bucket}/repo/data/1/a"])
+    second = await deleter.delete(plan, [f"s3://{bucket}/repo/data/1/a"])
+    assert first.deleted == second.deleted == (f"s3://{bucket}/repo/data/1/a",)
     assert not second.failed
 
 
-# --- the one deleter core (core.gate) ---------------------------------------------------
+# --- the one deleter's synchronous core ---------------------------------------------------
 
-def test_core_enforces_1000_keys_although_the_server_accepts_more(s3, bucket):
-    from core.gate import delete_keys
-
-    keys = [f"repo/data/1/{i}" for i in range(1001)]
+def test_core_enforces_1000_keys_although_the_server_accepts_more(settings, bucket):
+    keys = {f"repo/data/1/{i}": f"s3://{bucket}/repo/data/1/{i}" for i in range(1001)}
     with pytest.raises(ValueError, match="at most 1000"):
-        delete_keys(s3, bucket, keys)
+        Deleter(s3_client(settings, retries=False)).delete_batch(
+            Plan(f"s3://{bucket}/repo/"), bucket, keys)
 
 
 async def test_wrapper_splits_into_requests_of_at_most_1000(settings, s3, bucket):
@@ -76,38 +77,39 @@ async def test_wrapper_splits_into_requests_of_at_most_1000(settings, s3, bucket
     _put_many(s3, bucket, keys)
     with FaultProxy(settings.s3_endpoint_url) as proxy:
         client = s3_client(settings.replace(s3_endpoint_url=proxy.url), retries=False)
-        outcome = await S3Deleter(client).delete(f"s3://{bucket}/repo/",
-                                                 [f"s3://{bucket}/{k}" for k in keys])
+        outcome = await AsyncDeleter(Deleter(client)).delete(
+            Plan(f"s3://{bucket}/repo/"), [f"s3://{bucket}/{k}" for k in keys])
     assert sorted(proxy.faults.keys_per_request) == [1, 1000]
     assert len(outcome.deleted) == 1001 and _listed(s3, bucket) == set()
 
 
 def test_core_recheck_runs_before_every_request_and_a_failing_one_keeps_all(settings, s3,
                                                                             bucket):
-    from core.gate import RetryPolicy, delete_keys
-
     keys = [f"repo/data/1/{i}" for i in range(4)]
+    addr = {k: f"s3://{bucket}/{k}" for k in keys}
     _put_many(s3, bucket, keys)
     seen: list[list[str]] = []
 
     def recheck(batch: list[str]) -> dict[str, str]:
-        seen.append(list(batch))
+        seen.append([b[len(f"s3://{bucket}/"):] for b in batch])
         # a hold arrives between the first request and its retry
-        return {keys[1]: "held"} if len(seen) > 1 else {}
+        return {addr[keys[1]]: "held"} if len(seen) > 1 else {}
 
     with FaultProxy(settings.s3_endpoint_url) as proxy:
         proxy.faults.fail_keys = {keys[0]: ("InternalError", 1), keys[1]: ("SlowDown", 1)}
         client = s3_client(settings.replace(s3_endpoint_url=proxy.url), retries=False)
-        out = delete_keys(client, bucket, keys, policy=RetryPolicy(base_delay=0.001),
-                          recheck=recheck)
+        out = Deleter(client).delete(
+            Plan(f"s3://{bucket}/repo/", recheck=recheck, retry=RetryPolicy(base_delay=0.001)),
+            list(addr.values()))
     assert seen == [keys, [keys[0], keys[1]]]
-    assert sorted(out.deleted) == sorted([keys[0], keys[2], keys[3]])
-    assert out.kept == {keys[1]: "held"} and out.requests == 2 and out.retries == 1
+    assert sorted(out.deleted) == sorted(addr[k] for k in (keys[0], keys[2], keys[3]))
+    assert out.kept == {addr[keys[1]]: "held"} and out.requests == 2 and out.retries == 1
     assert _listed(s3, bucket) == {keys[1]}
 
     def broken(batch: list[str]) -> dict[str, str]:
         raise ConnectionError("redis down")
 
-    out = delete_keys(s3_client(settings, retries=False), bucket, [keys[1]], recheck=broken)
-    assert out.requests == 0 and out.kept[keys[1]].startswith("recheck failed")
+    out = Deleter(s3_client(settings, retries=False)).delete(
+        Plan(f"s3://{bucket}/repo/", recheck=broken), [addr[keys[1]]])
+    assert out.requests == 0 and out.kept[addr[keys[1]]].startswith("recheck failed")
     assert _listed(s3, bucket) == {keys[1]}

@@ -1,24 +1,12 @@
-"""Bulk deletes against the real S3 server, through a fault-injecting HTTP proxy."""
+"""The one deleter's plan refuses more than S3 accepts in one request."""
 
 from __future__ import annotations
 
 import pytest
 
-from reaper.deleter import S3Deleter
+from core.deleter import Plan
 
 
 def test_batches_are_capped_at_1000() -> None:
     with pytest.raises(ValueError):
-        S3Deleter(object(), batch_keys=1001)
-
-
-
-
-
-
-# --- the one deleter core (core.gate) ---------------------------------------------------
-
-
-
-
-
+        Plan("s3://b/repo/", batch_keys=1001)

@@ -36,7 +36,7 @@ from reconciler.records import verdict
 from reconciler.retention import RetentionPolicy
 from reconciler.s3io import Namespace
 from reconciler.state import CommittedState
-from reconciler.sweep import MAX_KEYS_PER_REQUEST, delete_batch, guard
+from reconciler.sweep import guard
 from schemas.records import CommitRecord
 
 CUTOFF = 1_000_000
@@ -250,60 +250,6 @@ def test_guard_refuses_outside_reserved_and_odd_keys():
                              "data/./a", "", "data//b"])
     assert ok == ["repo/data/s/a"]
     assert len(refused) == 6
-
-
-class FakeS3:
-    """A store double for the retry logic (the real server is in test_reconcile.py)."""
-
-    def __init__(self, script):
-        self.script = list(script)
-        self.calls = []
-
-    def delete_objects(self, Bucket, Delete):
-        keys = [o["Key"] for o in Delete["Objects"]]
-        assert len(keys) <= MAX_KEYS_PER_REQUEST
-        self.calls.append(keys)
-        step = self.script.pop(0) if self.script else "ok"
-        if step == "boom":
-            raise ConnectionError("reset by peer")
-        if step == "slowdown-first":
-            return {"Deleted": [{"Key": k} for k in keys[1:]],
-                    "Errors": [{"Key": keys[0], "Code": "SlowDown", "Message": "slow"}]}
-        if step == "denied-first":
-            return {"Deleted": [{"Key": k} for k in keys[1:]],
-                    "Errors": [{"Key": keys[0], "Code": "AccessDenied", "Message": "no"}]}
-        if step == "silent-first":
-            return {"Deleted": [{"Key": k} for k in keys[1:]]}
-        return {"Deleted": [{"Key": k} for k in keys]}
-
-
-def keys_of(n):
-    return [f"repo/data/s/{i}" for i in range(n)]
-
-
-def test_delete_batch_confirms_only_what_the_store_says():
-    s3 = FakeS3(["boom", "slowdown-first", "denied-first"])
-    res = delete_batch(s3, NS, keys_of(5), sleep=lambda _: None)
-    # boom: retried whole; slowdown: key 0 retried; denied on the retry: reported
-    assert sorted(res.deleted) == sorted(keys_of(5)[1:])
-    assert res.errors == {"repo/data/s/0": "AccessDenied: no"}
-    assert res.requests == 3
-
-
-def test_delete_batch_guard_and_limits():
-    s3 = FakeS3([])
-    res = delete_batch(s3, NS, ["repo/_hardelete/reports/r/summary.json", "other/x",
-                                "repo/data/s/1"], sleep=lambda _: None)
-    assert res.refused == ["repo/_hardelete/reports/r/summary.json", "other/x"]
-    assert s3.calls == [["repo/data/s/1"]]
-    with pytest.raises(ValueError, match="at most 1000"):
-        delete_batch(s3, NS, keys_of(1001))
-    s3 = FakeS3(["silent-first"] * 10)
-    res = delete_batch(s3, NS, keys_of(3), attempts=3, sleep=lambda _: None)
-    assert res.errors == {"repo/data/s/0": "no answer from the store"}
-    s3 = FakeS3(["boom"] * 10)
-    res = delete_batch(s3, NS, keys_of(2), attempts=2, sleep=lambda _: None)
-    assert not res.deleted and set(res.errors) == set(keys_of(2))
 
 
 # ------------------------------------------------------------- the same decision on Spark

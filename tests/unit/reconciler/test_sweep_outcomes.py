@@ -12,6 +12,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from core.deleter import Deleter
 from reconciler.s3io import Namespace
 from reconciler.sweep import (
     CHANGED_AFTER_MARK,
@@ -65,8 +66,8 @@ def test_the_rows_of_a_batch_count_as_the_task_counted(keys):
 
     stats = SweepStats()
     if batch:
-        _sweep_batch(None, Store(answers), None, SweepPlan("repo", "lease", NS, 0), batch, stats,
-                     record)
+        _sweep_batch(Deleter(Store(answers)), None, SweepPlan("repo", "lease", NS, 0), batch,
+                     stats, record)
     back = outcome_stats(rows)
     assert _counts(back) == _counts(stats)
     assert back.samples == stats.samples
