@@ -17,6 +17,9 @@ class TrackerMetrics:
                                "redelivered events skipped by offset", registry=r)
         self.dlq = Counter("hardelete_tracker_dlq", "events sent to the dead-letter topic",
                            ["reason_kind"], registry=r)
+        self.facts_failed = Counter("hardelete_tracker_facts_failed",
+                                    "dead-letter holds kept in Redis only: their repository's "
+                                    "fact log could not take them", registry=r)
         self.incidents = Counter("hardelete_tracker_incidents",
                                  "references for addresses being reaped or reaped", registry=r)
         self.batch = Histogram("hardelete_tracker_batch_seconds", "decode+apply+commit per batch",
