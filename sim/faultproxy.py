@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlparse
 from xml.sax.saxutils import escape
 
@@ -68,6 +69,18 @@ class Faults:
     # delivered that many seconds late (a slow reply on a loaded machine).
     late_reads: tuple[str, float] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client that gives up on a request (the deleter's bounded requests do) resets its
+    connection: that is no proxy error worth a traceback."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
 
 
 class FaultProxy:
@@ -167,7 +180,7 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
