@@ -77,8 +77,6 @@ async def _dead_letter_naming_a(s: Settings, r: Any) -> None:
     assert r.hexists(RepoKeys(REPO).holds, A)  # the tracker held what it names
 
 
-@pytest.mark.xfail(strict=True, reason="sequence 1: a retry after a lost reply finds the dead "
-                   "letter's claim in Redis and never writes its fact")
 async def test_a_dead_letters_hold_whose_reply_was_lost_is_made_durable(
         settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """Sequence 1. The tracker puts a dead letter's claim into Redis, and the reply is lost
