@@ -178,3 +178,59 @@ async def test_an_overwritten_hold_fact_lifts_the_hold_after_the_slot_goes_back(
     finally:
         raw.close()
         r.close()
+
+
+B = NS + "data/b"
+
+
+@pytest.mark.xfail(strict=True, reason="sequence 4: the quarantine purge judges the address a "
+                   "copy's metadata names, not the one its key is the copy of")
+async def test_a_held_addresss_quarantine_copy_survives_forged_metadata(
+        settings: Settings) -> None:
+    """Sequence 4. A and B are garbage; the reaper quarantines both. The operator holds A (a
+    legal hold: its quarantine copy is now the only copy of a held object, and the purge keeps
+    a copy while anything would keep its address). A publisher (it writes the namespace)
+    rewrites the metadata of A's copy to name B. The purge judges B (not held, past grace) and
+    deletes A's copy: the held object is gone for good."""
+    from core.deleter import Deleter
+    from reaper.quarantine import purge_expired, purge_recheck, quarantine_address
+
+    s = settings.replace(grace_seconds=1.0, quarantine_days=2e-5, lease_seconds=1.0)
+    s3 = s3_client(s)
+    r = redis_sync(s)
+    try:
+        async with running_tracker(s, name="t1"):
+            s3.create_bucket(Bucket=BUCKET)
+            for name in ("a", "b"):
+                s3.put_object(Bucket=BUCKET, Key=f"atk/data/{name}", Body=name.encode())
+            events: list[Any] = [
+                ev.RepositoryCreated(repository=REPO, storage_namespace=NS,
+                                     default_branch="main", default_retention_days=1.0),
+                ev.BranchCreated(repository=REPO, branch="main", staging_token="t",
+                                 ref_version=1)]
+            for name, addr in (("a", A), ("b", B)):
+                events += [ev.ObjectWritten(repository=REPO, branch="main", staging_token="t",
+                                            path=name, address=addr, size=1, ref_id="r" + name),
+                           ev.ObjectDeleted(repository=REPO, branch="main", staging_token="t",
+                                            path=name, address=addr, ref_id="r" + name)]
+            await wait_horizon(s, await publish(s, events))
+            await _reap(s, s3)
+            qa = quarantine_address(NS, A)[len(f"s3://{BUCKET}/"):]
+            qb = quarantine_address(NS, B)[len(f"s3://{BUCKET}/"):]
+            for q in (qa, qb):
+                assert s3.head_object(Bucket=BUCKET, Key=q)  # quarantined, not in place
+            add_hold(r, A, "legal: keep what was quarantined", s3=s3)
+            meta = s3.head_object(Bucket=BUCKET, Key=qa)["Metadata"]
+            s3.copy_object(Bucket=BUCKET, Key=qa, CopySource={"Bucket": BUCKET, "Key": qa},
+                           Metadata={**meta, "hardelete-address": B},
+                           MetadataDirective="REPLACE")
+            await asyncio.sleep(2.0)  # past the copies' keep period (2e-5 days)
+            await wait_horizon(s, await redis_now(s))
+            deleter = Deleter.for_settings(s)
+            purged = await purge_expired(deleter, NS, listing=s3, recheck=purge_recheck(
+                r, deleter.client, REPO, NS, int(s.grace_for(REPO) * 1000)))
+            assert f"s3://{BUCKET}/{qb}" in purged.deleted  # the purge does purge
+            assert s3.list_objects_v2(Bucket=BUCKET, Prefix=qa).get("KeyCount", 0) == 1, (
+                f"the last copy of a held address was purged: {purged}")
+    finally:
+        r.close()
