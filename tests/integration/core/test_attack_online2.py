@@ -183,8 +183,6 @@ async def test_an_overwritten_hold_fact_lifts_the_hold_after_the_slot_goes_back(
 B = NS + "data/b"
 
 
-@pytest.mark.xfail(strict=True, reason="sequence 4: the quarantine purge judges the address a "
-                   "copy's metadata names, not the one its key is the copy of")
 async def test_a_held_addresss_quarantine_copy_survives_forged_metadata(
         settings: Settings) -> None:
     """Sequence 4. A and B are garbage; the reaper quarantines both. The operator holds A (a
