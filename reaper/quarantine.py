@@ -95,6 +95,16 @@ def purge_recheck(r: Any, s3: Any, repo: str, namespace: str, grace_ms: int) -> 
     return run
 
 
+def _copy_of(namespace: str, bucket: str, key: str, address: str) -> bool:
+    """Is ``key`` the quarantine copy of ``address`` (pure)? The metadata is judged in the
+    copy's place, and whoever writes the namespace can rewrite it: a copy whose metadata names
+    another address than the one its key keeps would be judged for that other one."""
+    try:
+        return quarantine_address(namespace, address) == f"s3://{bucket}/{key}"
+    except ValueError:  # (OutsideNamespace)
+        return False
+
+
 async def purge_expired(deleter: Deleter, namespace: str, now: float | None = None,
                         recheck: Recheck | None = None, listing: Any = None) -> Report:
     """Delete quarantine copies whose keep period is over, through the one deleter:
@@ -115,8 +125,8 @@ async def purge_expired(deleter: Deleter, namespace: str, now: float | None = No
                 meta = head.get("Metadata", {})
                 exp = float(meta.get("hardelete-expires", "inf"))
                 address = meta.get("hardelete-address")
-                if address is None:
-                    continue  # doubt keeps: no recorded address
+                if address is None or not _copy_of(namespace, bucket, obj["Key"], address):
+                    continue  # doubt keeps: no recorded address, or not the one its key keeps
                 if exp <= now and obj["Key"].startswith(prefix):
                     due[obj["Key"]] = address
         copies = {f"s3://{bucket}/{k}": a for k, a in sorted(due.items())}

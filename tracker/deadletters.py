@@ -138,33 +138,38 @@ class DeadLetters(TrackerShared):
         self.metrics.dlq.labels(reason_kind(reason)).inc()
 
     async def _record_holds(self, repo: str, name: str, items: list[list[Any]]) -> None:
-        """The claims go into Redis at once (they keep the addresses from now on), then into
-        the repository's fact log (core/facts.py), so a Redis that goes back cannot forget
-        them. A fact log that cannot take them (no such bucket, S3 down) leaves them in Redis
-        only, as an error: the tracker is not stopped by S3 (the delete paths of a repository
-        whose fact log cannot be read delete nothing anyway)."""
+        """The claims go into the repository's fact log (core/facts.py), which applies them to
+        Redis, so a Redis that goes back cannot forget them. A fact log that cannot take them
+        (no such bucket, S3 down) leaves them in Redis only, as an error: the tracker is not
+        stopped by S3 (the delete paths of a repository whose fact log cannot be read delete
+        nothing anyway). Durable first: a claim found in Redis was then made durable, or
+        logged as not, so a retry (a reply lost after the claim reached Redis) or a
+        redelivery that finds it need not write it again."""
         k = RepoKeys(repo)
         key = k.hold_prefixes if name == "hold_prefixes" else k.holds
         # A redelivered dead letter whose claims the copy holds is not written again.
         present = await self._redis.hmget(key, [t for t, _, _ in items])
         new = [it for it, raw in zip(items, present, strict=True)
                if raw is None or it[1] not in claims_of(raw)]
-        await aadd_claims(self._redis, key, [(t, c, v) for t, c, v in items])
-        namespace = await arepo_namespace(self._redis, repo)
-        if not new or not namespace:  # (no namespace: no home to write to)
+        if not new:
             return
-        if self._facts_clients is None:
-            self._facts_clients = (redis_sync(self.settings), s3_client(self.settings))
-        r, s3 = self._facts_clients
-        try:
-            await asyncio.to_thread(
-                RepoFacts(r, s3, repo, namespace).record, HOLD_ADD,
-                {"hash": name, "replace": False, "items": new}, by=f"tracker {self.name}",
-                now_ms=int(time.time() * 1000))
-        except Exception as exc:
-            self.metrics.facts_failed.inc()
-            self.log.error("dead-letter hold kept in Redis only: its fact log could not take "
-                           "it", repository=repo, error=f"{type(exc).__name__}: {exc}"[:500])
+        namespace = await arepo_namespace(self._redis, repo)
+        if namespace:  # (no namespace: no home to write to)
+            if self._facts_clients is None:
+                self._facts_clients = (redis_sync(self.settings), s3_client(self.settings))
+            r, s3 = self._facts_clients
+            try:
+                await asyncio.to_thread(
+                    RepoFacts(r, s3, repo, namespace).record, HOLD_ADD,
+                    {"hash": name, "replace": False, "items": new},
+                    by=f"tracker {self.name}", now_ms=int(time.time() * 1000))
+                return
+            except Exception as exc:
+                self.metrics.facts_failed.inc()
+                self.log.error("dead-letter hold kept in Redis only: its fact log could not "
+                               "take it", repository=repo,
+                               error=f"{type(exc).__name__}: {exc}"[:500])
+        await aadd_claims(self._redis, key, [(t, c, v) for t, c, v in new])
 
     async def _write_holds(self, holds: list[tuple[str, str, bool, str, dict[str, Any]]]
                            ) -> None:
