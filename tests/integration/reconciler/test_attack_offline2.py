@@ -15,6 +15,7 @@ from reconciler.retirement import purge_retired
 from schemas.layout import NAMESPACES
 from schemas.publisher import Publisher, ensure_topics
 from sim.model import Model
+from sim.model import Model as M
 from sim.reaping import _service
 from sim.testing import listed, publish, wait_horizon
 from tracker.daemon import running_tracker
@@ -82,3 +83,57 @@ def test_a_retired_purge_after_redis_went_back_spares_the_namespaces_next_owner(
     assert live in listed(s3, "retback"), (
         "the retired purge of A deleted live repository B's staged object after Redis went "
         "back")
+
+
+@pytest.mark.spark
+def test_a_hold_that_returned_is_not_undone_by_a_sweep_request_in_flight(
+        spark: Any, settings: Settings, s3: Any, redis_client: Any) -> None:
+    """Sequence: a leaked object is marked and the sweep's request for it is on its way (a
+    slow store: the fault proxy holds it). The operator places a legal hold on it: `hold
+    add` records its fact, applies it and returns. The request then reaches the store within
+    its signed bound (``s3_request_seconds``) and the held object is deleted after the
+    operator was told it is held. ``hardelete restore`` waits that bound out after its hold
+    (core/deleter.py, point 3); ``hold add`` did not (SPEC 1: deleted while a hold keeps it).
+    Now ``hold add`` (and ``pause``) wait it out before they say the object is held.
+    """
+    import argparse
+    import threading
+
+    from hardelete.holds import add
+    from reconciler.job import RunOptions, reconcile
+    from sim.faultproxy import FaultProxy
+    from sim.worlds import BUCKET, boundary, call, make
+
+    rs = settings.replace(reconcile_min_age_seconds=0.0)
+    w = make(rs, s3, redis_client)
+    ns = f"s3://{BUCKET}/atk-hold/r/"
+    call(w, M.create_repository, "r", ns)
+    call(w, M.write, "r", "main", "keep", 10)
+    w.track(None)
+    leak = ns + "data/leaked-object"
+    s3.put_object(Bucket=BUCKET, Key=leak[len(f"s3://{BUCKET}/"):], Body=b"legal")
+    cutoff = boundary()
+    errors: list[BaseException] = []
+    with FaultProxy(rs.s3_endpoint_url) as proxy:
+        release = threading.Event()
+        proxy.faults.hold_deletes = release
+
+        def operator() -> None:
+            try:
+                assert proxy.faults.deletes_waiting.wait(120), "no delete request came"
+                add.run_cli(rs, argparse.Namespace(  # `hardelete hold add`: returned, held
+                    target=leak, reason="legal: case 35", prefix=False, repo=None))
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                release.set()  # the slow store answers now
+
+        t = threading.Thread(target=operator, daemon=True)
+        t.start()
+        res = reconcile(spark, rs.replace(s3_endpoint_url=proxy.url),
+                        RunOptions("r", cutoff_ms=cutoff, allow_large_sweep=True))
+        t.join(60)
+    assert not errors, errors
+    assert res["success"], res["error"]
+    assert leak in w.data("r") or leak in listed(s3, BUCKET), (
+        f"the held object was deleted after `hold add` returned: {res['sweep']}")
