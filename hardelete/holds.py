@@ -315,6 +315,15 @@ def operator_s3(settings: Settings) -> Any:
     return s3_client(settings)
 
 
+def settle(settings: Settings) -> None:
+    """Wait until every delete request judged before a protection was recorded is void
+    (``core/deleter.py``, points 1-2): only then may the command say it holds. A request
+    already on its way (a slow store) lands up to this long after its recheck."""
+    import time
+
+    time.sleep(settings.s3_request_seconds + settings.clock_skew_seconds)
+
+
 def _is_prefix(args: argparse.Namespace) -> bool:
     return bool(args.prefix or args.target.endswith("/"))
 
@@ -335,6 +344,7 @@ class add:
                             prefix=_is_prefix(args))
         finally:
             r.close()
+        settle(settings)
         for h in held:
             print(f"held {h.kind} {h.target} in {h.repository} ({h.reason}) at {when(h.at_ms)}")
         if len(held) > 1:

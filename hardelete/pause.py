@@ -23,7 +23,7 @@ from core.clock import redis_time_ms
 from core.errors import UserError
 from core.facts import PAUSE
 from core.settings import Settings
-from hardelete.holds import namespace_of, operator_s3, record, when
+from hardelete.holds import namespace_of, operator_s3, record, settle, when
 from schemas.layout import RepoKeys
 
 
@@ -97,6 +97,7 @@ class pause:
             at = set_paused(r, args.repository, args.reason, args.by, s3=operator_s3(settings))
         finally:
             r.close()
+        settle(settings)
         print(f"paused {args.repository} at {when(at)}: the reaper and the sweep delete nothing "
               "for it until `hardelete resume`; the tracker keeps tracking")
         return 0

@@ -116,6 +116,35 @@ def _pages(s3: Any, bucket: str, prefix: str) -> Any:
             raise
 
 
+REPORTS = "_hardelete/reports/"
+PURGE_RUN = "retired-"
+
+
+def durable_purge(s3: Any, bucket: str, prefix: str, repo: str) -> str | None:
+    """The run id of a completed purge of ``repo`` whose report the namespace holds, or None.
+
+    The report is the purge's durable record: a Redis that went back (restored from a copy
+    taken before the purge) brings the retirement back unpurged and the namespace registered
+    to it, while a next owner's live data may already lie there. A report anyone forged only
+    stops a purge (the safe side)."""
+    for page in _pages(s3, bucket, f"{prefix}{REPORTS}{PURGE_RUN}"):
+        for obj in page.get("Contents", []):
+            if not obj["Key"].endswith("/summary.json"):
+                continue
+            try:
+                d = orjson.loads(s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(d, dict) and d.get("repository") == repo \
+                    and d.get("kind") == "retired_purge" and d.get("status") == "done":
+                return str(d.get("run_id") or obj["Key"])
+    return None
+
+
+def _code(exc: BaseException) -> str:
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+
+
 def purge_retired(settings: Settings, repo: str, *, release: bool = False,
                   progress: Any = None) -> dict[str, Any]:
     """Purge a retired repository's data once due (see the module docstring); the report."""
@@ -136,6 +165,14 @@ def purge_retired(settings: Settings, repo: str, *, release: bool = False,
             raise UserError(f"{repo}: {problem}")
         ns = rec.namespace
         bucket, prefix = split_s3_uri(ns)
+        earlier = durable_purge(s3, bucket, prefix, repo)
+        if earlier is not None:
+            # Redis went back past the purge: what it says of the namespace is stale, and a
+            # next owner's data may lie there. Bring the record back to what was done.
+            _record(r, rec, purged_at_ms=now, purge_run=earlier)
+            free_namespace(r, repo, ns)
+            raise UserError(f"{repo}: already purged by run {earlier} (its report is in "
+                            f"{ns}{REPORTS}; Redis had gone back): nothing was deleted")
         run_id = f"retired-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now / 1000))}-" \
                  f"{uuid.uuid4().hex[:6]}"
         summary: dict[str, Any] = {"run_id": run_id, "kind": "retired_purge",
@@ -189,15 +226,18 @@ def purge_retired(settings: Settings, repo: str, *, release: bool = False,
         summary["finished_at"] = iso(redis_time_ms(r))
         left = not summary["kept"] and not summary["failed"]
         summary["status"] = "done" if left else "incomplete"
+        try:
+            # Written before the namespace is freed: the report is the purge's durable record.
+            put_json(s3, bucket, f"{prefix}{REPORTS}{run_id}/summary.json", summary)
+        except Exception as exc:  # (no bucket): the summary is still returned and logged
+            summary["report_error"] = f"{type(exc).__name__}: {exc}"
+            if left and _code(exc) != "NoSuchBucket":  # no durable record: not freed
+                left, summary["status"] = False, "incomplete"
         if left:
             # Nothing of it is kept any more: the namespace may be given to a new repository.
             free_namespace(r, repo, ns)
             _record(r, rec, purged_at_ms=redis_time_ms(r), purge_run=run_id)
             r.delete(RepoKeys(repo).holds, RepoKeys(repo).hold_prefixes)
-        try:
-            put_json(s3, bucket, f"{prefix}_hardelete/reports/{run_id}/summary.json", summary)
-        except Exception as exc:  # (no bucket): the summary is still returned and logged
-            summary["report_error"] = f"{type(exc).__name__}: {exc}"
         log.info("retired repository purged" if left else "retired purge incomplete",
                  repository=repo, deleted=summary["deleted"], kept=len(summary["kept"]),
                  failed=len(summary["failed"]), run_id=run_id)
