@@ -66,10 +66,20 @@ def test_a_retired_repositorys_data_is_kept_from_the_next_owner_until_released(
     assert code == 2 and "kept until" in err and "Traceback" not in err
     assert a_data <= listed(s3, "retire")
 
-    # the operator releases it: a reported purge through the gate, then the namespace is free
+    # B's create over A's kept data is a registry conflict: A is fail-closed too (its purge
+    # would take whatever B's service writes there), and the release purge keeps everything
     code, out, _ = run(capsys, "retired", "purge", "A", "--release", "--json")
     summary = orjson.loads(out)
-    assert code == 0 and summary["status"] == "done"
+    assert summary["status"] == "incomplete" and not summary["deleted"]
+    assert a_data <= listed(s3, "retire")
+    # the operator judges it (B was refused: it is not live, nothing of it is there) and clears A
+    code, _, err = run(capsys, "fail-closed", "clear", "A", "--reason", "B was refused; "
+                       "nothing of it in the namespace")
+    assert code == 0, err
+    # then releases it: a reported purge through the gate, then the namespace is free
+    code, out, _ = run(capsys, "retired", "purge", "A", "--release", "--json")
+    summary = orjson.loads(out)
+    assert code == 0 and summary["status"] == "done", (summary["kept"], summary["failed"])
     assert summary["deleted"] == len(a_data) and summary["retired"]["released_at"]
     assert not a_data & listed(s3, "retire")
     assert redis_client.hget(NAMESPACES, ns) is None
