@@ -30,14 +30,20 @@ proves nothing: the repository deletes nothing and the reason says so.
 A repository whose home is still empty while its Redis holds holds or pauses (placed before
 this module) is **adopted**: the first proof or write records them as facts first.
 
-**Only the product lifts protection.** Anyone who writes the namespace (the service, its
-publishers) could write a fact into the home. A fact is signed (HMAC-SHA256, its own domain)
-under the product's fact key (``hd:factkey``, minted in Redis, which publishers are never
-given); a fact that lifts protection (a hold's removal, a pause's removal) that does not verify
-is applied as nothing, with a ``forged_fact`` incident. Facts that add protection are applied
-whatever their signature: a forged one can only keep more. A Redis that went back past the key's
-mint loses the key: removals signed with it are then ignored (safe: the holds come back, and the
-incident says to lift them again).
+**Only the product writes facts.** Anyone who writes the namespace (the service, its
+publishers) could write into the home, or overwrite a fact there. A fact is signed
+(HMAC-SHA256, its own domain) under the product's fact key (``hd:factkey``, minted in Redis,
+which publishers are never given), and a fact that does not verify is never applied: the copy
+stops before it and the repository deletes nothing (a forged removal would lift a hold; a
+forged addition may have *replaced* a genuine one). ``hardelete facts list`` shows what does
+not verify; ``hardelete facts reseal`` signs the home anew under the current key once an
+operator has judged it (the key is lost only with the whole Redis: a copy older than the
+product's first start, or none).
+
+**Facts owed.** The tracker's dead-letter holds go into Redis even when the home cannot take
+them (S3 down: the tracker is not stopped by S3); they are then *owed*
+(``RepoKeys.facts_owed``, in the slot of the holds): the gate keeps the repository while any is
+owed, and the next proof writes them durably first.
 """
 
 from __future__ import annotations
@@ -237,12 +243,16 @@ class FactsProof:
     durable: int
     problem: str | None = None
 
-    def copy_problem(self, repo: str, applied: int | None) -> str | None:
-        """Why the gate's copy (``applied`` = its ``facts_seq``) may not be trusted (pure)."""
+    def copy_problem(self, repo: str, applied: int | None, owed: int = 0) -> str | None:
+        """Why the gate's copy (``applied`` = its ``facts_seq``; ``owed`` facts it holds that
+        the home does not yet) may not be trusted (pure)."""
         if self.repository != repo:
             return f"the facts proof is of repository {self.repository!r}, not {repo!r}"
         if self.problem is not None:
             return f"holds and pauses not proven: {self.problem}"
+        if owed:
+            return (f"{owed} dead-letter hold claim(s) are in Redis only (their fact log "
+                    "refused them); the next proof writes them")
         if (applied or 0) < self.durable:
             return (f"Redis's copy of the holds and pauses went back (it applied fact "
                     f"{applied or 0}, the durable home has {self.durable}); the next pass "
@@ -321,23 +331,12 @@ def _guarded(effect: str) -> str:
 
 GUARDED_HOLDS = _guarded(HOLDS_LUA)
 GUARDED_PAUSE = _guarded(PAUSE_LUA)
-# A removal that does not verify: its seq is taken, its effect is an incident.
-GUARDED_INCIDENT = _guarded("redis.call('LPUSH', KEYS[1], ARGV[1])")
 
 
-def _call(fact: Fact, key: bytes | None) -> tuple[str, list[str], list[str]]:
+def _call(fact: Fact) -> tuple[str, list[str], list[str]]:
     """(script, keys, args) applying ``fact`` to the copy (pure)."""
     k = RepoKeys(fact.repository)
     b = fact.body
-    if fact.lifts and not verified(key, fact):
-        incident = {"kind": "forged_fact", "repository": fact.repository, "seq": fact.seq,
-                    "fact": fact.kind, "body": dict(fact.body), "by": fact.by,
-                    "at_ms": fact.at_ms,
-                    "detail": "a fact lifting protection without the product's signature (or "
-                              "signed with a key Redis lost) was not applied; lift it again "
-                              "with hardelete if it was yours"}
-        return GUARDED_INCIDENT, [k.incidents, k.facts_seq], [
-            orjson.dumps(incident).decode(), str(fact.seq)]
     if fact.kind == PAUSE:
         return GUARDED_PAUSE, [k.paused, k.facts_seq], [
             b["op"], b["who"], b["reason"], str(b["at_ms"]), str(fact.seq)]
@@ -393,6 +392,12 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def unverified(fact: Fact) -> str:
+    return (f"fact {fact.seq} ({fact.kind} by {fact.by!r}) does not verify under the fact key: "
+            f"forged, overwritten, or signed with a key Redis lost; `hardelete facts list "
+            f"{fact.repository}` shows it, `hardelete facts reseal` once it is judged")
+
+
 class RepoFacts:
     """One repository's durable facts and their Redis copy (synchronous Redis client; Redis
     Cluster too: every key is in the repository's slot)."""
@@ -413,7 +418,7 @@ class RepoFacts:
         return _int(self.r.get(self.k.facts_seq))
 
     def _apply(self, fact: Fact) -> str:
-        script, keys, args = _call(fact, self.key() if fact.lifts else None)
+        script, keys, args = _call(fact)
         status, _ = _status(self.r.eval(script, len(keys), *keys, *args))
         return status
 
@@ -425,7 +430,10 @@ class RepoFacts:
             if cur.problem is not None or not cur.missing:
                 return cur
             for seq in cur.missing:
-                if self._apply(self.log.read(seq)) == "gap":
+                fact = self.log.read(seq)
+                if not verified(self.key(), fact):
+                    return Currency(seq - 1, cur.durable, (), unverified(fact))
+                if self._apply(fact) == "gap":
                     break  # the copy moved (went back, or another syncer): list again
             else:
                 return Currency(cur.durable, cur.durable, (), None)
@@ -462,10 +470,38 @@ class RepoFacts:
         self.sync()
         return fact
 
+    def owe(self, name: str, items: list[list[Any]]) -> None:
+        """Hold claims placed in Redis only (the home refused them): owed until a proof
+        writes them (module docstring)."""
+        k = self.k
+        key = k.holds if name == "holds" else k.hold_prefixes
+        # The debt first: a crash between the two leaves a debt whose payment applies it.
+        self.r.sadd(k.facts_owed, *(orjson.dumps([name, *it]).decode() for it in items))
+        args: list[str] = ["add", "0"]
+        for target, claim_id, claim in items:
+            args += [target, claim_id, orjson.dumps(claim).decode()]
+        self.r.eval(HOLDS_LUA, 1, key, *args)
+
+    def pay(self, by: str, now_ms: int) -> None:
+        """Write the owed claims durably, then forget the debt."""
+        owed = self.r.smembers(self.k.facts_owed)
+        if not owed:
+            return
+        groups: dict[str, list[list[Any]]] = {}
+        for raw in sorted(_text(o) for o in owed):
+            name, target, claim_id, claim = orjson.loads(raw)
+            groups.setdefault(name, []).append([target, claim_id, claim])
+        for name, items in sorted(groups.items()):
+            self.record(HOLD_ADD, {"hash": name, "replace": False, "items": items}, by=by,
+                        now_ms=now_ms)
+        self.r.srem(self.k.facts_owed, *owed)
+
     def prove(self, *, by: str = "proof", now_ms: int = 0, adopt: bool = True) -> FactsProof:
         """The proof a delete path takes right before it reads the gate (module docstring).
         ``adopt=False``: a reader that writes nothing durable (``explain``)."""
         try:
+            if adopt:
+                self.pay(by, now_ms)
             cur = self.sync()
             if adopt and cur.problem is None and cur.durable == 0:
                 self._adopt(cur, by, now_ms)
@@ -481,3 +517,25 @@ async def aprove(r: Any, s3: Any, repo: str, namespace: str, *, by: str = "proof
     runs in a thread: the home's listing blocks)."""
     return await asyncio.to_thread(RepoFacts(r, s3, repo, namespace).prove, by=by,
                                    now_ms=now_ms)
+
+
+def pay_debts(r: Any, s3: Any, *, by: str, now_ms: int) -> dict[str, str | None]:
+    """Write every repository's owed facts (the tracker runs it while S3 is back): repository
+    -> None when paid, else why not (the debt stays, and keeps the repository)."""
+    from core.registry import repo_namespace
+    from schemas.layout import REPOS
+
+    out: dict[str, str | None] = {}
+    for repo in sorted(_text(x) for x in r.smembers(REPOS)):
+        if not r.scard(RepoKeys(repo).facts_owed):
+            continue
+        namespace = repo_namespace(r, repo)
+        if not namespace:
+            out[repo] = "no namespace"
+            continue
+        try:
+            RepoFacts(r, s3, repo, namespace).pay(by, now_ms)
+            out[repo] = None
+        except Exception as exc:  # S3 still refuses: owed a while longer
+            out[repo] = f"{type(exc).__name__}: {exc}"
+    return out

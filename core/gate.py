@@ -151,7 +151,7 @@ def applied_regression(recorded: Any, current: Mapping[Any, Any] | None) -> str 
 
 def _gate_from(raw: list[Any], addresses: list[str], repo: str,
                facts: FactsProof | None) -> Gate:
-    registry, gfc, rfc, paused, holds, prefixes, recorded, applied, facts_seq = raw
+    registry, gfc, rfc, paused, holds, prefixes, recorded, applied, facts_seq, owed = raw
     regressed = applied_regression(recorded, applied)
     return Gate(
         registry={_text(k): _text(v) for k, v in (registry or {}).items()},
@@ -164,7 +164,8 @@ def _gate_from(raw: list[Any], addresses: list[str], repo: str,
                if v is not None},
         hold_prefixes={_text(k): _reason(v, "held") for k, v in (prefixes or {}).items()},
         facts_problem=(NOT_PROVEN if facts is None else
-                       facts.copy_problem(repo, int(facts_seq) if facts_seq else 0)),
+                       facts.copy_problem(repo, int(facts_seq) if facts_seq else 0,
+                                          int(owed or 0))),
     )
 
 
@@ -180,6 +181,7 @@ def _gate_calls(pipe: Any, repo: str, addresses: list[str]) -> None:
     pipe.hget(APPLIED, repo)
     pipe.hgetall(k.applied)
     pipe.get(k.facts_seq)
+    pipe.scard(k.facts_owed)
 
 
 def read_gate(r: Any, repo: str, addresses: Iterable[str] = (), *,

@@ -256,6 +256,13 @@ class RepoKeys:
         return f"{self.tag}:markseal:{run_id}"
 
     @property
+    def facts_owed(self) -> str:
+        """set: json [hash, target, claim id, claim]: hold claims placed in Redis only because
+        the repository's fact log refused them (S3 down); the gate keeps the repository while
+        any is owed, and the next proof writes them (``core/facts.py``)."""
+        return f"{self.tag}:factsowed"
+
+    @property
     def facts_seq(self) -> str:
         """string: the sequence number of the last durable fact of the repository (its holds and
         pauses, ``core/facts.py``) this Redis copy has applied; in the slot of the copy, so the

@@ -206,6 +206,7 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
         server = None
         meta_task: asyncio.Task[None] | None = None
+        debts_task: asyncio.Task[None] | None = None
         try:
             await producer.start()
             await probe.start()
@@ -215,6 +216,7 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             meta_task = asyncio.create_task(self._meta_loop())
             if s.rebuild_interval_seconds > 0:
                 self._heal_task = asyncio.create_task(self._heal_loop())
+            debts_task = asyncio.create_task(self._debts_loop())
             if s.metrics_port:
                 server = start_http_server(s.metrics_port, registry=self.metrics.registry)
             self.log.info("tracker started", metrics_port=s.metrics_port or None)
@@ -228,7 +230,7 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             # meta loop cancelled inside a Redis connect went on; asyncio.wait_for before Python
             # 3.12 can swallow a cancellation) ends at its next check, not ~10 s later.
             self._stop.set()
-            for task in (meta_task, self._heal_task):
+            for task in (meta_task, self._heal_task, debts_task):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(BaseException):
@@ -281,6 +283,30 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
     async def _relay(self, stop: asyncio.Event) -> None:
         await stop.wait()
         self._stop.set()
+
+    async def _debts_loop(self, every_s: float = 5.0) -> None:
+        """Dead-letter holds the fact log refused (S3 down) are owed: written once it takes
+        them (core/facts.py ``pay_debts``), so they do not stay in Redis only."""
+        from core.clients import s3_client
+        from core.facts import pay_debts
+
+        r, s3 = redis_sync(self.settings), s3_client(self.settings)
+        try:
+            while not self._stop.is_set():
+                try:
+                    paid = await asyncio.to_thread(pay_debts, r, s3, by=f"tracker {self.name}",
+                                                   now_ms=int(time.time() * 1000))
+                    for repo, why in paid.items():
+                        if why is None:
+                            self.log.warning("owed dead-letter holds written to the fact log",
+                                             repository=repo)
+                except Exception as exc:  # Redis trouble: tried again next round
+                    self.log.warning("owed facts round failed",
+                                     error=f"{type(exc).__name__}: {exc}")
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), every_s)
+        finally:
+            r.close()
 
     async def _heal_loop(self) -> None:
         """Self-healing (tracker/rebuild.py): a fail-closed repository gets a rebuild prepared,

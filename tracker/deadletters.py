@@ -166,9 +166,11 @@ class DeadLetters(TrackerShared):
                 return
             except Exception as exc:
                 self.metrics.facts_failed.inc()
-                self.log.error("dead-letter hold kept in Redis only: its fact log could not "
-                               "take it", repository=repo,
+                self.log.error("dead-letter hold kept in Redis only, owed to its fact log "
+                               "(the next proof writes it)", repository=repo,
                                error=f"{type(exc).__name__}: {exc}"[:500])
+                await asyncio.to_thread(RepoFacts(r, s3, repo, namespace).owe, name, new)
+                return
         await aadd_claims(self._redis, key, [(t, c, v) for t, c, v in new])
 
     async def _write_holds(self, holds: list[tuple[str, str, bool, str, dict[str, Any]]]

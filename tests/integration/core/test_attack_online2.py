@@ -13,7 +13,7 @@ import redis as redis_lib
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from core.clients import redis_sync, s3_client
-from core.facts import HOLD_ADD, FactLog, make_fact
+from core.facts import HOLD_ADD, FactLog, RepoFacts, make_fact
 from core.settings import Settings
 from hardelete.holds import add_hold
 from reaper.daemon import Reaper
@@ -21,7 +21,7 @@ from schemas import events as ev
 from schemas.layout import RepoKeys
 from schemas.publisher import Publisher
 from sim.operations import broken
-from sim.testing import publish, redis_now, slot_copy, slot_go_back, wait_horizon
+from sim.testing import publish, redis_now, slot_copy, slot_go_back, wait_for, wait_horizon
 from tracker.daemon import running_tracker
 
 pytestmark = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
@@ -115,16 +115,14 @@ async def test_a_dead_letters_hold_whose_reply_was_lost_is_made_durable(
         r.close()
 
 
-@pytest.mark.xfail(strict=True, reason="sequence 2: a dead letter's hold placed while the "
-                   "tracker cannot reach S3 stays in Redis only for good; the slot going back "
-                   "loses it (not fixed: needs the dead-letter topic as a second home, or the "
-                   "tracker to owe the fact)")
 async def test_a_dead_letters_hold_placed_while_s3_was_unreachable(settings: Settings) -> None:
     """Sequence 2. The tracker cannot reach S3 for a moment (its network to the store, or the
     store restarting) when it dead-letters an event naming A: the hold goes into Redis, the
     fact log cannot take it (an error and a metric, as documented). S3 comes back; nothing
-    ever writes the fact. Later the repository's slot goes back to a copy taken before the
-    hold: the proof finds nothing missing and the reaper deletes A."""
+    ever wrote the fact. Later the repository's slot goes back to a copy taken before the
+    hold: the proof found nothing missing and the reaper deleted A. Now the claim is owed
+    (``facts_owed``): the gate keeps the repository while it is, and the tracker writes it
+    once S3 takes it."""
     s = _settings(settings)
     s3 = s3_client(s)
     raw, r = _raw(s), redis_sync(s)
@@ -137,8 +135,13 @@ async def test_a_dead_letters_hold_placed_while_s3_was_unreachable(settings: Set
         async with running_tracker(cut, name="t2") as t2:
             await _dead_letter_naming_a(s, r)
             assert t2.metrics.facts_failed._value.get() >= 1  # the documented error
-        async with running_tracker(s, name="t3"):  # S3 is back: nothing owes the fact
+        assert r.scard(RepoKeys(REPO).facts_owed) == 1  # owed: the gate keeps the repository
+        async with running_tracker(s, name="t3"):  # S3 is back: the tracker pays the debt
             await wait_horizon(s, await redis_now(s))
+            async def paid() -> bool:
+                return not r.scard(RepoKeys(REPO).facts_owed)
+
+            await wait_for(paid, timeout=30, what="the owed hold written to the fact log")
             slot_go_back(raw, REPO, before)
             report = await _reap(s, s3)
             assert _alive(s3), f"a dead letter's address was deleted: {report.as_dict()}"
@@ -147,16 +150,14 @@ async def test_a_dead_letters_hold_placed_while_s3_was_unreachable(settings: Set
         r.close()
 
 
-@pytest.mark.xfail(strict=True, reason="sequence 3: a fact that adds protection is applied "
-                   "unverified, so a publisher that overwrites a signed hold_add with another "
-                   "hold_add lifts the hold once Redis re-applies it (not fixed)")
 async def test_an_overwritten_hold_fact_lifts_the_hold_after_the_slot_goes_back(
         settings: Settings) -> None:
     """Sequence 3. The operator holds A: fact 1, signed. A publisher (it can write the
     namespace, so the home) overwrites fact 1 with an unsigned hold_add on another address (a
-    valid fact that "only keeps more": nothing verifies it). The repository's slot goes back to
-    a copy taken before the hold (facts_seq 0). The reaper's proof applies fact 1 as the home
-    now has it, A is not held, and it is deleted. No incident: nothing verified anything."""
+    valid fact that "only keeps more": nothing verified it). The repository's slot goes back
+    to a copy taken before the hold (facts_seq 0). The reaper's proof applied fact 1 as the
+    home now has it, A was not held, and it was deleted. Now every fact must verify: the copy
+    stops before fact 1 and the repository deletes nothing until an operator reseals."""
     s = _settings(settings)
     s3 = s3_client(s)
     raw, r = _raw(s), redis_sync(s)
@@ -175,6 +176,8 @@ async def test_an_overwritten_hold_fact_lifts_the_hold_after_the_slot_goes_back(
             slot_go_back(raw, REPO, before)
             report = await _reap(s, s3)
             assert _alive(s3), f"a held object was deleted: {report.as_dict()}"
+            proof = RepoFacts(r, s3, REPO, NS).prove()
+            assert proof.problem is not None and "fact 1 " in proof.problem
     finally:
         raw.close()
         r.close()
