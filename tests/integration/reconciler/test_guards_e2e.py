@@ -138,7 +138,7 @@ def test_a_hold_placed_after_the_claim_is_respected_right_before_the_request(
             await reaper.close()
 
     outcome = asyncio.run(run())
-    assert outcome.kept == {a: "held"} and outcome.deleted == [b]
+    assert outcome.kept == {a: "held"} and list(outcome.deleted) == [b]
     assert exists(s3, a) and not exists(s3, b)
 
 
