@@ -164,6 +164,40 @@ def record(r: Any, s3: Any, repo: str, kind: str, body: Mapping[str, Any], now_m
                         "nothing was changed") from None
 
 
+def already_gone(r: Any, s3: Any, targets: tuple[Target, ...]) -> str | None:
+    """Why an operator's hold on these address forms would preserve nothing (one line), or
+    None: no form is in the store and each one's record says the reaper deleted it. A hold
+    that preserves nothing would read "kept (held)" in ``explain`` while the bytes are gone;
+    an address not yet written (an issued upload, or untracked) is held as asked."""
+    from botocore.exceptions import ClientError
+
+    from core.clients import split_s3_uri
+    from schemas.records import decode_address
+
+    reaped = []
+    for t in targets:
+        if t.prefix:
+            return None
+        bucket, key = split_s3_uri(t.key)
+        try:
+            s3.head_object(Bucket=bucket, Key=key)
+            return None  # in the store: the hold keeps it
+        except ClientError as exc:
+            if str(exc.response.get("Error", {}).get("Code", "")) not in ("404", "NoSuchKey",
+                                                                          "NotFound"):
+                return None  # cannot tell: hold it
+        h = r.hgetall(RepoKeys(t.repository).address(t.key))
+        rec = decode_address(h) if h else None
+        if rec is None or rec.state not in ("reaped", "reaping"):
+            return None
+        reaped.append(t.key)
+    if not reaped:
+        return None
+    return (f"{reaped[0]} is no longer in the store: the reaper deleted it, so a hold would "
+            f"preserve nothing (`hardelete explain {reaped[0]}` says when and why; "
+            "`hardelete restore` brings it back while it is in quarantine)")
+
+
 def add_hold(r: Any, target: str, reason: str, *, s3: Any, repo: str | None = None,
              prefix: bool = False, source: str = OPERATOR,
              detail: Mapping[str, Any] | None = None) -> tuple[Hold, ...]:
@@ -177,6 +211,10 @@ def add_hold(r: Any, target: str, reason: str, *, s3: Any, repo: str | None = No
     if claim_id is None:
         raise UserError(f"holds of source {source!r} are placed by the tracker, not by hand")
     targets = targets_of(r, target, repo=repo, prefix=prefix)
+    if not prefix and source == OPERATOR:
+        gone = already_gone(r, s3, targets)
+        if gone is not None:
+            raise UserError(gone)
     at = redis_time_ms(r)
     claim = {**(detail or {}), "reason": reason, "source": source, "at_ms": at}
     by_hash: dict[tuple[str, str], list[list[Any]]] = {}
