@@ -156,11 +156,17 @@ class FaultInjection(SoakBase):
                                     f"{self.op_index})")
                 self.violations.setdefault(address, "while its repository was paused")
                 self.violation_op.setdefault(address, min(self.op_index, self.o.ops))
-            rr = redis_sync(s)
-            try:
-                await asyncio.to_thread(clear_paused, rr, repo, who, s3=s3_client(s))
-            finally:
-                rr.close()
+            for attempt in range(60):  # Redis may be down or loading (another fault)
+                rr = redis_sync(s)
+                try:
+                    await asyncio.to_thread(clear_paused, rr, repo, who, s3=s3_client(s))
+                    break
+                except Exception:
+                    if attempt == 59:
+                        raise
+                    await asyncio.sleep(1.0)
+                finally:
+                    rr.close()
             self.paused_spans += 1
 
         self._background(go(), "operator_pause")
