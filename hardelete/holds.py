@@ -198,6 +198,16 @@ def already_gone(r: Any, s3: Any, targets: tuple[Target, ...]) -> str | None:
             "`hardelete restore` brings it back while it is in quarantine)")
 
 
+def current(r: Any, s3: Any, repo: str) -> None:
+    """Bring the Redis copy of ``repo``'s holds and pauses up to their fact log before an
+    operator command reads it (a Redis that went back would hide a durable hold)."""
+    try:
+        RepoFacts(r, s3, repo, namespace_of(r, repo)).sync()
+    except (FactError, ClientError, BotoCoreError) as exc:
+        raise UserError(f"the holds and pauses of {repo!r} cannot be read from their fact log "
+                        f"({exc}); nothing was changed") from None
+
+
 def add_hold(r: Any, target: str, reason: str, *, s3: Any, repo: str | None = None,
              prefix: bool = False, source: str = OPERATOR,
              detail: Mapping[str, Any] | None = None) -> tuple[Hold, ...]:
@@ -285,7 +295,10 @@ def remove_hold(r: Any, target: str, *, s3: Any, repo: str | None = None, prefix
     every form ``target`` (any spelling) may take. A hold stays while another party still
     claims it; removing nothing is an error."""
     found = []
-    for t in targets_of(r, target, repo=repo, prefix=prefix):
+    forms = targets_of(r, target, repo=repo, prefix=prefix)
+    for name in sorted({t.repository for t in forms}):
+        current(r, s3, name)
+    for t in forms:
         k = RepoKeys(t.repository)
         raw = r.hget(k.hold_prefixes if t.prefix else k.holds, t.key)
         if raw is not None:

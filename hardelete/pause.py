@@ -23,7 +23,7 @@ from core.clock import redis_time_ms
 from core.errors import UserError
 from core.facts import PAUSE
 from core.settings import Settings
-from hardelete.holds import namespace_of, operator_s3, record, settle, when
+from hardelete.holds import current, namespace_of, operator_s3, record, settle, when
 from schemas.layout import RepoKeys
 
 
@@ -66,7 +66,7 @@ def clear_paused(r: Any, repo: str, by: str | None = None, *, s3: Any, force: bo
     that still pause the repository)."""
     from hardelete.failclosed import who
 
-    namespace_of(r, repo)
+    current(r, s3, repo)
     info = paused_info(r, repo)
     if info is None:
         raise UserError(f"repository {repo!r} is not paused")

@@ -264,3 +264,32 @@ async def test_a_forged_fact_cannot_lift_a_hold(settings: Settings) -> None:
             assert gate.repo_problem(REPO, NS) is not None  # nothing of it is deleted
     finally:
         r.close()
+
+
+async def test_an_operator_lifts_a_hold_or_pause_redis_forgot(settings: Settings) -> None:
+    """After the slot went back, the hold and the pause are still durable (they come back at
+    the next proof): `hold remove` and `resume` read the fact log first, so the operator can
+    lift them at once, for good, instead of being told there is nothing to lift."""
+    from hardelete.pause import clear_paused
+
+    s3 = s3_client(settings)
+    s3.create_bucket(Bucket=BUCKET)
+    raw, r = _raw(settings), redis_sync(settings)
+    r.sadd(REPOS, REPO)
+    r.hset(RepoKeys(REPO).meta, mapping={"namespace": NS})
+    try:
+        before = slot_copy(raw, REPO)
+        add_hold(r, A, "legal", s3=s3)
+        set_paused(r, REPO, "incident", "ann", s3=s3)
+        slot_go_back(raw, REPO, before)
+        assert not r.hexists(RepoKeys(REPO).holds, A) and not r.exists(RepoKeys(REPO).paused)
+        (lifted,) = remove_hold(r, A, s3=s3)
+        assert lifted.lifted
+        _, remaining = clear_paused(r, REPO, "ann", s3=s3)
+        assert remaining == {}
+        slot_go_back(raw, REPO, before)  # and again: the lifts are durable too
+        assert RepoFacts(r, s3, REPO, NS).prove().problem is None
+        assert not r.hexists(RepoKeys(REPO).holds, A) and not r.exists(RepoKeys(REPO).paused)
+    finally:
+        raw.close()
+        r.close()
