@@ -172,6 +172,7 @@ def already_gone(r: Any, s3: Any, targets: tuple[Target, ...]) -> str | None:
     from botocore.exceptions import ClientError
 
     from core.clients import split_s3_uri
+    from reaper.quarantine import quarantine_address
     from schemas.records import decode_address
 
     reaped = []
@@ -190,12 +191,18 @@ def already_gone(r: Any, s3: Any, targets: tuple[Target, ...]) -> str | None:
         rec = decode_address(h) if h else None
         if rec is None or rec.state not in ("reaped", "reaping"):
             return None
+        qbucket, qkey = split_s3_uri(quarantine_address(t.namespace, t.key))
+        try:
+            s3.head_object(Bucket=qbucket, Key=qkey)
+            return None  # its quarantine copy is the last one: the hold keeps it from the purge
+        except ClientError:
+            pass
         reaped.append(t.key)
     if not reaped:
         return None
-    return (f"{reaped[0]} is no longer in the store: the reaper deleted it, so a hold would "
-            f"preserve nothing (`hardelete explain {reaped[0]}` says when and why; "
-            "`hardelete restore` brings it back while it is in quarantine)")
+    return (f"{reaped[0]} is no longer in the store nor in quarantine: the reaper deleted it, "
+            f"so a hold would preserve nothing (`hardelete explain {reaped[0]}` says when and "
+            "why)")
 
 
 def current(r: Any, s3: Any, repo: str) -> None:

@@ -207,18 +207,19 @@ def test_restores_claim_survives_the_repositorys_redis_going_back(cli, capsys, s
 def test_a_hold_on_an_address_already_reaped_is_refused_in_one_line(cli, capsys, s3,
                                                                     redis_client, bucket):
     """A hold that preserves nothing must not be accepted: `explain` would then say "kept
-    (held)" while the bytes are gone (issue 36, item 4). One line that says why and what to
-    do; nothing held. A stored object, or one not written yet, is held as asked."""
-    s = cli.replace(quarantine_days=1.0, upload_ttl_seconds=1.0, lease_seconds=2.0)
+    (held)" while the bytes are gone (issue 36, item 4). One line that says why; nothing held.
+    A quarantined address is held (the hold keeps its quarantine copy, the last one, from the
+    purge), and so is one not written yet."""
+    s = cli.replace(quarantine_days=0.0, upload_ttl_seconds=1.0, lease_seconds=2.0)
     g = _garbage(s, s3, bucket, "g")
-    _quarantined(s, s3, g)
+    asyncio.run(reap_until(s, lambda rep: not stored(s3, g)))
     code, _, err = run(capsys, "hold", "add", g, "--reason", "legal: too late")
     assert code == 2 and err.count("\n") == 1, err
-    assert "the reaper deleted it" in err and "hardelete restore" in err
+    assert "the reaper deleted it" in err and "nor in quarantine" in err
     assert claims(redis_client, "repo", g) == set()
-    # restored, it is in the store again: the legal hold takes it
-    assert run(capsys, "restore", "repo", g)[0] == 0
-    assert run(capsys, "hold", "add", g, "--reason", "legal: in time")[0] == 0
-    assert claims(redis_client, "repo", g) == {"operator", "restore"}
-    # an address not written yet (untracked) is held as asked
+    q = cli.replace(quarantine_days=1.0, upload_ttl_seconds=1.0, lease_seconds=2.0)
+    h = _garbage(q, s3, bucket, "h")
+    _quarantined(q, s3, h)
+    assert run(capsys, "hold", "add", h, "--reason", "legal: keep the copy")[0] == 0
+    assert claims(redis_client, "repo", h) == {"operator"}
     assert run(capsys, "hold", "add", f"s3://{bucket}/repo/data/later", "--reason", "x")[0] == 0
