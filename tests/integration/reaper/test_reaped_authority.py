@@ -234,10 +234,10 @@ async def test_a_claim_given_back_is_judged_again_from_its_last_reference(
             await reaper.close()
     rec = parse_address(redis_client.hgetall(keys.address(victim)))
     # Before the fix it went at the lease's end (about 1 s after the last reference ended),
-    # judged on the since of its first delete. (``last_end`` is read once the broker
-    # acknowledged the events; the tracker may apply the delete a few ms before the ack
-    # arrives, so the reference's true end can precede it by that much: 0.25 s of slack, far
-    # from the 3 s the bug was early by.)
-    assert rec.reaped_at is not None and ended is not None and ended <= last_end
+    # judged on the since of its first delete. The reference's end is the tracker's apply
+    # time (``ended``), which may come a little before or after ``last_end`` (read once the
+    # broker acknowledged the events; seen 15 ms after it under load): the check is against
+    # ``ended``, and ``last_end`` is only shown.
+    assert rec.reaped_at is not None and ended is not None
     assert rec.reaped_at - ended >= grace * 1000, (rec.reaped_at, ended, last_end)
     assert victim not in listed(s3, "rejudge")
