@@ -112,11 +112,6 @@ class Fact:
     def encode(self) -> bytes:
         return orjson.dumps({**self.fields(), "signature": self.signature})
 
-    @property
-    def lifts(self) -> bool:
-        """Does it lift protection (only a verified one is applied)?"""
-        return self.kind == HOLD_REMOVE or (self.kind == PAUSE and self.body["op"] != "add")
-
 
 _DOMAIN = b"hardelete fact v1\0"  # never a reaper's or a dead letter's signature
 

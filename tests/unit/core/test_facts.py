@@ -122,8 +122,3 @@ def test_a_fact_is_signed_over_everything_it_says() -> None:
                     replace(signed, body={**signed.body, "force": True})):
         assert not verified(b"k", changed)
     assert decode_fact(signed.encode(), repository="r", seq=2) == signed
-    assert signed.lifts and not make_fact(
-        "r", 1, PAUSE, {"op": "add", "who": "a", "reason": "x", "at_ms": 1}, at_ms=1,
-        by="a").lifts
-    assert make_fact("r", 1, PAUSE, {"op": "force", "who": "a", "reason": "", "at_ms": 1},
-                     at_ms=1, by="a").lifts
