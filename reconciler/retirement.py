@@ -126,7 +126,7 @@ def durable_purge(s3: Any, bucket: str, prefix: str, repo: str) -> str | None:
     The report is the purge's durable record: a Redis that went back (restored from a copy
     taken before the purge) brings the retirement back unpurged and the namespace registered
     to it, while a next owner's live data may already lie there. A report anyone forged only
-    stops a purge (the safe side)."""
+    stops a purge (the safe side): the purge that finds one deletes and frees nothing."""
     for page in _pages(s3, bucket, f"{prefix}{REPORTS}{PURGE_RUN}"):
         for obj in page.get("Contents", []):
             if not obj["Key"].endswith("/summary.json"):
@@ -167,12 +167,14 @@ def purge_retired(settings: Settings, repo: str, *, release: bool = False,
         bucket, prefix = split_s3_uri(ns)
         earlier = durable_purge(s3, bucket, prefix, repo)
         if earlier is not None:
-            # Redis went back past the purge: what it says of the namespace is stale, and a
-            # next owner's data may lie there. Bring the record back to what was done.
-            _record(r, rec, purged_at_ms=now, purge_run=earlier)
-            free_namespace(r, repo, ns)
-            raise UserError(f"{repo}: already purged by run {earlier} (its report is in "
-                            f"{ns}{REPORTS}; Redis had gone back): nothing was deleted")
+            # Redis went back past the purge (a next owner's data may lie there now), or the
+            # report is forged (anyone who writes the namespace can): either way nothing is
+            # deleted, and nothing is freed either (a freed namespace would let a next owner's
+            # purge or sweep take what this one still keeps, held data included).
+            raise UserError(f"{repo}: already purged by run {earlier}, says its report (in "
+                            f"{ns}{REPORTS}): nothing was deleted and the namespace stays "
+                            "registered to it; Redis went back past that purge, or the report "
+                            "is forged: an operator who has judged it resolves it by hand")
         run_id = f"retired-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now / 1000))}-" \
                  f"{uuid.uuid4().hex[:6]}"
         summary: dict[str, Any] = {"run_id": run_id, "kind": "retired_purge",

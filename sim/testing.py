@@ -286,3 +286,48 @@ def slot_go_back(raw: Any, repo: str, copy: dict[bytes, bytes]) -> None:
             raw.delete(n)
     for n, value in copy.items():
         raw.restore(n, 0, value, replace=True)
+
+
+def raw_redis(settings: Settings) -> Any:
+    """A client that does not decode (DUMP/RESTORE: :func:`slot_copy`), Redis Cluster too."""
+    import redis as redis_lib
+
+    return (redis_lib.RedisCluster.from_url(settings.redis_url) if settings.redis_cluster
+            else redis_lib.Redis.from_url(settings.redis_url))
+
+
+async def unreferenced_object(settings: Settings, s3: Any, repo: str, namespace: str,
+                              address: str) -> None:
+    """``address`` stored, written into ``repo``'s branch main (token ``t``) and deleted again:
+    unreferenced, the reaper's once grace has passed; the tracker must be running."""
+    from contextlib import suppress
+
+    from core.clients import split_s3_uri
+
+    bucket, key = split_s3_uri(address)
+    with suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=bucket, Key=key, Body=b"held")
+    path = address.removeprefix(namespace)
+    events = [ev.RepositoryCreated(repository=repo, storage_namespace=namespace,
+                                   default_branch="main", default_retention_days=1.0),
+              ev.BranchCreated(repository=repo, branch="main", staging_token="t",
+                               ref_version=1),
+              ev.ObjectWritten(repository=repo, branch="main", staging_token="t", path=path,
+                               address=address, size=4, ref_id="ra"),
+              ev.ObjectDeleted(repository=repo, branch="main", staging_token="t", path=path,
+                               address=address, ref_id="ra")]
+    await wait_horizon(settings, await publish(settings, events))
+
+
+async def reap_past_grace(settings: Settings, s3: Any) -> Any:
+    """One reaper pass once grace has passed on the tracker's horizon (its report)."""
+    from reaper.daemon import Reaper
+
+    await asyncio.sleep(settings.grace_seconds + 0.2)  # past grace: judged but for its guards
+    await wait_horizon(settings, await redis_now(settings))
+    reaper = Reaper(settings, s3=s3)
+    try:
+        return await reaper.run_once()
+    finally:
+        await reaper.close()

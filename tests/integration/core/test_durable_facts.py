@@ -6,11 +6,9 @@ cluster node failing over to a replica without them, and the reaper deleted the 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
-import redis as redis_lib
 
 from core.clients import redis_sync, s3_client
 from core.facts import FactLog, RepoFacts
@@ -19,12 +17,19 @@ from core.settings import Settings
 from hardelete.holds import add_hold, remove_hold
 from hardelete.pause import set_paused
 from hardelete.status import explain_address
-from reaper.daemon import Reaper
 from reconciler.s3io import Namespace
 from reconciler.sweep import recheck_for
-from schemas import events as ev
 from schemas.layout import REPOS, RepoKeys
-from sim.testing import publish, redis_now, slot_copy, slot_go_back, wait_horizon
+from sim.operations import stored
+from sim.testing import (
+    raw_redis,
+    reap_past_grace,
+    redis_now,
+    slot_copy,
+    slot_go_back,
+    unreferenced_object,
+    wait_horizon,
+)
 from tracker.daemon import running_tracker
 
 pytestmark = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
@@ -35,38 +40,20 @@ NS = f"s3://{BUCKET}/dur/"
 A = NS + "data/a"
 
 
-def _raw(s: Settings) -> Any:
-    return (redis_lib.RedisCluster.from_url(s.redis_url) if s.redis_cluster
-            else redis_lib.Redis.from_url(s.redis_url))
+_raw = raw_redis
 
 
 async def _garbage(s: Settings, s3: Any) -> None:
     """``A`` written then deleted: unreferenced, the reaper's once grace has passed."""
-    s3.create_bucket(Bucket=BUCKET)
-    s3.put_object(Bucket=BUCKET, Key="dur/data/a", Body=b"held")
-    events = [ev.RepositoryCreated(repository=REPO, storage_namespace=NS, default_branch="main",
-                                   default_retention_days=1.0),
-              ev.BranchCreated(repository=REPO, branch="main", staging_token="t",
-                               ref_version=1),
-              ev.ObjectWritten(repository=REPO, branch="main", staging_token="t", path="a",
-                               address=A, size=4, ref_id="ra"),
-              ev.ObjectDeleted(repository=REPO, branch="main", staging_token="t", path="a",
-                               address=A, ref_id="ra")]
-    await wait_horizon(s, await publish(s, events))
+    await unreferenced_object(s, s3, REPO, NS, A)
 
 
 async def _reap(s: Settings, s3: Any) -> Any:
-    await asyncio.sleep(1.2)  # past grace (1 s): the pass must judge A garbage but for its guard
-    await wait_horizon(s, await redis_now(s))
-    reaper = Reaper(s, s3=s3)
-    try:
-        return await reaper.run_once()
-    finally:
-        await reaper.close()
+    return await reap_past_grace(s, s3)
 
 
 def _alive(s3: Any) -> bool:
-    return s3.list_objects_v2(Bucket=BUCKET, Prefix="dur/data/a").get("KeyCount", 0) > 0
+    return stored(s3, A)
 
 
 async def test_a_hold_survives_the_repositorys_slot_going_back(settings: Settings) -> None:

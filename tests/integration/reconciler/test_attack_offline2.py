@@ -79,7 +79,9 @@ def test_a_retired_purge_after_redis_went_back_spares_the_namespaces_next_owner(
     raw.close()
     with pytest.raises(UserError, match="already purged"):
         purge_retired(s, "A")
-    assert redis_client.hget(NAMESPACES, ns) is None  # as the purge had left it
+    # nothing freed either: the report may be forged (test_attack_offline4), so the namespace
+    # stays with the Redis copy's owner until an operator has judged it
+    assert redis_client.hget(NAMESPACES, ns) == "A"
     assert live in listed(s3, "retback"), (
         "the retired purge of A deleted live repository B's staged object after Redis went "
         "back")

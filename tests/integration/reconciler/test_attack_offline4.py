@@ -21,10 +21,6 @@ from sim.testing import listed, publish, wait_horizon
 from tracker.daemon import running_tracker
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a forged 'already purged' report under <ns>_hardelete/reports/ frees a retired "
-    "repository's namespace while its held data is still there; the next owner's retired "
-    "purge deletes the held object (SPEC: holds keep)"))
 def test_a_forged_purge_report_does_not_free_a_namespace_whose_held_data_stays(
         settings: Settings, s3: Any, redis_client: Any) -> None:
     """Sequence: A (namespace X) writes and commits `kept`; an operator holds it (legal).
