@@ -92,3 +92,33 @@ async def test_reseal_blesses_a_fact_appended_after_the_operator_judged(
             assert r.hexists(RepoKeys(REPO).holds, A), "the legal hold was lifted"
     finally:
         r.close()
+
+
+@pytest.mark.xfail(strict=True, reason="atk3: the proof cannot tell a home whose newest facts "
+                   "were deleted from a home with no newer facts: the newest hold_add deleted "
+                   "from the namespace plus the slot going back to before it loses the hold")
+async def test_the_newest_fact_deleted_and_the_slot_going_back_lose_a_hold(
+        settings: Settings) -> None:
+    import redis as redis_lib
+
+    from sim.testing import slot_copy, slot_go_back
+
+    s = settings.replace(grace_seconds=1.0, quarantine_days=0.0, lease_seconds=1.0)
+    s3 = s3_client(s)
+    r = redis_sync(s)
+    raw = (redis_lib.RedisCluster.from_url(s.redis_url) if s.redis_cluster
+           else redis_lib.Redis.from_url(s.redis_url))
+    try:
+        async with running_tracker(s, name="t1"):
+            await _garbage(s, s3)
+            before = slot_copy(raw, REPO)
+            add_hold(r, A, "legal: case 78", s3=s3)  # fact 1
+            log = FactLog(s3, NS, REPO)
+            # Whoever can write the namespace deletes the newest fact (no signature needed).
+            s3.delete_object(Bucket=log.bucket, Key=log.prefix + "000000000001.json")
+            slot_go_back(raw, REPO, before)  # a failover to a replica without the hold
+            report = await _reap(s, s3)
+            assert _alive(s3), f"a held object was deleted: {report.as_dict()}"
+    finally:
+        raw.close()
+        r.close()
