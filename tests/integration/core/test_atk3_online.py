@@ -52,7 +52,7 @@ async def _reap(s: Settings, s3: Any) -> Any:
 
 
 def _alive(s3: Any) -> bool:
-    return s3.list_objects_v2(Bucket=BUCKET, Prefix="atk3/data/a").get("KeyCount", 0) > 0
+    return bool(s3.list_objects_v2(Bucket=BUCKET, Prefix="atk3/data/a").get("KeyCount", 0) > 0)
 
 
 @pytest.mark.xfail(strict=True, reason="atk3: `facts reseal --yes` signs every unverified "
