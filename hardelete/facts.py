@@ -1,4 +1,4 @@
-"""``hardelete facts list REPO`` / ``facts reseal REPO --yes``: a repository's durable facts
+"""``hardelete facts list REPO`` / ``facts reseal REPO --digest D``: a repository's durable facts
 (``core/facts.py``: its holds and pauses, signed, in ``<namespace>_hardelete/facts/``).
 
 A fact that does not verify under the fact key stops the repository's copy before it, and the
@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from core.errors import UserError
-from core.facts import RepoFacts, sign, verified
+from core.facts import RepoFacts, decode_fact, sign, verified
 from core.settings import Settings
 from hardelete.holds import namespace_of, operator_s3
 
@@ -63,6 +63,7 @@ class list_:
         r, facts = _facts(settings, args.repository)
         try:
             key, applied = facts.key(), facts.applied()
+            digest, _ = facts.log.snapshot()
             rows = []
             for seq in facts.log.seqs_from(1):
                 f = facts.log.read(seq)
@@ -77,13 +78,17 @@ class list_:
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title=f"facts of {args.repository} ({len(rows)}; Redis applied {applied})")
+        t = Table(title=f"facts of {args.repository} ({len(rows)}; Redis applied {applied}; "
+                        f"digest {digest})")
         for col in ("seq", "kind", "by", "at", "verified", "what"):
             t.add_column(col)
         for row in rows:
             t.add_row(str(row.seq), row.kind, row.by, row.at,
                       "yes" if row.verified else "[red]NO", row.what)
         Console().print(t)
+        if not all(row.verified for row in rows):
+            print(f"once judged: `hardelete facts reseal {args.repository} --digest {digest}` "
+                  "(refused if the home changes before it)")
         return 0
 
 
@@ -91,20 +96,25 @@ class reseal:
     @staticmethod
     def configure(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("repository")
-        parser.add_argument("--yes", action="store_true",
-                            help="I have judged every fact `facts list` shows unverified")
+        parser.add_argument("--digest", default="",
+                            help="the digest `facts list` showed for the home you judged")
 
     @staticmethod
     def run_cli(settings: Settings, args: argparse.Namespace) -> int:
-        if not args.yes:
+        if not args.digest:
             raise UserError("reseal makes every fact of the home the product's own, the "
                             "unverified ones too: judge them with `hardelete facts list "
-                            f"{args.repository}`, then run it again with --yes")
+                            f"{args.repository}`, then run it with the --digest it shows")
         r, facts = _facts(settings, args.repository)
         try:
+            digest, judged = facts.log.snapshot()  # one read: what is signed is what was judged
+            if digest != args.digest:
+                raise UserError(f"the facts of {args.repository} changed since `facts list` "
+                                f"showed digest {args.digest}: nothing was resealed; judge "
+                                "them again")
             key, n = facts.key(), 0
-            for seq in facts.log.seqs_from(1):
-                f = facts.log.read(seq)
+            for seq, raw in judged.items():
+                f = decode_fact(raw, repository=args.repository, seq=seq)
                 if not verified(key, f):
                     facts.log.s3.put_object(Bucket=facts.log.bucket,
                                             Key=facts.log.prefix + f"{seq:012d}.json",

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from core.clients import redis_sync, s3_client
+from core.errors import UserError
 from core.facts import HOLD_REMOVE, FactLog, make_fact
 from core.settings import Settings
 from hardelete.facts import reseal
@@ -55,10 +56,6 @@ def _alive(s3: Any) -> bool:
     return bool(s3.list_objects_v2(Bucket=BUCKET, Prefix="atk3/data/a").get("KeyCount", 0) > 0)
 
 
-@pytest.mark.xfail(strict=True, reason="atk3: `facts reseal --yes` signs every unverified "
-                   "fact present when it runs, not the ones the operator judged with "
-                   "`facts list`: a forged hold_remove appended in between is blessed and "
-                   "lifts a legal hold")
 async def test_reseal_blesses_a_fact_appended_after_the_operator_judged(
         settings: Settings) -> None:
     s = settings.replace(grace_seconds=1.0, quarantine_days=0.0, lease_seconds=1.0)
@@ -77,13 +74,16 @@ async def test_reseal_blesses_a_fact_appended_after_the_operator_judged(
             log = FactLog(s3, NS, REPO)
             judged = log.seqs_from(1)
             assert judged == [1]  # the operator runs `facts list`: one genuine hold_add
+            digest, _ = log.snapshot()  # (the digest `facts list` shows)
             # Meanwhile whoever can write the namespace appends a removal of that hold.
             removal = {"hash": "holds", "target": A, "claim_ids": ["operator"], "force": True}
             s3.put_object(Bucket=log.bucket, Key=log.prefix + "000000000002.json",
                           Body=make_fact(REPO, 2, HOLD_REMOVE, removal, at_ms=1,
                                          by="someone@host").encode())
             # The operator, having judged fact 1, reseals.
-            reseal.run_cli(s, argparse.Namespace(repository=REPO, yes=True))
+            # reseal is bound to what was judged: the home changed, nothing is resealed
+            with pytest.raises(UserError, match="changed since"):
+                reseal.run_cli(s, argparse.Namespace(repository=REPO, digest=digest))
             for _ in range(5):
                 report = await _reap(s, s3)
                 if not _alive(s3):

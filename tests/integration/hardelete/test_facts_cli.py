@@ -32,9 +32,12 @@ def test_a_lost_key_stops_the_repository_until_an_operator_reseals(cli, capsys, 
     assert not redis_client.hexists(RepoKeys("ops").holds, NS + "x")  # not applied unverified
     code, out, _ = run(capsys, "facts", "list", "ops")
     assert code == 0 and "NO" in out
+    digest = out.split("--digest ")[1].split("`")[0]  # what the operator judged
     code, _, err = run(capsys, "facts", "reseal", "ops")  # not without the operator's word
-    assert code == 2 and "--yes" in err and err.count("\n") == 1
-    code, out, _ = run(capsys, "facts", "reseal", "ops", "--yes")
+    assert code == 2 and "--digest" in err and err.count("\n") == 1
+    code, _, err = run(capsys, "facts", "reseal", "ops", "--digest", "0" * 16)
+    assert code == 2 and "changed since" in err
+    code, out, _ = run(capsys, "facts", "reseal", "ops", "--digest", digest)
     assert code == 0 and "resealed 2 fact(s)" in out and "current" in out, out
     assert redis_client.hexists(RepoKeys("ops").holds, NS + "x")
     assert redis_client.exists(RepoKeys("ops").paused)
