@@ -110,7 +110,7 @@ class Settings:
     )
 
     # --- uploads ---
-    upload_token_secret: str = "hardelete-dev-secret-change-me"
+    upload_token_secret: str = "hardelete-dev-secret-change-me"  # DEFAULT_UPLOAD_TOKEN_SECRET
     reaper_secret: str = ""
     upload_ttl_seconds: float = field(default=3_600.0, metadata=_opt(_positive))
 
@@ -303,7 +303,21 @@ def load_settings(
     **overrides: Any,
 ) -> Settings:
     """Build and validate the settings; raises ConfigError naming the bad key."""
+    return load_with_sources(config_file, env, **overrides)[0]
+
+
+DEFAULT_UPLOAD_TOKEN_SECRET = "hardelete-dev-secret-change-me"
+
+
+def load_with_sources(
+    config_file: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> tuple[Settings, dict[str, str]]:
+    """The settings and, per setting, where its value came from: ``default``, ``file PATH``,
+    ``env NAME`` or ``override`` (what ``hardelete config`` shows)."""
     env = os.environ if env is None else env
+    sources: dict[str, str] = {}
     known = {f.name: f for f in fields(Settings)}
     values: dict[str, Any] = {}
 
@@ -325,6 +339,7 @@ def load_settings(
                 hint = f"; did you mean {close[0]}?" if close else ""
                 raise ConfigError(key, f"unknown key in {p}{hint}")
             values[key] = _coerce(key, raw, known[key].type)
+            sources[key] = f"file {p}"
 
     unknown = sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in _ENV_NAMES)
     if unknown:
@@ -334,12 +349,14 @@ def load_settings(
         raw_env = env.get(ENV_PREFIX + name.upper())
         if raw_env is not None:
             values[name] = _coerce(ENV_PREFIX + name.upper(), raw_env, f.type)
+            sources[name] = f"env {ENV_PREFIX + name.upper()}"
 
     for key, raw in overrides.items():
         if key not in known:
             raise ConfigError(key, "unknown setting")
         values[key] = raw
-    return Settings(**values)
+        sources[key] = "override"
+    return Settings(**values), {name: sources.get(name, "default") for name in known}
 
 
 def describe() -> list[tuple[str, str, str]]:

@@ -15,7 +15,14 @@ from types import ModuleType
 
 from core.errors import UserError
 from core.logs import configure_logging
-from core.settings import ConfigError, Settings, load_settings
+from core.settings import (
+    DEFAULT_UPLOAD_TOKEN_SECRET,
+    ENV_PREFIX,
+    ConfigError,
+    Settings,
+    load_settings,
+    load_with_sources,
+)
 from hardelete.services import ServiceError, check, describe_error, needs
 
 # (command path, module implementing it, help)
@@ -66,31 +73,57 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
 
 
 class _Config:
-    """`hardelete config`: print the effective settings (secrets masked)."""
+    """`hardelete config`: the effective settings (secrets masked), each with its environment
+    variable and where its value came from (default, file, env)."""
 
     @staticmethod
     def configure(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true")
 
     @staticmethod
-    def run_cli(settings: object, args: argparse.Namespace) -> int:
+    def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         import dataclasses
 
         import orjson
 
-        values = dataclasses.asdict(settings)  # type: ignore[call-overload]
-        for k in values:
-            if "secret" in k:
-                values[k] = "***"
+        _, sources = load_with_sources(args.config)
+        rows = []
+        for k, v in dataclasses.asdict(settings).items():
+            shown = "***" if "secret" in k and v else v
+            rows.append({"setting": k, "env": ENV_PREFIX + k.upper(), "value": shown,
+                         "source": sources.get(k, "default")})
         if args.json:
-            print(orjson.dumps(values, option=orjson.OPT_INDENT_2).decode())
+            print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
         else:
-            for k, v in values.items():
-                print(f"{k:28} {v!r}")
+            for row in rows:
+                print(f"{row['env']:40} {row['value']!r:40} {row['source']}")
+        if settings.upload_token_secret == DEFAULT_UPLOAD_TOKEN_SECRET:
+            print("hardelete: warning: HARDELETE_UPLOAD_TOKEN_SECRET is the built-in default; "
+                  "set a secret of your own before real use", file=sys.stderr)
         return 0
 
 
+def non_negative(text: str) -> int:
+    """argparse type for counts such as --limit: an integer >= 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {n}")
+    return n
+
+
 config = _Config
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hardelete")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _load(target: str) -> ModuleType | type:
@@ -103,6 +136,7 @@ def _load(target: str) -> ModuleType | type:
 def build_parser() -> tuple[argparse.ArgumentParser, dict[tuple[str, ...], object]]:
     parser = argparse.ArgumentParser(prog="hardelete", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="TOML settings file (else $HARDELETE_CONFIG)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     top = parser.add_subparsers(dest="command", metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
     impls: dict[tuple[str, ...], object] = {}

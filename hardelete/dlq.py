@@ -40,6 +40,7 @@ from core.clients import topic_partitions
 from core.errors import UserError
 from core.facts import HOLD_REMOVE
 from core.settings import Settings
+from hardelete.cli import non_negative
 from hardelete.holds import Hold, list_holds, operator_s3, record
 from schemas.holds import LEGACY_CLAIM, Removal, dlq_claim
 from schemas.holds import remove as removal_of
@@ -396,7 +397,7 @@ class list_:
     @staticmethod
     def configure(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--repo", help="only this repository's dead letters")
-        parser.add_argument("--limit", type=int, default=0, help="the newest N only")
+        parser.add_argument("--limit", type=non_negative, default=0, help="the newest N only")
         parser.add_argument("--json", action="store_true")
 
     @staticmethod

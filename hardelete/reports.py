@@ -11,6 +11,7 @@ import orjson
 
 from core.errors import UserError
 from core.settings import Settings
+from hardelete.cli import non_negative
 from hardelete.holds import namespace_of
 from schemas.layout import REPOS
 
@@ -86,8 +87,8 @@ class list_:
     @staticmethod
     def configure(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--repo", help="one repository (default: every one)")
-        parser.add_argument("--limit", type=int, default=20, help="newest N per repository "
-                            "(0: all)")
+        parser.add_argument("--limit", type=non_negative, default=20,
+                            help="newest N per repository (0: all)")
         parser.add_argument("--json", action="store_true")
 
     @staticmethod
