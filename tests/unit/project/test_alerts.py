@@ -196,3 +196,30 @@ def test_every_alert_has_a_runbook_entry() -> None:
         body = text.split(f"## {name}\n", 1)[1].split("\n## ", 1)[0]
         for part in ("**Meaning.**", "**Check.**", "**Act.**"):
             assert part in body, f"{name}: {part}"
+
+
+def test_compose_runs_the_tested_prometheus_and_routes_to_an_alertmanager(
+        tmp_path: Path) -> None:
+    """compose's Prometheus is the version the rules are tested on, its configuration passes
+    promtool, and its alerts reach the Alertmanager service, whose routes name its receivers."""
+    version = re.search(r"version (\d+\.\d+\.\d+)", _promtool("--version").stdout)
+    assert version
+    compose = yaml.safe_load((ROOT / "compose/compose.yaml").read_text())["services"]
+    assert compose["prometheus"]["image"] == f"prom/prometheus:v{version.group(1)}"
+    prom = yaml.safe_load((ROOT / "compose/prometheus.yml").read_text())
+    (manager,) = prom["alerting"]["alertmanagers"]
+    assert manager["static_configs"] == [{"targets": ["alertmanager:9093"]}]
+    am = compose["alertmanager"]
+    assert "./alertmanager.yml:/etc/alertmanager/alertmanager.yml:ro" in am["volumes"]
+    assert "9093:9093" in am["ports"]
+    routes = yaml.safe_load((ROOT / "compose/alertmanager.yml").read_text())
+    receivers = {r["name"] for r in routes["receivers"]}
+    assert routes["route"]["receiver"] in receivers
+    assert {r["receiver"] for r in routes["route"].get("routes", [])} <= receivers
+    # promtool checks the configuration with the rules where it would mount them
+    (tmp_path / "alerts.yml").write_text(RULES.read_text())
+    prom["rule_files"] = [str(tmp_path / "alerts.yml")]
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump(prom))
+    proc = _promtool("check", "config", str(config))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
