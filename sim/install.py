@@ -11,13 +11,14 @@ Both go into a cache outside the source tree, keyed by version and shared by eve
   edition as source only): a 150 MB binary at ``minio-<version>/minio``, 3.5-7 minutes on two
   cores. Needs Go (a newer toolchain is fetched by Go itself when the module asks for one).
 
-- Prometheus (``prometheus`` and ``promtool``, for the alert rules' tests): Debian's package,
-  installed with ``apt-get`` only when either is missing from PATH (8 s measured). Its service is
-  not started: the tests run the binary with their own configuration.
+Prometheus (``prometheus`` and ``promtool``, for the alert rules' tests) is Debian's package,
+installed with ``apt-get`` (as root) only when either is missing from PATH: 8 s measured. Its
+service is not started: the tests run the binary with their own configuration.
 
 An install is built in a private directory and renamed into place, under a file lock: parallel
 processes (pytest workers) install once, the others wait for it. Progress goes to stderr.
-``python -m sim.install`` installs all three (``./dev`` runs it before the tests and the demo).
+``python -m sim.install`` installs Kafka and MinIO (``./dev`` runs it before the tests and the
+demo); ``--prometheus``, Prometheus too (``./dev test``).
 """
 
 from __future__ import annotations
@@ -284,10 +285,12 @@ def _prometheus_on_path() -> tuple[str, str] | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sim.install",
-        description="Install the embedded stack's Apache Kafka and MinIO into the cache, and "
-                    "Debian's prometheus package where prometheus or promtool is missing.")
+        description="Install the embedded stack's Apache Kafka and MinIO into the cache (and "
+                    "Debian's prometheus package where prometheus or promtool is missing).")
     parser.add_argument("--check", action="store_true",
                         help="only say what is installed; exit 1 if something is missing")
+    parser.add_argument("--prometheus", action="store_true",
+                        help="Prometheus too (the tests need it; the demo does not)")
     args = parser.parse_args(argv)
     if args.check:
         missing = 0
@@ -295,14 +298,16 @@ def main(argv: list[str] | None = None) -> int:
                            (f"MinIO {MINIO_VERSION}", minio_path())):
             print(f"{what}: {path if path.exists() else 'not installed'}")
             missing += not path.exists()
-        prom = _prometheus_on_path()
-        print(f"Prometheus: {' and '.join(prom) if prom else 'not installed'}")
-        missing += prom is None
+        if args.prometheus:
+            prom = _prometheus_on_path()
+            print(f"Prometheus: {' and '.join(prom) if prom else 'not installed'}")
+            missing += prom is None
         return 1 if missing else 0
     try:
         install_kafka()
         install_minio()
-        prometheus_binaries()
+        if args.prometheus:
+            prometheus_binaries()
     except InstallError as exc:
         _say(str(exc))
         return 1
