@@ -12,8 +12,8 @@ Both go into a cache outside the source tree, keyed by version and shared by eve
   cores. Needs Go (a newer toolchain is fetched by Go itself when the module asks for one).
 
 Prometheus (``prometheus`` and ``promtool``, for the alert rules' tests) is Debian's package,
-installed with ``apt-get`` (as root) only when either is missing from PATH: 8-14 s measured. Its
-service is not started: the tests run the binary with their own configuration.
+installed with ``apt-get`` (as root) only when either is missing from PATH: 8-14 s measured.
+Its service is not started: the tests run the binary with their own configuration.
 
 An install is built in a private directory and renamed into place, under a file lock: parallel
 processes (pytest workers) install once, the others wait for it. Progress goes to stderr.
