@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import signal
 import time
 import uuid
@@ -54,6 +55,11 @@ REAPED_BYTES = PCounter("hardelete_reaper_bytes_reaped_total", "bytes of reaped 
                         ["repository"])
 FAILURES = PCounter("hardelete_reaper_failures_total", "deletes that failed after retries",
                     ["repository"])
+REFUSED = PCounter("hardelete_reaper_refused_total",
+                   "deletes the one deleter refused to send (outside the namespace or in its "
+                   "reserved prefixes)", ["repository"])
+PASS_FAILURES = PCounter("hardelete_reaper_pass_failures_total",
+                         "passes that failed (Redis or S3 trouble); such a pass deletes nothing")
 KEPT = PCounter("hardelete_reaper_kept_total",
                 "addresses the reaper looked at and kept, by reason (schemas.liveness.Keep)",
                 ["repository", "reason"])
@@ -63,7 +69,8 @@ LATENCY = Histogram("hardelete_reaper_unreferenced_to_deleted_seconds",
 QUARANTINE_OBJECTS = Gauge("hardelete_reaper_quarantine_objects", "objects in quarantine",
                            ["repository"])
 HORIZON_LAG = Gauge("hardelete_reaper_horizon_lag_seconds",
-                    "how far the tracker's proven progress trails the Redis clock")
+                    "how far the tracker's proven progress trails the Redis clock (+Inf: no "
+                    "proof for some partition)")
 
 
 @dataclass
@@ -175,6 +182,7 @@ class Reaper:
         if horizon is None:
             # No proof of progress for every partition: a stopped tracker holds reaping back.
             self.log.info("no tracker progress yet; nothing may be reaped")
+            HORIZON_LAG.set(math.inf)  # (the last value would say reaping goes on)
             return report
         HORIZON_LAG.set(max(0.0, time.time() - horizon / 1000))
         for repo in sorted(await self.redis.smembers(REPOS)):
@@ -278,7 +286,8 @@ class Reaper:
             rlog.warning("kept right before the delete request", address=address, reason=why)
         REAPED.labels(repo).inc(len(outcome.deleted))
         REAPED_BYTES.labels(repo).inc(reaped_bytes)
-        FAILURES.labels(repo).inc(len(outcome.failed) + len(outcome.refused))
+        FAILURES.labels(repo).inc(len(outcome.failed))
+        REFUSED.labels(repo).inc(len(outcome.refused))
         for address, code in outcome.codes.items():
             # The claim stays until its lease expires: a natural backoff before the retry.
             rlog.warning("delete failed; will retry after the lease", address=address,
@@ -350,6 +359,7 @@ class Reaper:
                 # Redis or S3 trouble: log, back off, try again. Nothing is deleted without a
                 # claim, and claims expire, so no state gets stuck.
                 self.log.exception("reaper pass failed")
+                PASS_FAILURES.inc()
                 busy = False
             if not busy:
                 with contextlib.suppress(TimeoutError):

@@ -1,4 +1,5 @@
-"""The embedded stack's servers, installed on first use: Apache Kafka and MinIO.
+"""The embedded stack's servers, installed on first use: Apache Kafka and MinIO (and
+Prometheus for the alert tests).
 
 Both go into a cache outside the source tree, keyed by version and shared by every clone
 (``$HARDELETE_CACHE``, else ``$XDG_CACHE_HOME/hardelete``, else ``~/.cache/hardelete``):
@@ -10,9 +11,14 @@ Both go into a cache outside the source tree, keyed by version and shared by eve
   edition as source only): a 150 MB binary at ``minio-<version>/minio``, 3.5-7 minutes on two
   cores. Needs Go (a newer toolchain is fetched by Go itself when the module asks for one).
 
+Prometheus (``prometheus`` and ``promtool``, for the alert rules' tests) is Debian's package,
+installed with ``apt-get`` (as root) only when either is missing from PATH: 8-14 s measured.
+Its service is not started: the tests run the binary with their own configuration.
+
 An install is built in a private directory and renamed into place, under a file lock: parallel
 processes (pytest workers) install once, the others wait for it. Progress goes to stderr.
-``python -m sim.install`` installs both (``./dev`` runs it before the tests and the demo).
+``python -m sim.install`` installs Kafka and MinIO (``./dev`` runs it before the tests and the
+demo); ``--prometheus``, Prometheus too (``./dev test``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from pathlib import Path
 KAFKA_VERSION = "4.4.0"
 MINIO_MODULE = "github.com/minio/minio"
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
+PROMETHEUS_PACKAGE = "prometheus"  # Debian's: both binaries, 2.42 on bookworm
 # Pinned: the plugin Maven would otherwise pick depends on the Maven version installed.
 _MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 _JAVA_MIN = 17  # Kafka 4 brokers need Java 17
@@ -225,12 +232,65 @@ def install_minio() -> Path:
     return minio_path()
 
 
+def prometheus_binaries() -> tuple[str, str]:
+    """``(prometheus, promtool)``; Debian's ``prometheus`` package is installed if either is
+    missing (root, apt-get)."""
+    found = _prometheus_on_path()
+    if found is not None:
+        return found
+    apt = shutil.which("apt-get")
+    if apt is None or os.geteuid() != 0:
+        raise InstallError(
+            "the alert tests need Prometheus' `prometheus` and `promtool` (2.42 or newer), "
+            "which are not on PATH: install them (Debian/Ubuntu, as root: apt-get install "
+            "--no-install-recommends prometheus)")
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / ".prometheus.lock", "Prometheus"):
+        found = _prometheus_on_path()  # another process installed it meanwhile
+        if found is not None:
+            return found
+        t0 = time.monotonic()
+        _say(f"installing Debian's {PROMETHEUS_PACKAGE} package with apt-get (first use only; "
+             "about 10 s)")
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        # Waits for another apt-get instead of failing on its lock.
+        install = [apt, "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-q",
+                   "--no-install-recommends", PROMETHEUS_PACKAGE]
+        with _heartbeat(f"installing {PROMETHEUS_PACKAGE} with apt-get"):
+            try:
+                _run(install, f"apt-get install {PROMETHEUS_PACKAGE}", env=env)
+            except InstallError:
+                # A fresh machine's package lists may be empty or stale: once, then again.
+                _run([apt, "-o", "DPkg::Lock::Timeout=600", "update", "-q"],
+                     "apt-get update", env=env)
+                _run(install, f"apt-get install {PROMETHEUS_PACKAGE}", env=env)
+        if Path("/run/systemd/system").exists():
+            # The package starts its service where systemd runs: the tests start their own.
+            subprocess.run(["systemctl", "disable", "--now", "prometheus.service"],
+                           capture_output=True)
+        found = _prometheus_on_path()
+        if found is None:
+            raise InstallError(f"apt-get installed {PROMETHEUS_PACKAGE} but `prometheus` or "
+                               "`promtool` is still not on PATH")
+        _say(f"installed {PROMETHEUS_PACKAGE} in {time.monotonic() - t0:.0f} s")
+        return found
+
+
+def _prometheus_on_path() -> tuple[str, str] | None:
+    prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
+    return (prometheus, promtool) if prometheus and promtool else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sim.install",
-        description="Install the embedded stack's Apache Kafka and MinIO into the cache.")
+        description="Install the embedded stack's Apache Kafka and MinIO into the cache (and "
+                    "Debian's prometheus package where prometheus or promtool is missing).")
     parser.add_argument("--check", action="store_true",
                         help="only say what is installed; exit 1 if something is missing")
+    parser.add_argument("--prometheus", action="store_true",
+                        help="Prometheus too (the tests need it; the demo does not)")
     args = parser.parse_args(argv)
     if args.check:
         missing = 0
@@ -238,10 +298,16 @@ def main(argv: list[str] | None = None) -> int:
                            (f"MinIO {MINIO_VERSION}", minio_path())):
             print(f"{what}: {path if path.exists() else 'not installed'}")
             missing += not path.exists()
+        if args.prometheus:
+            prom = _prometheus_on_path()
+            print(f"Prometheus: {' and '.join(prom) if prom else 'not installed'}")
+            missing += prom is None
         return 1 if missing else 0
     try:
         install_kafka()
         install_minio()
+        if args.prometheus:
+            prometheus_binaries()
     except InstallError as exc:
         _say(str(exc))
         return 1

@@ -53,6 +53,9 @@ def test_missing_tools_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         install.install_kafka()
     with pytest.raises(install.InstallError, match=r"needs `go`.*HARDELETE_S3_ENDPOINT_URL"):
         install.install_minio()
+    with pytest.raises(install.InstallError, match=r"`prometheus` and `promtool`.*apt-get install "
+                       r"--no-install-recommends prometheus"):
+        install.prometheus_binaries()
     # The launcher says it as its own error (the demo prints it and exits).
     from sim.stack import StackError, kafka_server
 
