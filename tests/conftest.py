@@ -14,11 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from core.clients import redis_sync, s3_client
 from core.settings import Settings
 from sim.stack import Server, Stack, embedded_stack, reset_s3, start_redis_cluster
 from sim.testing import base_settings, misplaced_tests
+
+# Property tests check outcomes, not speed: on 2 cores under 3 workers an example can take
+# longer than hypothesis' 200 ms default deadline, which failed a run for no bug.
+hypothesis_settings.register_profile("hardelete", deadline=None)
+hypothesis_settings.load_profile("hardelete")
 
 os.environ.setdefault("HARDELETE_LOG_FORMAT", "console")
 # pytest-xdist's workers export the runner's COLUMNS; the CLI subprocesses the tests start
