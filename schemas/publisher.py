@@ -63,10 +63,12 @@ def _topic_errors(response: Any) -> list[tuple[str, int, str]]:
     return out
 
 
-async def ensure_topics(settings: Topics, attempts: int = 20) -> None:
-    """Create the events and dead-letter topics if they do not exist (idempotent). A topic the
-    broker refuses (replication above its broker count, say) is an error, not a topic left to
-    auto-creation with the broker's defaults."""
+async def ensure_topics(settings: Topics, attempts: int = 20, *,
+                        extra: Iterable[str] = ()) -> None:
+    """Create the events and dead-letter topics (and the ``extra`` ones: the control topic)
+    if they do not exist (idempotent). A topic the broker refuses (replication above its broker
+    count, say) is an error, not a topic left to auto-creation with the broker's defaults."""
+    names = [settings.events_topic, settings.dlq_topic, *extra]
     last: Exception | None = None
     for attempt in range(attempts):
         admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
@@ -75,7 +77,7 @@ async def ensure_topics(settings: Topics, attempts: int = 20) -> None:
             existing = set(await admin.list_topics())
             wanted = [
                 NewTopic(t, settings.topic_partitions, settings.topic_replication_factor)
-                for t in (settings.events_topic, settings.dlq_topic)
+                for t in dict.fromkeys(names)
                 if t not in existing
             ]
             if wanted:

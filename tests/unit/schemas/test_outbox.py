@@ -5,6 +5,7 @@ incarnation, rows stay until published and trimmed or expired."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import random
 import shutil
 import sqlite3
@@ -208,3 +209,15 @@ def test_the_services_tables_share_the_transaction(outbox: Outbox, tmp_path: Pat
     assert other.execute("SELECT count(*) FROM entries").fetchone() == (1,)
     assert other.execute("SELECT count(*) FROM hd_outbox").fetchone() == (1,)
     other.close()
+
+
+@given(lo=st.integers(1, 30), span=st.integers(0, 30), held=st.sets(st.integers(0, 70)))
+@settings(max_examples=200, deadline=None)
+def test_gone_ranges_are_exactly_what_is_not_held(lo: int, span: int, held: set[int]) -> None:
+    from schemas.relay import gone_ranges
+
+    hi = lo + span
+    out = gone_ranges(lo, hi, held)
+    covered = [s for a, b in out for s in range(a, b + 1)]
+    assert covered == [s for s in range(lo, hi + 1) if s not in held]  # in order, no overlap
+    assert all(b + 1 < c for (_, b), (c, _) in itertools.pairwise(out))  # maximal
