@@ -163,3 +163,23 @@ async def test_every_row_is_published_at_least_once_across_a_relay_crash(
     assert events == rows[:5] + rows  # every seq, the crashed batch twice, nothing lost
     assert outbox.unpublished() == []
     outbox.close()
+
+
+async def test_the_model_service_with_an_outbox_publishes_through_its_relay(
+        settings: Settings, s3: object, tmp_path: Path) -> None:
+    from schemas.publisher import Publisher
+    from sim.model import Model, ModelService
+
+    outbox = Outbox(tmp_path / "service.db")
+    model = Model.from_settings(settings, outbox=outbox)
+    async with Publisher(settings) as pub, Relay(settings, outbox), Log(settings) as log:
+        svc = ModelService(settings, s3, pub, model=model)  # type: ignore[arg-type]
+        await svc.call(Model.create_repository, "m", "s3://model-relay/m/", stripes=2)
+        await svc.call(Model.write, "m", "main", "a", 3)
+        await svc.call(Model.commit, "m", "main")
+        assert pub.published == 0 and svc.objects_written == 1  # the relay publishes
+        events = await log.until(lambda es: len(es) == len(model.events))
+    assert sorted(events, key=lambda e: e.event_id) == sorted(model.events,
+                                                             key=lambda e: e.event_id)
+    assert all(isinstance(e, ev.ServiceEvent) and e.seq for e in events)
+    outbox.close()
