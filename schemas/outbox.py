@@ -31,6 +31,12 @@ horizon covers them), and :meth:`Outbox.expire` drops published rows older than 
 (the relay calls it). A row never published is never dropped. A re-send of a dropped range is
 answered with ``range_gone``: that domain is rebuilt, nothing is lost silently.
 
+Durability: ``synchronous=FULL`` (the default) makes a commit durable when it returns. With
+less, a power failure could take back a commit whose row the relay already published: the
+store would go back without a new incarnation, and the next change would reuse a seq the
+tracker applied (A2 of the contract). Pass ``synchronous="OFF"`` only where nothing survives
+a crash anyway (tests).
+
 Connections: one per thread (SQLite serialises writers with its lock; ``BEGIN IMMEDIATE``
 takes it at the start of a transaction, so the counter read and its increment cannot
 interleave with another writer's).
@@ -100,6 +106,7 @@ class Transaction:
         self._conn = conn
         self.incarnation = incarnation
         self.emitted: list[ServiceEvent] = []
+        self.stripes: dict[str, int] = {}  # read or declared here (known for good once committed)
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
         return self._conn.execute(sql, params)
@@ -129,10 +136,11 @@ class Transaction:
         repo = event.repository
         if isinstance(event, RepositoryCreated):
             self.declare(repo, event.stripes)
-        else:
+        stripes = self._outbox._known_stripes.get(repo) or self.stripes.get(repo)
+        if stripes is None:
             self._conn.execute("INSERT OR IGNORE INTO hd_outbox_domains VALUES (?, 1)",
                                (repo,))
-        stripes = self._stripes(repo)
+            stripes = self._stripes(repo)
         if isinstance(stripe, bool) or not 0 <= stripe < stripes:
             raise OutboxError(f"repository {repo!r} has stripes 0..{stripes - 1}, not {stripe!r}")
         (seq,) = self._conn.execute(
@@ -149,7 +157,8 @@ class Transaction:
     def _stripes(self, repository: str) -> int:
         row = self._conn.execute("SELECT stripes FROM hd_outbox_domains WHERE repository = ?",
                                  (repository,)).fetchone()
-        return int(row[0]) if row else 1
+        stripes = self.stripes[repository] = int(row[0]) if row else 1
+        return stripes
 
 
 class Outbox:
@@ -170,6 +179,7 @@ class Outbox:
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
+        self._known_stripes: dict[str, int] = {}
         conn = self._conn()
         conn.execute("PRAGMA journal_mode=WAL")
         with self._write(conn):  # (not executescript: it commits by itself)
@@ -189,6 +199,7 @@ class Outbox:
         with self._write(conn):
             tx = Transaction(self, conn, self._incarnation(conn))
             yield tx
+        self._known_stripes.update(tx.stripes)  # (committed: a repository's stripes are fixed)
         if tx.emitted:
             for listener in list(self._listeners):
                 listener()
