@@ -5,9 +5,10 @@ Events are keyed by repository, so one repository's events stay in one partition
 each publisher sent them. ``publish_many`` sends a batch and awaits every acknowledgement;
 aiokafka batches records per partition under the hood (``linger_ms``).
 
-Idempotent/transactional producers are deliberately not used (the embedded broker refuses them);
-a retried send may duplicate an event, which the tracker tolerates by design (event ids,
-reference ids, idempotent apply).
+This publisher uses no idempotent producer: a retried send may duplicate an event, which the
+tracker tolerates by design (event ids, reference ids, idempotent apply). A service that
+certifies its history publishes through its outbox's relay instead (``schemas/relay.py``, an
+idempotent producer: Kafka 4.4 takes it).
 """
 
 from __future__ import annotations
