@@ -153,16 +153,17 @@ class Relay:
                 self.stats.published += len(rows)
                 total += len(rows)
 
-    async def answer(self, message: control.ControlMessage) -> None:
+    async def answer(self, message: control.ControlMessage) -> int:
+        """Answer one control message; returns how many records it published (0: the
+        repository is not this outbox's)."""
         if isinstance(message, control.Tick):
-            await self._tick(message)
-        else:
-            await self._resend(message)
+            return await self._tick(message)
+        return await self._resend(message)
 
-    async def _tick(self, tick: control.Tick) -> None:
+    async def _tick(self, tick: control.Tick) -> int:
         counters = await asyncio.to_thread(self.outbox.counters, tick.repository)
         if counters is None:
-            return  # another service's repository
+            return 0  # another service's repository
         await self.publish_pending()
         marks = [Watermark(repository=tick.repository, stripe=k,
                            incarnation=counters.incarnation, seq=m, tick_ms=tick.tick_ms,
@@ -170,11 +171,12 @@ class Relay:
                  for k, m in enumerate(counters.seqs)]
         await self._send([(encode(w), w.key) for w in marks])
         self.stats.watermarks += len(marks)
+        return len(marks)
 
-    async def _resend(self, req: control.Resend) -> None:
+    async def _resend(self, req: control.Resend) -> int:
         counters = await asyncio.to_thread(self.outbox.counters, req.repository)
         if counters is None:
-            return
+            return 0
         rows: list[Row] = await asyncio.to_thread(
             self.outbox.rows, req.repository, req.stripe, req.incarnation, req.from_seq,
             req.to_seq, self.resend_max)
@@ -201,6 +203,7 @@ class Relay:
             log.warning("relay: range gone: %s stripe %d incarnation %s %s (%s)",
                         req.repository, req.stripe, req.incarnation,
                         [(g.from_seq, g.to_seq) for g in gone], reason)
+        return len(rows) + len(gone)
 
     # -- internals --
 
