@@ -81,6 +81,7 @@ class Settings:
     # --- Kafka ---
     events_topic: str = "hardelete.events"
     dlq_topic: str = "hardelete.events.dlq"
+    control_topic: str = "hardelete.control"
     topic_partitions: int = field(default=4, metadata=_opt(_positive))
     topic_replication_factor: int = field(default=1, metadata=_opt(_positive))
     consumer_group: str = "hardelete-tracker"
@@ -194,6 +195,8 @@ DOCS: dict[str, str] = {
     "s3_secret_key": "S3 secret key",
     "events_topic": "topic the services publish events to",
     "dlq_topic": "dead-letter topic for malformed events (reason in a header)",
+    "control_topic": "topic of the tracker's signed ticks and re-send requests, which the "
+                     "services' relays consume (schemas/control.py)",
     "topic_partitions": "partitions when the topics are created",
     "topic_replication_factor": "replication factor when the topics are created (3 in production)",
     "consumer_group": "tracker consumer group",

@@ -16,7 +16,7 @@ import types
 import typing
 import uuid
 from collections.abc import Callable
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Union, get_args, get_origin
 
 import orjson
@@ -66,17 +66,32 @@ class Event:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RepositoryCreated(Event):
+class ServiceEvent(Event):
+    """An event a service publishes about a change of its own (every type but the reaper's and
+    the relay's). ``seq``/``incarnation``/``stripe`` place it in its ordering domain
+    (schemas/README.md, "Continuity"): ``seq`` gapless per (repository, stripe), allocated with
+    the change; both or neither (an event without them gets no online deletion once the tracker
+    certifies continuity); ``stripe`` only with them."""
+
+    seq: int | None = None
+    incarnation: str | None = None
+    stripe: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RepositoryCreated(ServiceEvent):
     TYPE = "repository_created"
     DOC = "A repository and its storage namespace; retention defaults for the reconciler."
     storage_namespace: str
     default_branch: str
     default_retention_days: float
     branch_retention_days: dict[str, float] = field(default_factory=dict)
+    # Ordering domains of the repository (1: the repository itself; K: stripes 0..K-1).
+    stripes: int = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RepositoryDeleted(Event):
+class RepositoryDeleted(ServiceEvent):
     TYPE = "repository_deleted"
     DOC = (
         "A repository retired: nothing of it is deleted online any more, later events of it are "
@@ -87,7 +102,7 @@ class RepositoryDeleted(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BranchCreated(Event):
+class BranchCreated(ServiceEvent):
     TYPE = "branch_created"
     DOC = "A branch with its first open staging token, starting at source_commit (if any)."
     branch: str
@@ -97,7 +112,7 @@ class BranchCreated(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AddressIssued(Event):
+class AddressIssued(ServiceEvent):
     TYPE = "address_issued"
     DOC = (
         "An upload address handed to a client (GetPhysicalAddress). Protected for ttl_seconds, "
@@ -108,7 +123,7 @@ class AddressIssued(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ObjectWritten(Event):
+class ObjectWritten(ServiceEvent):
     TYPE = "object_written"
     DOC = (
         "An entry staged in a token (upload or link): reference ref_id of address. If it "
@@ -126,7 +141,7 @@ class ObjectWritten(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ObjectCopied(Event):
+class ObjectCopied(ServiceEvent):
     TYPE = "object_copied"
     DOC = (
         "Shallow copy: source address gains reference ref_id in the destination token. "
@@ -144,7 +159,7 @@ class ObjectCopied(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ObjectDeleted(Event):
+class ObjectDeleted(ServiceEvent):
     TYPE = "object_deleted"
     DOC = "An entry removed from a staging token: the reference ref_id of address ends."
     branch: str
@@ -155,7 +170,7 @@ class ObjectDeleted(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CommitCreated(Event):
+class CommitCreated(ServiceEvent):
     TYPE = "commit_created"
     DOC = (
         "A commit on branch: it sealed and committed sealed_tokens, the branch's open token is "
@@ -172,7 +187,7 @@ class CommitCreated(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BranchReset(Event):
+class BranchReset(ServiceEvent):
     TYPE = "branch_reset"
     DOC = "Uncommitted changes thrown away: dropped_tokens are dropped, staging_token is new."
     branch: str
@@ -183,7 +198,7 @@ class BranchReset(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BranchDeleted(Event):
+class BranchDeleted(ServiceEvent):
     TYPE = "branch_deleted"
     DOC = "A branch deleted: its tokens are dropped; last_head may now be a dangling commit."
     branch: str
@@ -193,7 +208,7 @@ class BranchDeleted(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TagCreated(Event):
+class TagCreated(ServiceEvent):
     TYPE = "tag_created"
     DOC = "A tag naming a commit."
     tag: str
@@ -202,7 +217,7 @@ class TagCreated(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TagDeleted(Event):
+class TagDeleted(ServiceEvent):
     TYPE = "tag_deleted"
     DOC = "A tag removed."
     tag: str
@@ -228,6 +243,38 @@ class AddressesReaped(Event):
     signature: str | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Watermark(Event):
+    TYPE = "watermark"
+    DOC = (
+        "Published by the service's relay, never with a change: its answer to the tracker's "
+        "tick. Read after the tick was received, from committed state: every event of the "
+        "domain (repository, stripe) committed before tick_ms has seq <= this seq (0: none). "
+        "tick_id and tick_sig are the tick's, as received (the tracker verifies them)."
+    )
+    stripe: int
+    incarnation: str
+    seq: int
+    tick_ms: int
+    tick_id: str
+    tick_sig: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RangeGone(Event):
+    TYPE = "range_gone"
+    DOC = (
+        "Published by the service's relay in answer to a re-send request: the events "
+        "from_seq..to_seq of the domain (repository, stripe) in that incarnation are no longer "
+        "in its outbox (trimmed, or the store was restored under a new incarnation)."
+    )
+    stripe: int
+    incarnation: str
+    from_seq: int
+    to_seq: int
+    reason: str
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.TYPE: cls
     for cls in (
@@ -244,8 +291,14 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TagCreated,
         TagDeleted,
         AddressesReaped,
+        Watermark,
+        RangeGone,
     )
 }
+
+# Published by the relay about a domain, never with a change: the tracker applies them to its
+# continuity state only (no reference, no address).
+RELAY_EVENT_TYPES = frozenset(cls.TYPE for cls in (Watermark, RangeGone))
 
 # Events that change a branch or tag record (each carries a required ref_version).
 REF_EVENT_TYPES = frozenset(cls.TYPE for cls in (
@@ -306,6 +359,7 @@ MAX_EXACT_INT = 2**53 - 1  # what JSON readers, Lua and Redis scores all hold ex
 MAX_TTL_SECONDS = 366 * 86400.0  # an upload address is protected for at most a year
 MAX_RETENTION_DAYS = 36_600.0  # a century
 MAX_TIME = 1e11  # seconds since the epoch (year ~5000): publisher clocks, informational
+MAX_STRIPES = 64  # ordering domains a repository may declare
 # Per field (dict fields: their values). Fields not listed: ints DEFAULT_INT, floats finite.
 RANGES: dict[str, Range] = {
     "size": Range(0, MAX_EXACT_INT),
@@ -315,24 +369,53 @@ RANGES: dict[str, Range] = {
     "committed_at": Range(-MAX_TIME, MAX_TIME),
     "emitted_at": Range(-MAX_TIME, MAX_TIME),
     "source_read_at": Range(-MAX_TIME, MAX_TIME),
+    "seq": Range(1, MAX_EXACT_INT),
+    "from_seq": Range(1, MAX_EXACT_INT),
+    "to_seq": Range(1, MAX_EXACT_INT),
+    "stripe": Range(0, MAX_STRIPES - 1),
+    "stripes": Range(1, MAX_STRIPES),
+}
+# Where one event type's field differs from the field of that name elsewhere.
+TYPE_RANGES: dict[tuple[str, str], Range] = {
+    ("watermark", "seq"): Range(0, MAX_EXACT_INT),  # M = 0: nothing committed yet
 }
 DEFAULT_INT = Range(0, MAX_EXACT_INT)
 DEFAULT_FLOAT = Range(-1e15, 1e15)
+# Longest value of a string field (code points; others: any length).
+MAX_LENGTHS: dict[str, int] = {"incarnation": 128, "tick_id": 128, "tick_sig": 128,
+                               "reason": 1000, "sig": 128}  # (sig: a tick's, schemas/control.py)
 
 
-def field_range(name: str, tp: Any) -> Range:
-    """The range of numeric field ``name`` (``tp``: its scalar type)."""
+def field_range(name: str, tp: Any, event_type: str = "") -> Range:
+    """The range of numeric field ``name`` of ``event_type`` (``tp``: its scalar type)."""
     base = name.split(".", 1)[0].split("[", 1)[0]
-    found = RANGES.get(base)
+    found = TYPE_RANGES.get((event_type, base)) or RANGES.get(base)
     if found is not None:
         return found
     return DEFAULT_INT if tp is int else DEFAULT_FLOAT
 
 
+_NAMES: dict[type[Event], tuple[str, ...]] = {}
+
+
 def encode(event: Event) -> bytes:
-    body = asdict(event)
+    names = _NAMES.get(type(event))
+    if names is None:
+        names = _NAMES[type(event)] = tuple(f.name for f in fields(event))
+    # (not asdict: its deep copy cost more than the rest of the encoding; no field nests a
+    # dataclass)
+    body = {name: getattr(event, name) for name in names}
     body["type"] = event.TYPE
     body["v"] = SCHEMA_VERSION
+    if isinstance(event, ServiceEvent):
+        # The continuity fields are left out at their defaults: an event without a sequence
+        # is byte for byte what it was before they existed.
+        if event.seq is None and event.incarnation is None:
+            del body["seq"], body["incarnation"]
+            if event.stripe == 0:
+                del body["stripe"]
+        if isinstance(event, RepositoryCreated) and event.stripes == 1:
+            del body["stripes"]
     return orjson.dumps(body)
 
 
@@ -381,11 +464,14 @@ def _check(name: str, tp: Any, value: Any, etype: str) -> Any:
         if value != value or value in (float("inf"), float("-inf")):
             raise EventError("must be a finite number", name, etype)
     if tp is float or tp is int:
-        problem = field_range(name, tp).problem(value)
+        problem = field_range(name, tp, etype).problem(value)
         if problem:
             raise EventError(problem, name, etype)
     if tp is str and not value and name not in ("path",):
         raise EventError("must not be empty", name, etype)
+    if tp is str and len(value) > MAX_LENGTHS.get(name, len(value)):
+        raise EventError(f"must be at most {MAX_LENGTHS[name]} characters, got {len(value)}",
+                         name, etype)
     if tp is str and name.split("[", 1)[0] in ADDRESS_FIELDS and not value.startswith("s3://"):
         raise EventError(f"must be an s3:// URI, got {value[:80]!r}", name, etype)
     return value
@@ -421,6 +507,9 @@ def decode(data: bytes | str) -> Event:
     extra = set(body) - {f.name for f in fields(cls)} - set(_ENVELOPE)
     if extra:
         raise EventError(f"unknown field(s) {sorted(extra)}", sorted(extra)[0], etype)
+    if issubclass(cls, ServiceEvent) and "stripe" in kwargs and kwargs.get("seq") is None:
+        # (once the event is built, an absent stripe and stripe 0 look alike)
+        raise EventError("goes only with seq and incarnation", "stripe", etype)
     event = cls(**kwargs)
     _check_semantics(event)
     return event
@@ -438,6 +527,11 @@ def _check_semantics(e: Event) -> None:
     if isinstance(e, RepositoryCreated | RepositoryDeleted) and \
             not e.storage_namespace.endswith("/"):
         raise EventError("must end with '/'", "storage_namespace", etype)
+    if isinstance(e, ServiceEvent) and (e.seq is None) != (e.incarnation is None):
+        raise EventError("seq and incarnation go together",
+                         "incarnation" if e.incarnation is None else "seq", etype)
+    if isinstance(e, RangeGone) and e.from_seq > e.to_seq:
+        raise EventError(f"must be <= to_seq ({e.to_seq}), got {e.from_seq}", "from_seq", etype)
     if isinstance(e, AddressesReaped) and not 1 <= len(e.addresses) <= MAX_REAPED_PER_EVENT:
         raise EventError(f"must hold 1 to {MAX_REAPED_PER_EVENT} addresses, got "
                          f"{len(e.addresses)}", "addresses", etype)
@@ -454,19 +548,22 @@ def required_fields(cls: type[Event]) -> list[str]:
 # match before a final newline in Python).
 _NAMESPACE_PATTERN = "^s3://[\\s\\S]*/(?![\\s\\S])"
 # Pairs of optional fields that go together: both present (non-null) or neither.
-TOGETHER = (("replaces_ref_id", "replaces_address"),)
+TOGETHER = (("replaces_ref_id", "replaces_address"), ("seq", "incarnation"))
+# (field, the field it needs): present only with the other present (non-null).
+ONLY_WITH = (("stripe", "seq"),)
 
 
-def _json_type(tp: Any, name: str = "") -> dict[str, Any]:
+def _json_type(tp: Any, name: str = "", event_type: str = "") -> dict[str, Any]:
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
         inner = next(a for a in get_args(tp) if a is not type(None))
-        schema = _json_type(inner, name)
+        schema = _json_type(inner, name, event_type)
         return {"anyOf": [schema, {"type": "null"}]}
     if origin is list:
-        return {"type": "array", "items": _json_type(get_args(tp)[0], name)}
+        return {"type": "array", "items": _json_type(get_args(tp)[0], name, event_type)}
     if origin is dict:
-        return {"type": "object", "additionalProperties": _json_type(get_args(tp)[1], name)}
+        return {"type": "object",
+                "additionalProperties": _json_type(get_args(tp)[1], name, event_type)}
     scalars: dict[Any, dict[str, Any]] = {
         str: {"type": "string", "minLength": 1},
         int: {"type": "integer"},
@@ -475,7 +572,9 @@ def _json_type(tp: Any, name: str = "") -> dict[str, Any]:
     }
     out = dict(scalars[tp])
     if tp is int or tp is float:
-        out.update(field_range(name, tp).schema())
+        out.update(field_range(name, tp, event_type).schema())
+    if tp is str and name in MAX_LENGTHS:
+        out["maxLength"] = MAX_LENGTHS[name]
     return out
 
 
@@ -486,7 +585,8 @@ def _present(name: str) -> dict[str, Any]:
 def json_schema(cls: type[Event]) -> dict[str, Any]:
     """The JSON Schema of one event type: accepts exactly what ``decode`` accepts, except the
     rules no JSON Schema can state (documented in schemas/README.md: a reference replacing
-    itself, and the tracker's namespace checks, which need the repository's namespace)."""
+    itself, a ``range_gone`` whose from_seq is above its to_seq, and the tracker's namespace
+    checks, which need the repository's namespace)."""
     hints = typing.get_type_hints(cls)
     props: dict[str, Any] = {
         "type": {"const": cls.TYPE},
@@ -494,7 +594,7 @@ def json_schema(cls: type[Event]) -> dict[str, Any]:
     }
     names = [f.name for f in fields(cls)]
     for f in fields(cls):
-        prop = _json_type(hints[f.name], f.name)
+        prop = _json_type(hints[f.name], f.name, cls.TYPE)
         if f.name == "path":
             prop.pop("minLength", None)
         if f.name in ADDRESS_FIELDS:
@@ -516,10 +616,13 @@ def json_schema(cls: type[Event]) -> dict[str, Any]:
         "additionalProperties": False,
     }
     rules = []
+    optional = set(names) - set(required_fields(cls))
     for a, b in TOGETHER:
-        if a in names and b in names:
+        if a in optional and b in optional:
             rules += [{"if": _present(a), "then": _present(b)},
                       {"if": _present(b), "then": _present(a)}]
+    if issubclass(cls, ServiceEvent):
+        rules += [{"if": {"required": [a]}, "then": _present(b)} for a, b in ONLY_WITH]
     if rules:
         schema["allOf"] = rules
     return schema

@@ -5,9 +5,10 @@ Events are keyed by repository, so one repository's events stay in one partition
 each publisher sent them. ``publish_many`` sends a batch and awaits every acknowledgement;
 aiokafka batches records per partition under the hood (``linger_ms``).
 
-Idempotent/transactional producers are deliberately not used (the embedded broker refuses them);
-a retried send may duplicate an event, which the tracker tolerates by design (event ids,
-reference ids, idempotent apply).
+This publisher uses no idempotent producer: a retried send may duplicate an event, which the
+tracker tolerates by design (event ids, reference ids, idempotent apply). A service that
+certifies its history publishes through its outbox's relay instead (``schemas/relay.py``, an
+idempotent producer: Kafka 4.4 takes it).
 """
 
 from __future__ import annotations
@@ -63,10 +64,12 @@ def _topic_errors(response: Any) -> list[tuple[str, int, str]]:
     return out
 
 
-async def ensure_topics(settings: Topics, attempts: int = 20) -> None:
-    """Create the events and dead-letter topics if they do not exist (idempotent). A topic the
-    broker refuses (replication above its broker count, say) is an error, not a topic left to
-    auto-creation with the broker's defaults."""
+async def ensure_topics(settings: Topics, attempts: int = 20, *,
+                        extra: Iterable[str] = ()) -> None:
+    """Create the events and dead-letter topics (and the ``extra`` ones: the control topic)
+    if they do not exist (idempotent). A topic the broker refuses (replication above its broker
+    count, say) is an error, not a topic left to auto-creation with the broker's defaults."""
+    names = [settings.events_topic, settings.dlq_topic, *extra]
     last: Exception | None = None
     for attempt in range(attempts):
         admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
@@ -75,7 +78,7 @@ async def ensure_topics(settings: Topics, attempts: int = 20) -> None:
             existing = set(await admin.list_topics())
             wanted = [
                 NewTopic(t, settings.topic_partitions, settings.topic_replication_factor)
-                for t in (settings.events_topic, settings.dlq_topic)
+                for t in dict.fromkeys(names)
                 if t not in existing
             ]
             if wanted:

@@ -19,11 +19,12 @@ id and the addresses in order.
 
 The same key signs the tracker's dead letters (:func:`seal_dead_letter`): ``hardelete dlq
 resolve`` lifts a dead letter's holds only when the tracker wrote it, since any publisher can
-write the dead-letter topic too. Messages are domain-separated: an ``addresses_reaped`` message
-(the first form, kept so that records already in the log still verify) starts with the length
-of its first field; every other domain's starts with :data:`DOMAIN_MARK`, a length no field
-has (fields are far below 4 GiB), then its domain name. So no signature of one domain is a
-signature of another.
+write the dead-letter topic too. And it signs the tracker's ticks (:func:`seal_tick`), which
+the services' watermarks carry back (schemas/README.md, "Continuity"). Messages are
+domain-separated: an ``addresses_reaped`` message (the first form, kept so that records
+already in the log still verify) starts with the length of its first field; every other
+domain's starts with :data:`DOMAIN_MARK`, a length no field has (fields are far below 4 GiB),
+then its domain name. So no signature of one domain is a signature of another.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from schemas.layout import REAPER_KEY
 DOMAIN_MARK = b"\xff\xff\xff\xff"  # starts every message but addresses_reaped's
 DEAD_LETTER = "hardelete/dead_letter/1"
 KEY_ID = "hardelete/key_id/1"
+TICK = "tick"
 
 
 def _fields(parts: Iterable[str]) -> bytes:
@@ -88,6 +90,32 @@ def problem(key: bytes | None, body: dict[str, Any]) -> str | None:
         return None
     return ("forged addresses_reaped: no valid reaper signature (only the reaper may assert a "
             "deletion)")
+
+
+# --- ticks ----------------------------------------------------------------------------------
+# The tracker's tick (schemas/control.py) names a time on its own Redis clock; the service's
+# watermark answering it carries the tick's id and signature back. Only the tracker may say
+# when a tick happened: a forged tick could certify a horizon that never came.
+
+def tick_message(repository: str, tick_ms: int, tick_id: str) -> bytes:
+    return domain_message(TICK, [repository, str(tick_ms), tick_id])
+
+
+def seal_tick(key: bytes, repository: str, tick_ms: int, tick_id: str) -> str:
+    return _mac(key, tick_message(repository, tick_ms, tick_id))
+
+
+def tick_problem(key: bytes | None, repository: str, tick_ms: int, tick_id: str,
+                 signature: str | None) -> str | None:
+    """Why this tick (or the watermark carrying it back) is not one the tracker signed under
+    ``key`` (one line), or None."""
+    if not signature:
+        return "the tick carries no signature"
+    if not key:
+        return "no tracker key to verify the tick with"
+    if not hmac.compare_digest(signature, seal_tick(key, repository, tick_ms, tick_id)):
+        return "the tick's signature does not verify (forged, or signed under another key)"
+    return None
 
 
 # --- dead letters ---------------------------------------------------------------------------

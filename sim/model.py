@@ -32,6 +32,7 @@ import random
 import re
 import time
 import uuid
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from core.logs import get_logger
 from core.settings import Settings
 from schemas import upload_tokens
 from schemas.events import (
+    MAX_STRIPES,
     AddressIssued,
     BranchCreated,
     BranchDeleted,
@@ -56,6 +58,7 @@ from schemas.events import (
     ObjectWritten,
     RepositoryCreated,
     RepositoryDeleted,
+    ServiceEvent,
     TagCreated,
     TagDeleted,
 )
@@ -65,6 +68,7 @@ from schemas.records import BranchRecord, CommitRecord
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
+    from schemas.outbox import Outbox
     from schemas.publisher import Publisher
     from tracker.rebuild import StateExport
 
@@ -225,6 +229,7 @@ class Repository:
     # The KV's version of each ref ('b:<branch>', 't:<tag>'): every change bumps it, deletes
     # too, and it survives a delete (seed 004's SetIf). Published as ref_version.
     ref_versions: dict[str, int] = field(default_factory=dict)
+    stripes: int = 1  # ordering domains (repository_created.stripes)
 
     def bump(self, ref: str) -> int:
         v = self.ref_versions[ref] = self.ref_versions.get(ref, 0) + 1
@@ -416,8 +421,13 @@ class Model:
         upload_secret: str = _DEFAULTS.upload_token_secret,
         upload_ttl_seconds: float = _DEFAULTS.upload_ttl_seconds,
         new_id: Callable[[], str] = _uuid_hex,
+        outbox: Outbox | None = None,
     ) -> None:
         self.clock = clock
+        # With an outbox every operation's events get their seqs in one outbox transaction
+        # (schemas/outbox.py), and a relay publishes them (ModelService publishes nothing).
+        # The model's own state is in memory: the harness does not model a failed commit.
+        self.outbox = outbox
         self.upload_secret = upload_secret
         self.upload_ttl_seconds = upload_ttl_seconds
         self.new_id = new_id
@@ -495,8 +505,11 @@ class Model:
         default_branch: str = "main",
         default_retention_days: float = 7.0,
         branch_retention_days: Mapping[str, float] | None = None,
+        stripes: int = 1,
     ) -> OpEvents:
         _check_name("repository", repo, _REPO_RE)
+        if not 1 <= stripes <= MAX_STRIPES:
+            raise ModelError(f"stripes must be 1..{MAX_STRIPES}, got {stripes}")
         _check_name("branch", default_branch, _REF_RE)
         if repo in self.repositories:
             raise ModelError(f"repository {repo!r} exists")
@@ -514,7 +527,7 @@ class Model:
             raise ModelError("default_retention_days must be >= 0")
         now = self.clock()
         r = Repository(repo, ns, default_branch, float(default_retention_days),
-                       dict(branch_retention_days or {}), now)
+                       dict(branch_retention_days or {}), now, stripes=stripes)
         self.repositories[repo] = r
         token = self._new_token(repo, default_branch, now)
         r.branches[default_branch] = Branch(default_branch, None, token.id)
@@ -522,7 +535,8 @@ class Model:
             RepositoryCreated(repository=repo, emitted_at=now, storage_namespace=ns,
                               default_branch=default_branch,
                               default_retention_days=r.default_retention_days,
-                              branch_retention_days=dict(r.branch_retention_days)),
+                              branch_retention_days=dict(r.branch_retention_days),
+                              stripes=stripes),
             BranchCreated(repository=repo, emitted_at=now, branch=default_branch,
                           staging_token=token.id, ref_version=r.bump("b:" + default_branch)),
         ])
@@ -922,8 +936,22 @@ class Model:
     # -- internals --
 
     def _emit(self, events: list[Event], **products: Any) -> OpEvents:
+        if self.outbox is not None and events:
+            with self.outbox.transaction() as tx:
+                events = [tx.emit(e, stripe=self._stripe_of(e))
+                          if isinstance(e, ServiceEvent) else e for e in events]
         self.events.extend(events)
         return OpEvents(events, **products)
+
+    def _stripe_of(self, event: Event) -> int:
+        """The event's ordering domain within its repository: by branch (tag, address), so a
+        branch's events share a counter; the lifecycle events in stripe 0."""
+        r = self.repositories.get(event.repository)
+        if r is None or r.stripes == 1:
+            return 0
+        name = getattr(event, "branch", None) or getattr(event, "tag", None) or \
+            getattr(event, "address", None)
+        return zlib.crc32(name.encode()) % r.stripes if isinstance(name, str) else 0
 
     def _new_token(self, repo: str, branch: str, now: float) -> StagingToken:
         token = StagingToken(self.new_id(), repo, branch, now)
@@ -1368,6 +1396,8 @@ class ModelService:
     then the remaining events are published: an event never describes something the store does
     not have yet. ``publish_mode="buffered"`` keeps the events and publishes them in one
     ``publish_many`` at :meth:`flush` (benchmarks); without a publisher nothing is published.
+    A model with an outbox commits each operation's events to it (with their seqs) and a
+    relay the caller runs publishes them (``schemas/relay.py``): the publisher is not used.
     A side effect that fails raises and leaves the model ahead of the store: this is a test
     harness, not a simulation of partial failures (``leak`` models those explicitly).
     """
@@ -1545,8 +1575,8 @@ class ModelService:
             await self._publish(events)
 
     async def _publish(self, events: list[Event]) -> int:
-        if self.publisher is None or not events:
-            return 0
+        if self.publisher is None or not events or self.model.outbox is not None:
+            return 0  # (with an outbox its relay publishes)
         sent = await self.publisher.publish_many(events)
         self.events_published += sent
         return sent

@@ -138,6 +138,8 @@ def lua_batches(events: Sequence[ev.Event], gate: codec.Gate, first_offset: int 
     rejected = []
     for i, e in enumerate(events):
         body = codec.parse(ev.encode(e))
+        if body["type"] in ev.RELAY_EVENT_TYPES:
+            continue  # (as the daemon: applied as nothing)
         problem = gate.check(body)
         if problem:
             rejected.append((first_offset + i, problem))
@@ -165,6 +167,8 @@ class LuaTracker:
         for i, e in enumerate(events):
             body = codec.parse(ev.encode(e))
             repo, t = body["repository"], body["type"]
+            if t in ev.RELAY_EVENT_TYPES:
+                continue  # (as the daemon: applied as nothing)
             # As the daemon: a refused repository_created stays refused (hd:refused), and the
             # gate does not learn its repository.
             earlier = self.r.hget(REFUSED, body["event_id"]) if t == "repository_created" else None

@@ -89,6 +89,7 @@ def settings(stack: Stack, topology: str, request: pytest.FixtureRequest) -> Ite
     s = stack.settings.replace(
         events_topic=f"events-{suffix}",
         dlq_topic=f"dlq-{suffix}",
+        control_topic=f"control-{suffix}",
         consumer_group=f"tracker-{suffix}",
     )
     if topology == "cluster":

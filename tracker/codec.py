@@ -107,13 +107,15 @@ def _range_bad(rng: ev.Range, x: str) -> str:
     return f"not ({rng.lo!r} {low} {x} <= {rng.hi!r})"
 
 
-def _field_code(name: str, tp: Any, f: dataclasses.Field[Any]) -> list[str]:
-    """Lines that check field ``name`` of body ``b`` (``return None`` when bad) and normalise
-    it as ``decode`` does: defaults filled in, floats as float."""
+def _field_code(t: str, name: str, tp: Any, f: dataclasses.Field[Any]) -> list[str]:
+    """Lines that check field ``name`` of body ``b`` of type ``t`` (``return None`` when bad)
+    and normalise it as ``decode`` does: defaults filled in, floats as float."""
     kind, nullable = _kind(name, tp)
     scalar = _scalar(tp)
-    rng = ev.field_range(name, scalar) if scalar is int or scalar is float else None
+    rng = ev.field_range(name, scalar, t) if scalar is int or scalar is float else None
     body = [f"if {_BAD[kind]}: return None"]
+    if kind == "str" and name in ev.MAX_LENGTHS:
+        body.append(f"if len(x) > {ev.MAX_LENGTHS[name]}: return None")
     if rng is not None and kind == "dict_float":
         body.append(f"if any({_range_bad(rng, 'v')} for v in x.values()): return None")
         body.append(f"b[{name!r}] = {{str(k): float(v) for k, v in x.items()}}")
@@ -140,9 +142,15 @@ def _compile(t: str, cls: type[ev.Event]) -> Callable[[dict[str, Any]], dict[str
     hints = typing.get_type_hints(cls)
     fields = dataclasses.fields(cls)
     lines = [f"def fast_{t}(b):", "    get = b.get"]
+    sequenced = issubclass(cls, ev.ServiceEvent)
+    if sequenced:  # (read before the defaults are filled in)
+        lines.append("    lone_stripe = 'stripe' in b and get('seq') is None")
     for f in fields:
-        lines += ["    " + line for line in _field_code(f.name, hints[f.name], f)]
+        lines += ["    " + line for line in _field_code(t, f.name, hints[f.name], f)]
     lines.append("    if not _ALLOWED.issuperset(b): return None")
+    if sequenced:  # decode's rules: seq and incarnation together, stripe only with them
+        lines.append("    if lone_stripe or (b['seq'] is None) != (b['incarnation'] is None): "
+                     "return None")
     if t in _SEMANTICS:
         lines.append("    if not _semantics(b): return None")
     lines.append("    return b")
@@ -172,12 +180,16 @@ def _reaped_ok(b: dict[str, Any]) -> bool:
     return 1 <= len(b["addresses"]) <= ev.MAX_REAPED_PER_EVENT
 
 
+def _range_ok(b: dict[str, Any]) -> bool:
+    return bool(b["from_seq"] <= b["to_seq"])
+
+
 # The rules beyond field types, per event type (``decode``'s ``_check_semantics``); the
 # generated validator of a type calls its rule, so a rule added here reaches the fast path.
 _SEMANTICS: dict[str, Callable[[dict[str, Any]], bool]] = {
     "object_written": _replaces_ok, "object_copied": _replaces_ok,
     "repository_created": _namespace_ok, "repository_deleted": _namespace_ok,
-    "addresses_reaped": _reaped_ok,
+    "addresses_reaped": _reaped_ok, "range_gone": _range_ok,
 }
 
 

@@ -52,7 +52,7 @@ from core.clock import aredis_time_ms, atracker_horizon_ms
 from core.registry import afail_closed_conflict, aregister_namespace, arepo_lifecycles
 from core.settings import Settings
 from schemas import reaper_auth
-from schemas.events import EventError
+from schemas.events import RELAY_EVENT_TYPES, EventError
 from schemas.holds import DLQ, dlq_claim
 from schemas.layout import APPLIED, INCIDENTS, NAMESPACES, REFUSED, REPOS, RETIRED, RepoKeys
 from schemas.namespaces import Conflict, conflict_of
@@ -506,6 +506,8 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
                     dlq.append((rec, f"record key {short_key(rec.key)} does not equal repository "
                                      f"{repo[:200]!r}"))
                     continue
+                if t in RELAY_EVENT_TYPES:
+                    continue  # continuity only: nothing to apply until the tracker certifies it
                 wanted.add(repo)
                 if t == "repository_created":
                     creates.append(body["event_id"])

@@ -456,6 +456,32 @@ def test_workload_is_deterministic_for_a_seed() -> None:
     assert ops(5) != ops(6)
 
 
+@pytest.mark.parametrize("stripes", [1, 4])
+def test_with_an_outbox_every_event_is_numbered_gaplessly_per_domain(tmp_path: Any,
+                                                                     stripes: int) -> None:
+    from schemas.outbox import Outbox
+
+    with Outbox(tmp_path / "service.db", synchronous="OFF") as outbox:
+        model = Model(clock=ManualClock(T0, 1.0), new_id=seeded_ids(7), outbox=outbox)
+        wl = Workload(3, 200, repos=2)
+        for repo in wl.repo_ids():
+            model.create_repository(repo, wl.namespace(repo), stripes=stripes)
+        run_workload(model, wl)
+        events = model.events
+        per_domain: dict[tuple[str, int], list[int]] = {}
+        for e in events:
+            assert isinstance(e, ev.ServiceEvent) and e.incarnation == outbox.incarnation
+            assert e.seq is not None
+            per_domain.setdefault((e.repository, e.stripe), []).append(e.seq)
+        assert all(seqs == list(range(1, len(seqs) + 1)) for seqs in per_domain.values())
+        assert len(per_domain) == 2 * stripes  # every stripe is used
+        # the outbox holds exactly these events, as published
+        assert [ev.decode(r.value) for r in outbox.unpublished(limit=10_000)] == model.events
+    plain = Model(clock=ManualClock(T0, 1.0), new_id=seeded_ids(7))
+    run_workload(plain, wl)
+    assert all(getattr(e, "seq", None) is None for e in plain.events)  # unchanged without one
+
+
 def test_workload_mix_is_respected_and_validated() -> None:
     only_writes = {k.value: 0.0 for k in DEFAULT_MIX} | {"write": 1.0}
     model = Model(clock=ManualClock(T0))

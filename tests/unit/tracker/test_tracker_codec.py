@@ -81,6 +81,26 @@ def test_well_formed_events_take_the_fast_path(event):
     assert body == codec.event_body(event)
 
 
+SEQUENCED = [
+    ev.ObjectWritten(repository="r", branch="m", staging_token="t", path="p",
+                     address="s3://b/r/data/x", size=1, ref_id="a", seq=5, incarnation="i",
+                     stripe=3),
+    ev.TagDeleted(repository="r", tag="v", ref_version=2, seq=1, incarnation="i"),
+    ev.RepositoryCreated(repository="r", storage_namespace="s3://b/r/", default_branch="m",
+                         default_retention_days=1.0, stripes=4, seq=1, incarnation="i"),
+    ev.Watermark(repository="r", stripe=1, incarnation="i", seq=0, tick_ms=5, tick_id="t",
+                 tick_sig="s"),
+    ev.RangeGone(repository="r", stripe=0, incarnation="i", from_seq=2, to_seq=2,
+                 reason="trimmed"),
+]
+
+
+@pytest.mark.parametrize("event", SEQUENCED, ids=lambda e: e.TYPE)
+def test_continuity_fields_take_the_fast_path(event):
+    assert fast(ev.encode(event)) == codec.event_body(event)
+    assert codec.parse(ev.encode(event)) == codec.event_body(event)
+
+
 def test_empty_record_is_an_error():
     with pytest.raises(ev.EventError):
         codec.parse(None)
