@@ -144,7 +144,7 @@ def break_domain(d: Domain, reason: str) -> Domain:
 def gaps(d: Domain, limit: int = 16) -> list[tuple[int, int]]:
     """The seq ranges [a, b] to ask the relay to re-send: below the highest applied seq or the
     highest pending watermark, not applied. At most ``limit`` ranges, lowest first."""
-    if d.broken is not None:
+    if d.broken is not None or limit < 1:
         return []
     top = max(d.applied_max, max((w.seq for w in d.pending), default=0))
     out: list[tuple[int, int]] = []
