@@ -15,7 +15,7 @@ restored. The tracker applies events in any order and keeps, per domain:
   ``horizon >= s + grace``.
 
 The same state lives in the repository's Redis slot, updated by the same script as the records
-it certifies (``tracker/continuity.lua``, tested against these functions): Redis going back
+it certifies (``core/continuity.lua``, tested against these functions): Redis going back
 takes records and horizon back together, to an older but consistent state.
 
 A second incarnation, or a range the service says is gone, **breaks** the domain: it applies
