@@ -186,11 +186,12 @@ local function continuity(P)
     if s.broken ~= nil then return 'refused' end
     bind(s, inc)
     if s.broken ~= nil then return 'refused' end
-    if seq <= s.prefix or redis.call('ZSCORE', s.above, fmt(seq)) then return 'duplicate' end
-    if seq == s.prefix + 1 then
+    if seq <= s.prefix then return 'duplicate' end
+    if seq == s.prefix + 1 then  -- (never in `above`: the prefix would have taken it)
       s.prefix = seq
       advance(s)
     else
+      if redis.call('ZSCORE', s.above, fmt(seq)) then return 'duplicate' end
       redis.call('ZADD', s.above, fmt(seq), fmt(seq))
     end
     settle(s)

@@ -123,7 +123,7 @@ def _lua(store: ContinuityStore, repo: str, s: Step) -> Admission | None:
     return None
 
 
-@hsettings(max_examples=50, deadline=None, suppress_health_check=HC)
+@hsettings(max_examples=35, deadline=None, suppress_health_check=HC)
 @given(history=histories(), limit=st.sampled_from([0, 1, 2, 16]))
 @BOTH_TOPOLOGIES
 def test_lua_agrees_with_the_pure_machine(settings, redis_client, history, limit):
