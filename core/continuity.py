@@ -15,7 +15,7 @@ restored. The tracker applies events in any order and keeps, per domain:
   ``horizon >= s + grace``.
 
 The same state lives in the repository's Redis slot, updated by the same script as the records
-it certifies (``tracker/continuity.lua``, tested against these functions): Redis going back
+it certifies (``core/continuity.lua``, tested against these functions): Redis going back
 takes records and horizon back together, to an older but consistent state.
 
 A second incarnation, or a range the service says is gone, **breaks** the domain: it applies
@@ -144,7 +144,7 @@ def break_domain(d: Domain, reason: str) -> Domain:
 def gaps(d: Domain, limit: int = 16) -> list[tuple[int, int]]:
     """The seq ranges [a, b] to ask the relay to re-send: below the highest applied seq or the
     highest pending watermark, not applied. At most ``limit`` ranges, lowest first."""
-    if d.broken is not None:
+    if d.broken is not None or limit < 1:
         return []
     top = max(d.applied_max, max((w.seq for w in d.pending), default=0))
     out: list[tuple[int, int]] = []

@@ -274,9 +274,36 @@ class RepoKeys:
         """string: json {reason, at_ms}. Present: the reaper and the sweep skip the repository."""
         return f"{self.tag}:paused"
 
+    # Continuity (core/continuity.py, core/continuity.lua): per stripe k of the repository's
+    # ordering domain, three keys in its slot, written only by the continuity script.
+    def continuity(self, stripe: int) -> str:
+        """hash: inc (the incarnation), prefix (every seq up to it applied; absent: 0),
+        horizon (ms: every event committed before it is applied; absent: none), broken (the
+        reason; present: the stripe applies nothing and has no horizon)."""
+        return f"{self.tag}:cont:{_stripe(stripe)}"
+
+    def continuity_above(self, stripe: int) -> str:
+        """zset: the seqs applied above the prefix (member and score the seq)."""
+        return f"{self.tag}:above:{_stripe(stripe)}"
+
+    def continuity_watermarks(self, stripe: int) -> str:
+        """zset: the pending watermarks, member ``'<M>:<R>'``, score M (M > prefix; M and R
+        both strictly increasing; at most ``core.continuity.PENDING_MAX``)."""
+        return f"{self.tag}:wm:{_stripe(stripe)}"
+
     @property
     def address_prefix(self) -> str:
         return f"{self.tag}:a:"
+
+
+# A repository declares 1..STRIPES_MAX ordering stripes (repository_created.stripes).
+STRIPES_MAX = 64
+
+
+def _stripe(stripe: int) -> int:
+    if isinstance(stripe, bool) or not isinstance(stripe, int) or not 0 <= stripe < STRIPES_MAX:
+        raise ValueError(f"stripe must be an integer in 0..{STRIPES_MAX - 1}, got {stripe!r}")
+    return stripe
 
 
 class OutsideNamespace(ValueError):

@@ -128,6 +128,8 @@ def test_gaps_reach_the_highest_watermark() -> None:
     d = run([Ev(2), Ev(5), Wm(8, 10)])
     assert gaps(d) == [(1, 1), (3, 4), (6, 8)]
     assert gaps(d, limit=2) == [(1, 1), (3, 4)]
+    assert gaps(d, limit=1) == [(1, 1)]
+    assert gaps(d, limit=0) == gaps(d, limit=-1) == []
 
 
 def test_an_empty_domain_is_certified_by_a_watermark_of_zero() -> None:
