@@ -37,7 +37,7 @@ from schemas.layout import (
     RepoKeys,
 )
 from schemas.liveness import Keep, judge
-from schemas.records import decode_address, token_state
+from schemas.records import AddressRecord, decode_address, token_state
 
 
 def _when(ms: int | None) -> str:
@@ -188,14 +188,40 @@ class Explanation:
     lines: list[str]
 
 
-def reconciler_history(s3: Any, namespace: str, address: str, runs: int = 5) -> list[str]:
-    """What the last few reconciler runs did with an address (from their reports)."""
+@dataclass(frozen=True)
+class RunFinding:
+    """What one reconciler run's report says of an address: marked, or swept with an outcome
+    (``reconciler/sweep.py``: ``deleted``, ``skipped_live``, ...)."""
+
+    run_id: str
+    part: str  # "mark" or "sweep"
+    category: str
+    outcome: str | None  # the sweep's outcome (None for a mark)
+    cutoff: str | None
+    finished_at: str | None
+    dry_run: bool
+
+    @property
+    def deleted(self) -> bool:
+        return self.part == "sweep" and self.outcome == "deleted"
+
+    def line(self) -> str:
+        if self.part == "sweep":
+            return (f"reconciler run {self.run_id}: {self.outcome} as {self.category} "
+                    f"(cutoff {self.cutoff or '?'})")
+        return (f"reconciler run {self.run_id}: marked as {self.category}"
+                + (" (dry run)" if self.dry_run else ""))
+
+
+def reconciler_findings(s3: Any, namespace: str, address: str,
+                        runs: int = 5) -> list[RunFinding]:
+    """What the newest of the last few reconciler runs that met an address did with it (from
+    their reports): its sweep's row, else its mark's."""
     from reconciler.report import read_summary, run_ids
     from reconciler.s3io import Namespace, list_keys, read_parquet_rows
 
     ns = Namespace(namespace)
     rel = ns.rel_of_address(address)
-    lines: list[str] = []
     for rid in run_ids(s3, ns)[:runs]:
         summary = read_summary(s3, ns, rid) or {}
         for part in ("sweep", "mark"):
@@ -211,14 +237,12 @@ def reconciler_history(s3: Any, namespace: str, address: str, runs: int = 5) -> 
                 if found:
                     break
             if found:
-                if part == "sweep":
-                    lines.append(f"reconciler run {rid}: {found[2]} as {found[1]} "
-                                 f"(cutoff {summary.get('cutoff', '?')})")
-                else:
-                    lines.append(f"reconciler run {rid}: marked as {found[1]}"
-                                 + (" (dry run)" if summary.get("dry_run") else ""))
-                break
-    return lines
+                return [RunFinding(rid, part, str(found[1]),
+                                   str(found[2]) if part == "sweep" else None,
+                                   summary.get("cutoff"),
+                                   summary.get("finished_at") or summary.get("updated_at"),
+                                   bool(summary.get("dry_run")))]
+    return []
 
 
 def _retention_lines(r: Any, s3: Any, repo: str, address: str, now_ms: int,
@@ -292,7 +316,13 @@ def explain_address(r: Any, settings: Settings, address: str,
     (``schemas.liveness.judge``) over its record, with the guards read now, plus retention
     for a committed address and the reconciler's reports."""
     owner = find_owner(r, address)
-    repo = owner[0] if owner is not None and repository in (None, owner[0]) else None
+    repo = owner[0] if owner is not None else None
+    elsewhere: list[str] = []  # --repo named another repository than the owner
+    if owner is not None and repository not in (None, owner[0]):
+        theirs = repo_namespace(r, repository) if repository else None
+        elsewhere = [f"not in the namespace of repository {repository!r} ("
+                     + (theirs or "not a tracked repository") + "): it lies in that of "
+                     f"{owner[0]!r} ({owner[1]}), whose judgment follows"]
     if repo is None:
         for old, raw in sorted(r.hgetall(RETIRED).items()):
             ns = orjson.loads(raw).get("namespace", "")
@@ -307,9 +337,8 @@ def explain_address(r: Any, settings: Settings, address: str,
     k = RepoKeys(repo)
     namespace = repo_namespace(r, repo) or ""
     h = r.hgetall(k.address(address))
-    history: list[str] = []
-    if s3 is not None:
-        history = reconciler_history(s3, namespace, address)
+    findings = reconciler_findings(s3, namespace, address) if s3 is not None else []
+    history = [f.line() for f in findings]
     # Proven as a delete path proves it (core/facts.py), so what it says is what they see.
     proof = RepoFacts(r, s3 if s3 is not None else s3_client(settings), repo,
                       namespace).prove(by="explain", adopt=False)
@@ -318,8 +347,10 @@ def explain_address(r: Any, settings: Settings, address: str,
     guard_lines = [f"{name.replace('_', '-')}: {why}" for name, why in (
         ("held", guards.held), ("fail_closed", guards.fail_closed), ("paused", guards.paused),
         ("not_owner", guards.not_owner)) if why]
+    swept = _swept(s3, address, findings)
     if not h:
-        return Explanation(address, repo, "untracked", "only the reconciler decides", [
+        return Explanation(address, repo, "untracked", swept or "only the reconciler decides", [
+            *elsewhere,
             "The tracker never saw a reference to this address (a leak, an object from before "
             "tracking started, or its tombstone was pruned).",
             "The online path never deletes it; the nightly reconciler deletes it if no retained "
@@ -328,7 +359,7 @@ def explain_address(r: Any, settings: Settings, address: str,
     rec = decode_address(h)
     now = redis_time_ms(r)
     tokens = r.hgetall(k.tokens)
-    lines = list(guard_lines)
+    lines = [*elsewhere, *guard_lines]
     for ref, tok in sorted(rec.adds.items()):
         tstate = token_state(tokens.get(tok)) or "unknown"
         removed = rec.removes.get(ref) == tok  # only a removal in its own token ends it
@@ -365,25 +396,67 @@ def explain_address(r: Any, settings: Settings, address: str,
                    f"(grace {grace_ms / 1000:g}s)")
     elif j.reason == Keep.CLAIMED:
         verdict = f"being reaped by {rec.claimer}, lease until {_when(rec.lease_until)}"
-    elif j.reason == Keep.REAPED:
-        verdict = (f"deleted by the reaper at {_when(rec.reaped_at)}: every reference had ended "
-                   f"by {_when(rec.since)} and the grace window had passed")
     elif j.reason in (Keep.HELD, Keep.FAIL_CLOSED, Keep.PAUSED, Keep.NOT_OWNER):
         verdict = f"kept ({j.reason}): {j.detail}"
     else:
         verdict = f"kept ({j.reason}): {j.detail or 'state ' + state}"
-    if rec.state == "reaped":  # moved to quarantine rather than deleted?
+    if rec.state == "reaped":
+        # Deleted: said at once, whatever the judgment keeps it for now (a reaped record stays
+        # under grace from its delete, and a hold placed since keeps only a quarantine copy).
         from reaper.quarantine_ops import restore_hint
 
-        lines += restore_hint(s3, settings, repo, namespace, address)
+        hint = restore_hint(s3, settings, repo, namespace, address)
+        lines += hint
+        verdict = _reaped(rec, quarantined=bool(hint))
+        if j.reason in (Keep.STAGED, Keep.COMMITTED, Keep.DOUBT):
+            lines.append(f"a reference names it now ({j.reason}: {j.detail}), though the reaper "
+                         "deleted it: see the INCIDENT lines")
+    elif swept is not None:
+        lines.append(f"the tracker's record says {state} ({verdict}), but the object is gone")
+        verdict = swept
     incidents = [orjson.loads(x) for x in r.lrange(k.incidents, -1000, -1)]
     for inc in incidents:
         if inc.get("address") == address:
             lines.append(f"INCIDENT: {inc}")
     if rec.issued_until:
-        lines.append(f"issued upload protected until {_when(rec.issued_until)}")
+        lines.append(f"issued upload protected until {_when(rec.issued_until)}"
+                     + (" (over)" if rec.issued_until <= now else ""))
     lines.append(f"now {_when(now)}; tracker horizon {_when(horizon)}")
     return Explanation(address, repo, state, verdict, lines + history)
+
+
+def _reaped(rec: AddressRecord, *, quarantined: bool) -> str:
+    """The verdict on an address the reaper took: who, when, and why it was allowed to."""
+    who = (f"reaper {rec.claimer}" if rec.claimer else
+           "a reaper (its addresses_reaped record in the log told the tracker)")
+    what = "moved to quarantine" if quarantined else "deleted"
+    why = (f"every reference had ended by {_when(rec.since)}" if rec.since is not None
+           else "no reference kept it")
+    return (f"{what} by {who} at {_when(rec.reaped_at)}: {why} and its grace window had "
+            "passed by the tracker's proven progress")
+
+
+def _swept(s3: Any, address: str, findings: list[RunFinding]) -> str | None:
+    """The verdict on an address the reconciler's newest report says it deleted, once the store
+    confirms it is not there (None: not deleted by a reconciler run, or back in the store)."""
+    from botocore.exceptions import ClientError
+
+    from core.clients import split_s3_uri
+
+    done = next((f for f in findings if f.deleted), None)
+    if done is None or s3 is None:
+        return None
+    bucket, key = split_s3_uri(address)
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+        return None
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code", "")) not in ("404", "NoSuchKey",
+                                                                      "NotFound"):
+            return None
+    return (f"deleted by the reconciler, run {done.run_id} (finished {done.finished_at or '?'}):"
+            f" marked {done.category}, older than the run's cutoff {done.cutoff or '?'} and "
+            "referenced by no retained commit, staging token or issued upload")
 
 
 def explain_spelling(r: Any, settings: Settings, raw: str, repository: str | None = None,

@@ -51,6 +51,9 @@ def test_cli_dry_run_json_then_sweep_only(spark, cli_env, s3, redis_client, caps
     (leaked,) = before - w.data("cli")
     ex = explain_address(redis_client, cli_env, leaked, s3=s3)
     assert ex.state == "untracked"
+    assert ex.verdict.startswith(f"deleted by the reconciler, run {summary['run_id']} "
+                                 "(finished 20"), ex.verdict
+    assert "marked leaked" in ex.verdict
     assert any(f"reconciler run {summary['run_id']}: deleted as leaked" in line
                for line in ex.lines), ex.lines
     code = main(["explain", leaked, "--json"])
