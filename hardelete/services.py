@@ -80,6 +80,9 @@ def needs(path: tuple[str, ...], args: object = None, impl: object = None) -> tu
     # explain reads the reconciler's reports from S3 unless told not to.
     if path == ("explain",) and not getattr(args, "no_reports", True):
         wanted = (*wanted, S3)
+    # the reconciler's health is read from the reports its runs write in each namespace
+    if path == ("health",) and getattr(args, "component", None) == "reconciler":
+        wanted = (*wanted, S3)
     return wanted
 
 
