@@ -4,8 +4,12 @@ healthcheck of compose and the readiness probe of Kubernetes.
 - tracker liveness: the age of the tracker's newest progress claim (``hd:progress``, Redis clock).
   A live tracker claims progress every cycle, even on an idle topic; an old one means no tracker
   is consuming, and reaping is held back (the horizon stops).
-- dead letters: the dead-letter topic's high-watermark sum, when Kafka answers.
-- holds, paused and fail-closed repositories (Safety I/II keys in schemas/layout.py).
+- dead letters: the dead-letter topic's high-watermark sum, when Kafka answers; and the dead
+  letters whose holds are not resolved yet (their claims in the holds, Redis).
+- holds, paused and fail-closed repositories (Safety I/II keys in schemas/layout.py); a
+  repository whose whole namespace a dead letter holds (an event nobody could read: nothing of
+  it is deleted until `dlq resolve`) is frozen.
+- incidents not acknowledged yet (hardelete/incidents.py).
 """
 
 from __future__ import annotations
@@ -22,7 +26,16 @@ import orjson
 from core.clock import redis_time_ms
 from core.errors import UserError
 from core.settings import Settings
-from schemas.layout import FAIL_CLOSED, PROGRESS, RECONCILER_SCHEDULE, REPOS, RepoKeys
+from schemas.address import canonical_namespace
+from schemas.holds import DLQ, claims_of
+from schemas.layout import (
+    FAIL_CLOSED,
+    PROGRESS,
+    RECONCILER_SCHEDULE,
+    REPOS,
+    OutsideNamespace,
+    RepoKeys,
+)
 
 COMPONENTS = ("tracker", "reaper", "reconciler")
 
@@ -36,6 +49,10 @@ class Operations:
     holds: dict[str, int] = field(default_factory=dict)
     paused: dict[str, dict[str, Any]] = field(default_factory=dict)
     fail_closed: dict[str, dict[str, Any]] = field(default_factory=dict)  # "*": every repository
+    # repository -> what holds its whole namespace for a dead letter (why each was dead-lettered)
+    frozen: dict[str, list[str]] = field(default_factory=dict)
+    dead_letters_holding: int = 0  # dead letters whose holds no `dlq resolve` lifted yet
+    incidents_new: dict[str, int] = field(default_factory=dict)  # scope ("*", repo) -> count
 
 
 def progress_age_s(r: Any) -> float | None:
@@ -83,57 +100,61 @@ def dead_letter_count(settings: Settings, timeout_s: float = 5.0) -> tuple[int |
     return total, settings.dlq_topic
 
 
+def _dlq_claims(raw: Any) -> dict[str, dict[str, Any]]:
+    return {cid: c for cid, c in claims_of(raw).items()
+            if cid.startswith(DLQ + ":") or (isinstance(c, dict) and c.get("source") == DLQ)}
+
+
+def _covers(target: str, namespace: str | None) -> bool:
+    """A prefix hold on ``target`` holds all of ``namespace``."""
+    if not namespace:
+        return False
+    try:
+        return canonical_namespace(namespace).startswith(target)
+    except OutsideNamespace:
+        return False
+
+
 def collect_operations(r: Any, settings: Settings, *, kafka: bool = True) -> Operations:
+    from hardelete.incidents import unacknowledged
+
     age = progress_age_s(r)
     repos = sorted(r.smembers(REPOS))
     pipe = r.pipeline(transaction=False)
     for repo in repos:
         k = RepoKeys(repo)
-        pipe.hlen(k.holds)
-        pipe.hlen(k.hold_prefixes)
+        pipe.hgetall(k.holds)
+        pipe.hgetall(k.hold_prefixes)
         pipe.get(k.paused)
         pipe.hgetall(k.fail_closed)
+        pipe.hget(k.meta, "namespace")
     pipe.hgetall(FAIL_CLOSED)
     res = pipe.execute()
-    holds, paused, failed = {}, {}, {}
+    holds, paused, failed, frozen = {}, {}, {}, {}
+    holding: set[str] = set()
     for i, repo in enumerate(repos):
-        n_addr, n_pre, p, fc = res[4 * i: 4 * i + 4]
-        if n_addr or n_pre:
-            holds[repo] = int(n_addr) + int(n_pre)
+        addr, pre, p, fc, ns = res[5 * i: 5 * i + 5]
+        if addr or pre:
+            holds[repo] = len(addr) + len(pre)
+        for raw in (*addr.values(), *pre.values()):
+            holding.update(_dlq_claims(raw))
+        whole = [str(c.get("reason") or cid)[:200] for target, raw in sorted(pre.items())
+                 if _covers(target, ns) for cid, c in _dlq_claims(raw).items()]
+        if whole:
+            frozen[repo] = whole
         if p is not None:
             paused[repo] = _json(p)
         if fc:
             failed[repo] = dict(fc)
     if res[-1]:
         failed["*"] = dict(res[-1])
+    new: dict[str, int] = {}
+    for inc in unacknowledged(r):
+        if inc.needs_person:
+            new[inc.scope] = new.get(inc.scope, 0) + 1
     dl, note = dead_letter_count(settings) if kafka else (None, "not asked")
     return Operations(age, age is not None and age <= settings.tracker_stale_seconds, dl, note,
-                      holds, paused, failed)
-
-
-def print_operations(ops: Operations, settings: Settings) -> None:
-    from rich.console import Console
-
-    con = Console()
-    if ops.tracker_progress_age_s is None:
-        con.print("[red]tracker: no progress ever claimed (no tracker has run)[/red]")
-    elif ops.tracker_alive:
-        con.print(f"tracker: alive, last progress {ops.tracker_progress_age_s:.1f}s ago")
-    else:
-        con.print(f"[red]tracker: STALE, last progress {ops.tracker_progress_age_s:.0f}s ago "
-                  f"(> {settings.tracker_stale_seconds:g}s): reaping is held back[/red]")
-    if ops.dead_letters is None:
-        con.print(f"dead letters: unknown ({ops.dead_letters_note})")
-    else:
-        style = "yellow" if ops.dead_letters else ""
-        text = f"dead letters: {ops.dead_letters} in {ops.dead_letters_note}"
-        con.print(f"[{style}]{text}[/{style}]" if style else text)
-    con.print("holds: " + (", ".join(f"{r}={n}" for r, n in ops.holds.items()) or "none"))
-    for repo, info in ops.paused.items():
-        con.print(f"[yellow]paused: {repo} ({info.get('reason', '')})[/yellow]")
-    for repo, info in ops.fail_closed.items():
-        who = "every repository" if repo == "*" else repo
-        con.print(f"[red]fail-closed: {who} ({info.get('reason', '')})[/red]")
+                      holds, paused, failed, frozen, len(holding), new)
 
 
 # --- hardelete health ----------------------------------------------------------------------------

@@ -29,6 +29,8 @@ NEEDS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("reconcile",): (REDIS, S3),
     ("status",): (REDIS,),
     ("explain",): (REDIS,),
+    ("incidents", "list"): (REDIS,),
+    ("incidents", "ack"): (REDIS,),
     ("hold", "add"): (REDIS,),
     ("hold", "remove"): (REDIS,),
     ("hold", "list"): (REDIS,),

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -24,6 +25,7 @@ from core.gate import read_gate
 from core.guards import fail_closed_repos
 from core.registry import find_owner, owned_namespaces, repo_namespace
 from core.settings import Settings
+from hardelete.health import Operations
 from schemas.address import canonical_uri, has_scheme
 from schemas.holds import TargetError, resolve_target
 from schemas.layout import (
@@ -119,18 +121,92 @@ def collect_status(r: Any, retired_retention_days: float = 7.0) -> Status:
                   r.hget(FAIL_CLOSED, "reason"))
 
 
-def _print_status(st: Status) -> None:
-    con = Console()
-    t = Table(title="hardelete status")
-    for col in ("repository", "namespace", "queued", "claims", "tombstones", "incidents",
-                "counters", "fail-closed"):
-        t.add_column(col)
+@dataclass(frozen=True)
+class Attention:
+    """One thing that needs a person: its kind (counted in the verdict line) and what to do."""
+
+    kind: str  # no tracker, tracker stale, fail-closed, frozen, incident, dead letter, ...
+    detail: str
+    count: int = 1
+
+
+def attention(st: Status, ops: Operations, stale_s: float) -> list[Attention]:
+    """What needs a person (pure): no tracker or a stale one (nothing is reaped), fail-closed
+    repositories (nothing of them is deleted), frozen ones (a dead letter holds the whole
+    namespace), incidents not acknowledged, dead letters whose holds are not resolved, and
+    dead letters that cannot be counted."""
+    out = []
+    age = ops.tracker_progress_age_s
+    if age is None:
+        out.append(Attention("no tracker", "tracker: no progress ever claimed (no tracker has "
+                                           "run): nothing is reaped"))
+    elif not ops.tracker_alive:
+        out.append(Attention("tracker stale", f"tracker: STALE, last progress {age:.0f}s ago "
+                                              f"(> {stale_s:g}s): reaping is held back"))
+    if st.fail_closed_all:
+        out.append(Attention("fail-closed", f"fail-closed: every repository "
+                                            f"({st.fail_closed_all}): `hardelete fail-closed "
+                                            "list`"))
     for r in st.repositories:
-        counters = ", ".join(f"{k}={v}" for k, v in sorted(r.counters.items()))
-        style = "bold red" if r.incidents or r.fail_closed else ""
-        closed = f"{r.fail_closed}; needs {r.needs}" if r.fail_closed else ""
-        t.add_row(r.repository, r.namespace, str(r.queued), str(r.claims), str(r.tombstones),
-                  str(r.incidents), counters, closed, style=style)
+        if r.fail_closed:
+            out.append(Attention("fail-closed", f"fail-closed: {r.repository} ({r.fail_closed});"
+                                                f" needs {r.needs}"))
+    for repo, why in sorted(ops.frozen.items()):
+        out.append(Attention("frozen", f"frozen: {repo}: a dead letter holds its whole "
+                                       f"namespace, nothing of it is deleted ({why[0]}): "
+                                       f"`hardelete dlq list --repo {repo}`, then `dlq resolve`"))
+    for scope, n in sorted(ops.incidents_new.items()):
+        where = "of no live repository" if scope == "*" else f"in {scope}"
+        out.append(Attention("incident", f"incidents: {n} new {where}: `hardelete incidents "
+                                         f"list --repo '{scope}'`, then `incidents ack`", n))
+    if ops.dead_letters_holding:
+        n = ops.dead_letters_holding
+        out.append(Attention("dead letter", f"dead letters: {n} still hold what they name: "
+                                            "`hardelete dlq list`, then `dlq replay|resolve`", n))
+    if ops.dead_letters is None:
+        out.append(Attention("dead letters unknown",
+                             f"dead letters: unknown ({ops.dead_letters_note})"))
+    return out
+
+
+def verdict_line(items: list[Attention], width: int = 80) -> str:
+    """The one line status leads with: OK, or what needs a person, counted by kind."""
+    counts: dict[str, int] = {}
+    for a in items:
+        counts[a.kind] = counts.get(a.kind, 0) + a.count
+    parts = [kind if kind.startswith(("no ", "tracker", "dead letters ")) else
+             f"{n} {kind}{'s' if n > 1 and kind in ('incident', 'dead letter') else ''}"
+             for kind, n in counts.items()]
+    line = "NEEDS A PERSON: " + ", ".join(parts) if items else "OK: nothing needs a person"
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+def _state(r: RepoStatus, ops: Operations) -> str:
+    marks = [m for m, on in (("fail-closed", r.fail_closed), ("frozen", r.repository in
+                                                              ops.frozen),
+                             ("paused", r.repository in ops.paused)) if on]
+    if r.repository in ops.holds:
+        marks.append(f"{ops.holds[r.repository]} held")
+    return ", ".join(marks) or "ok"
+
+
+def _print_status(st: Status, ops: Operations | None = None) -> None:
+    """The repositories (one narrow row each: 80 columns hold it) and what else status knows;
+    ``--json`` has every field, the counters too."""
+    con = Console(markup=False, highlight=False)
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    t.add_column("repository", no_wrap=True)
+    t.add_column("namespace", overflow="fold", ratio=1)
+    for col in ("queued", "claims", "reaped", "incid."):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("state", overflow="fold")
+    for r in st.repositories:
+        bad = r.fail_closed or (ops is not None and r.repository in ops.frozen)
+        t.add_row(r.repository, r.namespace, str(r.queued), str(r.claims),
+                  str(r.counters.get("reaped", 0)), str(r.incidents),
+                  _state(r, ops) if ops is not None else (
+                      "fail-closed" if r.fail_closed else "ok"),
+                  style="bold red" if bad else "")
     con.print(t)
     if st.retired:
         con.print("retired repositories (nothing of them is deleted online; data kept until "
@@ -140,19 +216,28 @@ def _print_status(st: Status) -> None:
                          else f"kept until {_when(v.get('kept_until_ms'))}") + ")"
                       for k, v in st.retired.items()))
     if st.global_incidents_total:
-        con.print(f"[bold red]{st.global_incidents_total} incident(s) outside any live "
-                  "repository[/bold red], the latest:")
+        con.print(f"{st.global_incidents_total} incident(s) outside any live repository, the "
+                  "latest:")
         for inc in st.global_incidents[-5:]:
-            con.print(f"  [red]{inc.get('repository')}: {inc.get('reason')}[/red]")
-    if st.fail_closed_all:
-        con.print(f"[bold red]every repository is fail-closed: {st.fail_closed_all}[/bold red] "
-                  "(hardelete fail-closed list|clear)")
+            con.print(f"  {inc.get('repository')}: {inc.get('reason')}")
     lag = ", ".join(f"p{p}: {s:.1f}s" for p, s in st.progress_lag_s.items()) or "none"
     con.print(f"tracker progress lag per partition: {lag}")
     if st.horizon_ms is None:
-        con.print("[yellow]tracker horizon: none yet (nothing may be reaped)[/yellow]")
+        con.print("tracker horizon: none yet (nothing may be reaped)")
     else:
         con.print(f"tracker horizon: {_when(st.horizon_ms)}")
+
+
+def _print_operations(ops: Operations) -> None:
+    con = Console(markup=False, highlight=False)
+    if ops.tracker_alive and ops.tracker_progress_age_s is not None:
+        con.print(f"tracker: alive, last progress {ops.tracker_progress_age_s:.1f}s ago")
+    if ops.dead_letters is not None:
+        con.print(f"dead letters: {ops.dead_letters} in {ops.dead_letters_note} "
+                  f"({ops.dead_letters_holding} holding)")
+    con.print("holds: " + (", ".join(f"{r}={n}" for r, n in ops.holds.items()) or "none"))
+    for repo, info in ops.paused.items():
+        con.print(f"paused: {repo} ({info.get('reason', '')})")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -160,7 +245,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(settings: Settings, args: argparse.Namespace) -> int:
-    from hardelete.health import collect_operations, print_operations
+    """Exit 1 when something needs a person (the verdict line says what), else 0."""
+    from hardelete.health import collect_operations
 
     r = redis_sync(settings)
     try:
@@ -168,13 +254,20 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         ops = collect_operations(r, settings)
     finally:
         r.close()
+    items = attention(st, ops, settings.tracker_stale_seconds)
     if args.json:
-        print(orjson.dumps({**asdict(st), "operations": asdict(ops)},
-                           option=orjson.OPT_INDENT_2).decode())
+        print(orjson.dumps({"verdict": verdict_line(items, width=10_000),
+                            "attention": [asdict(a) for a in items], **asdict(st),
+                            "operations": asdict(ops)}, option=orjson.OPT_INDENT_2).decode())
     else:
-        _print_status(st)
-        print_operations(ops, settings)
-    return 0
+        con = Console(markup=False, highlight=False)
+        con.print(verdict_line(items, min(con.width, 80)),
+                  style="bold red" if items else "bold green")
+        for a in items:
+            con.print(f"- {a.detail}", style="red")
+        _print_status(st, ops)
+        _print_operations(ops)
+    return 1 if items else 0
 
 
 # --- explain -------------------------------------------------------------------------------------
@@ -507,11 +600,12 @@ class explain:  # the CLI's command object for `hardelete explain`
             print(orjson.dumps(rows[0] if len(rows) == 1 else rows,
                                option=orjson.OPT_INDENT_2).decode())
             return 0
-        con = Console()
+        con = Console(markup=False, highlight=False)
         if len(explained) > 1:
             con.print(f"{args.address} may name {len(explained)} objects:")
         for ex in explained:
-            con.print(f"[bold]{ex.address}[/bold]  repository={ex.repository} state={ex.state}")
+            con.print(f"{ex.address}  repository={ex.repository} state={ex.state}",
+                      style="bold")
             con.print(f"  {ex.verdict}")
             for line in ex.lines:
                 con.print(f"  - {line}")

@@ -245,8 +245,9 @@ def test_pause_resume_and_status(cli, capsys, redis_client, s3):
     redis_client.hset(RepoKeys("ops").fail_closed, mapping={"reason": "log reset"})
     redis_client.hset(FAIL_CLOSED, mapping={"reason": "redis lost everything"})
     code, out, _ = run(capsys, "status", "--json")
-    ops = orjson.loads(out)["operations"]
-    assert code == 0
+    doc = orjson.loads(out)
+    ops = doc["operations"]
+    assert code == 1 and doc["verdict"] == "NEEDS A PERSON: 2 fail-closed"
     assert ops["tracker_alive"] and ops["tracker_progress_age_s"] < 60
     assert ops["dead_letters"] == 0 and ops["holds"] == {"ops": 1}
     assert ops["paused"]["ops"]["reason"] == "incident 42"
@@ -287,21 +288,57 @@ def test_one_operators_resume_leaves_anothers_pause(cli, capsys, redis_client):
     assert code == 0 and "resumed ops" in out and redis_client.get(RepoKeys("ops").paused) is None
 
 
-def test_status_counts_dead_letters_and_shows_a_stale_tracker(cli, capsys, monkeypatch):
+def test_status_leads_with_a_verdict_and_exits_1_while_a_person_is_needed(cli, capsys,
+                                                                          monkeypatch):
+    """Issue 36 finding 6, on the real tracker: `status` leads with one line, OK or what needs
+    a person, fits 80 columns, and exits 1 while something does: a repository frozen by one
+    unreadable event (a dead letter holds its whole namespace; it looked normal, "holds:
+    ops=1", exit 0), a stale tracker, an incident nobody acknowledged, dead letters it cannot
+    count. A resolved dead letter and an acknowledged incident need nobody."""
+    monkeypatch.setenv("COLUMNS", "80")
     setup_repo(cli)
-    ev = orjson.loads(encode(written("ops", "s3://opsb/ns/d")))
-    ev["type"] = "nonsense"
-    asyncio.run(publish_and_track(cli, (orjson.dumps(ev), b"ops")))
-    code, out, _ = run(capsys, "status", "--json")
-    assert orjson.loads(out)["operations"]["dead_letters"] == 1
+
+    def status() -> tuple[int, list[str]]:
+        code, out, _ = run(capsys, "status")
+        lines = out.splitlines()
+        assert lines and all(len(line) <= 80 for line in lines), out
+        return code, lines
+
+    code, lines = status()
+    assert code == 0 and lines[0] == "OK: nothing needs a person", lines
+    # an event naming no address anyone can read: dead-lettered, its namespace held, and said
+    asyncio.run(publish_and_track(cli, (broken("ops", 12345), b"ops")))
+    code, lines = status()
+    assert code == 1 and lines[0] == "NEEDS A PERSON: 1 frozen, 1 incident, 1 dead letter", lines
+    assert any(line.startswith("- frozen: ops: a dead letter holds its whole") for line in lines)
+    (row,) = [line for line in lines if line.split()[:1] == ["ops"]]
+    assert "frozen" in row
+    doc = orjson.loads(run(capsys, "status", "--json")[1])
+    assert doc["operations"]["dead_letters"] == 1 and doc["operations"]["frozen"]["ops"]
+    assert [a["kind"] for a in doc["attention"]] == ["frozen", "incident", "dead letter"]
     monkeypatch.setenv("HARDELETE_TRACKER_STALE_SECONDS", "0.001")
-    code, out, _ = run(capsys, "status")
-    assert "tracker: STALE" in out
+    code, lines = status()
+    assert code == 1 and lines[0].startswith("NEEDS A PERSON: tracker stale, 1 frozen")
+    assert any(line.startswith("- tracker: STALE") for line in lines)
     monkeypatch.setenv("HARDELETE_TRACKER_STALE_SECONDS", "600")
+    (letter,) = orjson.loads(run(capsys, "dlq", "list", "--json")[1])
+    assert tracked(cli, capsys, "dlq", "resolve", letter["id"])[0] == 0
+    code, lines = status()
+    assert code == 1 and lines[0] == "NEEDS A PERSON: 1 incident", lines
+    code, out, _ = run(capsys, "incidents", "list")
+    assert code == 0 and out.startswith("* #0 address_spelling: ")
+    code, out, _ = run(capsys, "incidents", "ack", "--by", "alice", "--reason", "resolved 0:0")
+    assert code == 0 and out == "acknowledged 1 incident(s) of *\n"
+    code, lines = status()
+    assert code == 0 and lines[0] == "OK: nothing needs a person", lines
+    assert run(capsys, "incidents", "list")[1] == "no incident since the last acknowledgement\n"
+
     # Kafka gone: status still answers, and says what it does not know
     monkeypatch.setenv("HARDELETE_KAFKA_BOOTSTRAP", "127.0.0.1:1")
-    code, out, _ = run(capsys, "status")
-    assert code == 0 and "dead letters: unknown (Kafka at 127.0.0.1:1 is unreachable" in out
+    code, lines = status()
+    assert code == 1 and "dead letters unknown" in lines[0]
+    assert any(line.startswith("- dead letters: unknown (Kafka at 127.0.0.1:1 is unreachable")
+               for line in lines)
 
 
 def _until_health(capsys: Any, component: str, code: int, *args: str) -> str:
