@@ -4,8 +4,12 @@ healthcheck of compose and the readiness probe of Kubernetes.
 - tracker liveness: the age of the tracker's newest progress claim (``hd:progress``, Redis clock).
   A live tracker claims progress every cycle, even on an idle topic; an old one means no tracker
   is consuming, and reaping is held back (the horizon stops).
-- dead letters: the dead-letter topic's high-watermark sum, when Kafka answers.
-- holds, paused and fail-closed repositories (Safety I/II keys in schemas/layout.py).
+- dead letters: the dead-letter topic's high-watermark sum, when Kafka answers; and the dead
+  letters whose holds are not resolved yet (their claims in the holds, Redis).
+- holds, paused and fail-closed repositories (Safety I/II keys in schemas/layout.py); a
+  repository whose whole namespace a dead letter holds (an event nobody could read: nothing of
+  it is deleted until `dlq resolve`) is frozen.
+- incidents not acknowledged yet (hardelete/incidents.py).
 """
 
 from __future__ import annotations
@@ -20,8 +24,18 @@ from typing import Any
 import orjson
 
 from core.clock import redis_time_ms
+from core.errors import UserError
 from core.settings import Settings
-from schemas.layout import FAIL_CLOSED, PROGRESS, RECONCILER_SCHEDULE, REPOS, RepoKeys
+from schemas.address import canonical_namespace
+from schemas.holds import DLQ, claims_of
+from schemas.layout import (
+    FAIL_CLOSED,
+    PROGRESS,
+    RECONCILER_SCHEDULE,
+    REPOS,
+    OutsideNamespace,
+    RepoKeys,
+)
 
 COMPONENTS = ("tracker", "reaper", "reconciler")
 
@@ -35,6 +49,10 @@ class Operations:
     holds: dict[str, int] = field(default_factory=dict)
     paused: dict[str, dict[str, Any]] = field(default_factory=dict)
     fail_closed: dict[str, dict[str, Any]] = field(default_factory=dict)  # "*": every repository
+    # repository -> what holds its whole namespace for a dead letter (why each was dead-lettered)
+    frozen: dict[str, list[str]] = field(default_factory=dict)
+    dead_letters_holding: int = 0  # dead letters whose holds no `dlq resolve` lifted yet
+    incidents_new: dict[str, int] = field(default_factory=dict)  # scope ("*", repo) -> count
 
 
 def progress_age_s(r: Any) -> float | None:
@@ -82,77 +100,222 @@ def dead_letter_count(settings: Settings, timeout_s: float = 5.0) -> tuple[int |
     return total, settings.dlq_topic
 
 
+def _dlq_claims(raw: Any) -> dict[str, dict[str, Any]]:
+    return {cid: c for cid, c in claims_of(raw).items()
+            if cid.startswith(DLQ + ":") or (isinstance(c, dict) and c.get("source") == DLQ)}
+
+
+def _covers(target: str, namespace: str | None) -> bool:
+    """A prefix hold on ``target`` holds all of ``namespace``."""
+    if not namespace:
+        return False
+    try:
+        return canonical_namespace(namespace).startswith(target)
+    except OutsideNamespace:
+        return False
+
+
 def collect_operations(r: Any, settings: Settings, *, kafka: bool = True) -> Operations:
+    from hardelete.incidents import unacknowledged
+
     age = progress_age_s(r)
     repos = sorted(r.smembers(REPOS))
     pipe = r.pipeline(transaction=False)
     for repo in repos:
         k = RepoKeys(repo)
-        pipe.hlen(k.holds)
-        pipe.hlen(k.hold_prefixes)
+        pipe.hgetall(k.holds)
+        pipe.hgetall(k.hold_prefixes)
         pipe.get(k.paused)
         pipe.hgetall(k.fail_closed)
+        pipe.hget(k.meta, "namespace")
     pipe.hgetall(FAIL_CLOSED)
     res = pipe.execute()
-    holds, paused, failed = {}, {}, {}
+    holds, paused, failed, frozen = {}, {}, {}, {}
+    holding: set[str] = set()
     for i, repo in enumerate(repos):
-        n_addr, n_pre, p, fc = res[4 * i: 4 * i + 4]
-        if n_addr or n_pre:
-            holds[repo] = int(n_addr) + int(n_pre)
+        addr, pre, p, fc, ns = res[5 * i: 5 * i + 5]
+        if addr or pre:
+            holds[repo] = len(addr) + len(pre)
+        for raw in (*addr.values(), *pre.values()):
+            holding.update(_dlq_claims(raw))
+        whole = [str(c.get("reason") or cid)[:200] for target, raw in sorted(pre.items())
+                 if _covers(target, ns) for cid, c in _dlq_claims(raw).items()]
+        if whole:
+            frozen[repo] = whole
         if p is not None:
             paused[repo] = _json(p)
         if fc:
             failed[repo] = dict(fc)
     if res[-1]:
         failed["*"] = dict(res[-1])
+    new: dict[str, int] = {}
+    for inc in unacknowledged(r):
+        if inc.needs_person:
+            new[inc.scope] = new.get(inc.scope, 0) + 1
     dl, note = dead_letter_count(settings) if kafka else (None, "not asked")
     return Operations(age, age is not None and age <= settings.tracker_stale_seconds, dl, note,
-                      holds, paused, failed)
-
-
-def print_operations(ops: Operations, settings: Settings) -> None:
-    from rich.console import Console
-
-    con = Console()
-    if ops.tracker_progress_age_s is None:
-        con.print("[red]tracker: no progress ever claimed (no tracker has run)[/red]")
-    elif ops.tracker_alive:
-        con.print(f"tracker: alive, last progress {ops.tracker_progress_age_s:.1f}s ago")
-    else:
-        con.print(f"[red]tracker: STALE, last progress {ops.tracker_progress_age_s:.0f}s ago "
-                  f"(> {settings.tracker_stale_seconds:g}s): reaping is held back[/red]")
-    if ops.dead_letters is None:
-        con.print(f"dead letters: unknown ({ops.dead_letters_note})")
-    else:
-        style = "yellow" if ops.dead_letters else ""
-        text = f"dead letters: {ops.dead_letters} in {ops.dead_letters_note}"
-        con.print(f"[{style}]{text}[/{style}]" if style else text)
-    con.print("holds: " + (", ".join(f"{r}={n}" for r, n in ops.holds.items()) or "none"))
-    for repo, info in ops.paused.items():
-        con.print(f"[yellow]paused: {repo} ({info.get('reason', '')})[/yellow]")
-    for repo, info in ops.fail_closed.items():
-        who = "every repository" if repo == "*" else repo
-        con.print(f"[red]fail-closed: {who} ({info.get('reason', '')})[/red]")
+                      holds, paused, failed, frozen, len(holding), new)
 
 
 # --- hardelete health ----------------------------------------------------------------------------
 
-def _metrics_problem(port: int) -> str | None:
+# The gauge each daemon sets whenever its loop completes a step (tracker/metrics.py,
+# reaper/daemon.py): the endpoint answering says the process lives, this says its loop does.
+LOOP_GAUGE = {"tracker": "hardelete_tracker_cycle_timestamp_seconds",
+              "reaper": "hardelete_reaper_progress_timestamp_seconds"}
+
+
+def _metrics_body(port: int) -> tuple[bytes, str | None]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
-            body = resp.read(1 << 16)
+            body = resp.read(1 << 20)
     except OSError as exc:
-        return f"metrics endpoint on port {port} does not answer ({exc})"
+        return b"", f"metrics endpoint on port {port} does not answer ({exc})"
     if b"# HELP" not in body:
-        return f"metrics endpoint on port {port} answers without metrics"
+        return body, f"metrics endpoint on port {port} answers without metrics"
+    return body, None
+
+
+def metric_value(body: bytes, name: str) -> float | None:
+    """The value of an unlabelled sample ``name`` in a Prometheus text exposition (None:
+    absent or unreadable)."""
+    for line in body.decode(errors="replace").splitlines():
+        head, _, value = line.partition(" ")
+        if head == name:
+            try:
+                return float(value.split()[0])
+            except (IndexError, ValueError):
+                return None
     return None
 
 
-def check_component(r: Any, settings: Settings, component: str,
-                    max_age_hours: float = 26.0) -> str | None:
+def stall_limit_s(settings: Settings, component: str) -> float:
+    """How long a daemon's loop may go without completing a step before it counts as stuck:
+    a tracker cycles at least every poll (tracker_stale_seconds, as its progress); a reaper
+    step is at most a delete batch, bounded by its claims' lease."""
+    if component == "tracker":
+        return settings.tracker_stale_seconds
+    return max(settings.tracker_stale_seconds,
+               settings.lease_seconds + settings.reaper_poll_seconds)
+
+
+def loop_problem(component: str, body: bytes, now_s: float, limit_s: float) -> str | None:
+    """Why a daemon's loop is not making progress, judged from its own metrics (pure)."""
+    name = LOOP_GAUGE[component]
+    at = metric_value(body, name)
+    if at is None or at <= 0:
+        return f"its loop has not completed a step yet ({name} unset)"
+    age = now_s - at
+    if age > limit_s:
+        return (f"its loop is stuck: no step completed for {age:.0f}s (> {limit_s:g}s; "
+                f"{name})")
+    return None
+
+
+@dataclass(frozen=True)
+class LastRun:
+    """The newest real (not dry) reconcile run a repository's reports show."""
+
+    run_id: str
+    started_ms: int  # Redis clock, the run's start (summary ``now_ms``)
+    ok: bool  # the mark succeeded and its sweep completed
+    error: str | None
+
+
+def last_run(s3: Any, namespace: str, repo: str, scan: int = 20) -> LastRun | None:
+    """From the summary.json each run writes in the namespace (reconciler/report.py). Passed
+    over: a dry run whose mark no sweep took up (``--sweep-only`` makes it real), and a run
+    still going (or whose driver died: its summary stays ``running``). A sweep the operator
+    paused (`hardelete pause`) is no failure; any other that did not complete is."""
+    from reconciler.report import read_summary, run_ids
+    from reconciler.s3io import Namespace
+
+    ns = Namespace(namespace)
+    for rid in run_ids(s3, ns)[:scan]:
+        summary = read_summary(s3, ns, rid)
+        if not summary or summary.get("repository") != repo \
+                or summary.get("status") == "running":
+            continue
+        raw = summary.get("sweep")
+        sweep: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        if summary.get("dry_run") and sweep.get("status") in (None, "not_run"):
+            continue
+        ok = bool(summary.get("success")) and sweep.get("status") in ("done", "paused")
+        why = summary.get("error") or sweep.get("error") or sweep.get("reason") \
+            or f"sweep {sweep.get('status')}"
+        return LastRun(rid, int(summary.get("now_ms") or 0), ok, None if ok else str(why))
+    return None
+
+
+def judge_reconciler(runs: dict[str, LastRun | None], now_ms: int, max_age_hours: float,
+                     scheduler_started_ms: int | None = None) -> str | None:
+    """Whether reconciling is healthy, from each live repository's newest real run (pure): the
+    newest failed, or is older than ``max_age_hours`` (a daily schedule missed), or no run
+    has reported at all (unless a scheduler started less than that ago has not run yet:
+    ``scheduler_started_ms``, None once it ran). A repository with no run yet while others
+    have one is new since the last run, or refused by it (its exit code says so: the
+    scheduler's record, the CronJob's failed Job)."""
+    max_age_ms = max_age_hours * 3_600_000
+    for repo, run in sorted(runs.items()):
+        if run is None:
+            continue
+        if not run.ok:
+            return (f"the last reconcile run of {repo} ({run.run_id}) failed: "
+                    f"{run.error or 'its sweep did not complete'}")
+        age_ms = now_ms - run.started_ms
+        if age_ms > max_age_ms:
+            return (f"the last reconcile run of {repo} ({run.run_id}) started "
+                    f"{age_ms / 3_600_000:.1f} h ago (> {max_age_hours:g} h)")
+    if runs and all(run is None for run in runs.values()):
+        if scheduler_started_ms is not None and now_ms - scheduler_started_ms <= max_age_ms:
+            return None  # waiting for the scheduler's first run
+        return "no reconcile run has reported in any repository's namespace"
+    return None
+
+
+def reconciler_problem(r: Any, s3: Any, max_age_hours: float) -> str | None:
+    from core.registry import repo_namespace, repositories
+
+    h = r.hgetall(RECONCILER_SCHEDULE)
+    if h.get("last_exit") not in (None, "0"):
+        return (f"the last scheduled run failed (exit {h.get('last_exit')}): "
+                f"{h.get('last_error', '')}")
+    runs: dict[str, LastRun | None] = {}
+    for repo in sorted(repositories(r)):
+        ns = repo_namespace(r, repo)
+        if ns:
+            runs[repo] = _last_run_or_none(s3, ns, repo)
+    # A scheduler that has not run yet is waiting for its slot; one that ran a command that
+    # wrote no report (`schedule -- status`) reconciled nothing.
+    waiting = h.get("started_ms") if "last_attempt_ms" not in h else None
+    return judge_reconciler(runs, redis_time_ms(r), max_age_hours,
+                            int(waiting) if waiting else None)
+
+
+def _last_run_or_none(s3: Any, namespace: str, repo: str) -> LastRun | None:
+    from botocore.exceptions import ClientError
+
+    try:
+        return last_run(s3, namespace, repo)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "NoSuchBucket":
+            return None  # no bucket, no report
+        raise
+
+
+def check_component(r: Any, settings: Settings, component: str, max_age_hours: float = 26.0,
+                    *, s3: Any = None, stall_seconds: float | None = None) -> str | None:
     """None if healthy, else why not (one line)."""
-    if component in ("tracker", "reaper") and settings.metrics_port:
-        problem = _metrics_problem(settings.metrics_port)
+    if component in LOOP_GAUGE:
+        if not settings.metrics_port:
+            raise UserError(f"health {component} reads the daemon's own loop from its metrics "
+                            "endpoint: set metrics_port (HARDELETE_METRICS_PORT) as the "
+                            "daemon has it")
+        body, problem = _metrics_body(settings.metrics_port)
+        if problem is None:
+            limit = stall_limit_s(settings, component) if stall_seconds is None \
+                else stall_seconds
+            problem = loop_problem(component, body, time.time(), limit)
         if problem:
             return problem
     if component == "tracker":
@@ -163,35 +326,31 @@ def check_component(r: Any, settings: Settings, component: str,
             return (f"the tracker's last progress is {age:.0f}s old "
                     f"(> tracker_stale_seconds={settings.tracker_stale_seconds:g})")
     if component == "reconciler":
-        h = r.hgetall(RECONCILER_SCHEDULE)
-        if not h:
-            return "no scheduler has started (hardelete schedule)"
-        if "last_exit" not in h:  # waiting for its first run: healthy for one period
-            started = int(h.get("started_ms") or 0)
-            if (time.time() * 1000 - started) / 3_600_000 > max_age_hours:
-                return f"no run in the {max_age_hours:g} h since the scheduler started"
-            return None
-        if h.get("last_exit") not in (None, "0"):
-            return (f"the last scheduled run failed (exit {h.get('last_exit')}): "
-                    f"{h.get('last_error', '')}")
-        last = int(h.get("last_success_ms") or 0)
-        if last and (time.time() * 1000 - last) / 3_600_000 > max_age_hours:
-            return f"no successful run in the last {max_age_hours:g} h"
+        return reconciler_problem(r, s3, max_age_hours)
     return None
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("component", choices=COMPONENTS)
     parser.add_argument("--max-age-hours", type=float, default=26.0,
-                        help="reconciler: the last success must be at most this old")
+                        help="reconciler: each repository's last run must have started at "
+                             "most this long ago (daily schedule: 26)")
+    parser.add_argument("--stall-seconds", type=float,
+                        help="tracker, reaper: the longest its loop may go without completing "
+                             "a step (default: tracker_stale_seconds; reaper: the larger of "
+                             "that and lease_seconds + reaper_poll_seconds)")
 
 
 def run_cli(settings: Settings, args: argparse.Namespace) -> int:
-    from core.clients import redis_sync
+    from core.clients import redis_sync, s3_client
 
+    if args.max_age_hours <= 0 or (args.stall_seconds is not None and args.stall_seconds <= 0):
+        raise UserError("--max-age-hours and --stall-seconds must be > 0")
     r = redis_sync(settings)
     try:
-        problem = check_component(r, settings, args.component, args.max_age_hours)
+        s3 = s3_client(settings) if args.component == "reconciler" else None
+        problem = check_component(r, settings, args.component, args.max_age_hours, s3=s3,
+                                  stall_seconds=args.stall_seconds)
     finally:
         r.close()
     if problem:

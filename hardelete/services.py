@@ -29,6 +29,8 @@ NEEDS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("reconcile",): (REDIS, S3),
     ("status",): (REDIS,),
     ("explain",): (REDIS,),
+    ("incidents", "list"): (REDIS,),
+    ("incidents", "ack"): (REDIS,),
     ("hold", "add"): (REDIS,),
     ("hold", "remove"): (REDIS,),
     ("hold", "list"): (REDIS,),
@@ -79,6 +81,9 @@ def needs(path: tuple[str, ...], args: object = None, impl: object = None) -> tu
     wanted = tuple(declared) if declared is not None else NEEDS.get(path, ())
     # explain reads the reconciler's reports from S3 unless told not to.
     if path == ("explain",) and not getattr(args, "no_reports", True):
+        wanted = (*wanted, S3)
+    # the reconciler's health is read from the reports its runs write in each namespace
+    if path == ("health",) and getattr(args, "component", None) == "reconciler":
         wanted = (*wanted, S3)
     return wanted
 

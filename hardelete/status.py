@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -24,6 +25,7 @@ from core.gate import read_gate
 from core.guards import fail_closed_repos
 from core.registry import find_owner, owned_namespaces, repo_namespace
 from core.settings import Settings
+from hardelete.health import Operations
 from schemas.address import canonical_uri, has_scheme
 from schemas.holds import TargetError, resolve_target
 from schemas.layout import (
@@ -37,7 +39,7 @@ from schemas.layout import (
     RepoKeys,
 )
 from schemas.liveness import Keep, judge
-from schemas.records import decode_address, token_state
+from schemas.records import AddressRecord, decode_address, token_state
 
 
 def _when(ms: int | None) -> str:
@@ -119,18 +121,92 @@ def collect_status(r: Any, retired_retention_days: float = 7.0) -> Status:
                   r.hget(FAIL_CLOSED, "reason"))
 
 
-def _print_status(st: Status) -> None:
-    con = Console()
-    t = Table(title="hardelete status")
-    for col in ("repository", "namespace", "queued", "claims", "tombstones", "incidents",
-                "counters", "fail-closed"):
-        t.add_column(col)
+@dataclass(frozen=True)
+class Attention:
+    """One thing that needs a person: its kind (counted in the verdict line) and what to do."""
+
+    kind: str  # no tracker, tracker stale, fail-closed, frozen, incident, dead letter, ...
+    detail: str
+    count: int = 1
+
+
+def attention(st: Status, ops: Operations, stale_s: float) -> list[Attention]:
+    """What needs a person (pure): no tracker or a stale one (nothing is reaped), fail-closed
+    repositories (nothing of them is deleted), frozen ones (a dead letter holds the whole
+    namespace), incidents not acknowledged, dead letters whose holds are not resolved, and
+    dead letters that cannot be counted."""
+    out = []
+    age = ops.tracker_progress_age_s
+    if age is None:
+        out.append(Attention("no tracker", "tracker: no progress ever claimed (no tracker has "
+                                           "run): nothing is reaped"))
+    elif not ops.tracker_alive:
+        out.append(Attention("tracker stale", f"tracker: STALE, last progress {age:.0f}s ago "
+                                              f"(> {stale_s:g}s): reaping is held back"))
+    if st.fail_closed_all:
+        out.append(Attention("fail-closed", f"fail-closed: every repository "
+                                            f"({st.fail_closed_all}): `hardelete fail-closed "
+                                            "list`"))
     for r in st.repositories:
-        counters = ", ".join(f"{k}={v}" for k, v in sorted(r.counters.items()))
-        style = "bold red" if r.incidents or r.fail_closed else ""
-        closed = f"{r.fail_closed}; needs {r.needs}" if r.fail_closed else ""
-        t.add_row(r.repository, r.namespace, str(r.queued), str(r.claims), str(r.tombstones),
-                  str(r.incidents), counters, closed, style=style)
+        if r.fail_closed:
+            out.append(Attention("fail-closed", f"fail-closed: {r.repository} ({r.fail_closed});"
+                                                f" needs {r.needs}"))
+    for repo, why in sorted(ops.frozen.items()):
+        out.append(Attention("frozen", f"frozen: {repo}: a dead letter holds its whole "
+                                       f"namespace, nothing of it is deleted ({why[0]}): "
+                                       f"`hardelete dlq list --repo {repo}`, then `dlq resolve`"))
+    for scope, n in sorted(ops.incidents_new.items()):
+        where = "of no live repository" if scope == "*" else f"in {scope}"
+        out.append(Attention("incident", f"incidents: {n} new {where}: `hardelete incidents "
+                                         f"list --repo '{scope}'`, then `incidents ack`", n))
+    if ops.dead_letters_holding:
+        n = ops.dead_letters_holding
+        out.append(Attention("dead letter", f"dead letters: {n} still hold what they name: "
+                                            "`hardelete dlq list`, then `dlq replay|resolve`", n))
+    if ops.dead_letters is None:
+        out.append(Attention("dead letters unknown",
+                             f"dead letters: unknown ({ops.dead_letters_note})"))
+    return out
+
+
+def verdict_line(items: list[Attention], width: int = 80) -> str:
+    """The one line status leads with: OK, or what needs a person, counted by kind."""
+    counts: dict[str, int] = {}
+    for a in items:
+        counts[a.kind] = counts.get(a.kind, 0) + a.count
+    parts = [kind if kind.startswith(("no ", "tracker", "dead letters ")) else
+             f"{n} {kind}{'s' if n > 1 and kind in ('incident', 'dead letter') else ''}"
+             for kind, n in counts.items()]
+    line = "NEEDS A PERSON: " + ", ".join(parts) if items else "OK: nothing needs a person"
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+def _state(r: RepoStatus, ops: Operations) -> str:
+    marks = [m for m, on in (("fail-closed", r.fail_closed), ("frozen", r.repository in
+                                                              ops.frozen),
+                             ("paused", r.repository in ops.paused)) if on]
+    if r.repository in ops.holds:
+        marks.append(f"{ops.holds[r.repository]} held")
+    return ", ".join(marks) or "ok"
+
+
+def _print_status(st: Status, ops: Operations | None = None) -> None:
+    """The repositories (one narrow row each: 80 columns hold it) and what else status knows;
+    ``--json`` has every field, the counters too."""
+    con = Console(markup=False, highlight=False)
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    t.add_column("repository", no_wrap=True)
+    t.add_column("namespace", overflow="fold", ratio=1)
+    for col in ("queued", "claims", "reaped", "incid."):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("state", overflow="fold")
+    for r in st.repositories:
+        bad = r.fail_closed or (ops is not None and r.repository in ops.frozen)
+        t.add_row(r.repository, r.namespace, str(r.queued), str(r.claims),
+                  str(r.counters.get("reaped", 0)), str(r.incidents),
+                  _state(r, ops) if ops is not None else (
+                      "fail-closed" if r.fail_closed else "ok"),
+                  style="bold red" if bad else "")
     con.print(t)
     if st.retired:
         con.print("retired repositories (nothing of them is deleted online; data kept until "
@@ -140,19 +216,28 @@ def _print_status(st: Status) -> None:
                          else f"kept until {_when(v.get('kept_until_ms'))}") + ")"
                       for k, v in st.retired.items()))
     if st.global_incidents_total:
-        con.print(f"[bold red]{st.global_incidents_total} incident(s) outside any live "
-                  "repository[/bold red], the latest:")
+        con.print(f"{st.global_incidents_total} incident(s) outside any live repository, the "
+                  "latest:")
         for inc in st.global_incidents[-5:]:
-            con.print(f"  [red]{inc.get('repository')}: {inc.get('reason')}[/red]")
-    if st.fail_closed_all:
-        con.print(f"[bold red]every repository is fail-closed: {st.fail_closed_all}[/bold red] "
-                  "(hardelete fail-closed list|clear)")
+            con.print(f"  {inc.get('repository')}: {inc.get('reason')}")
     lag = ", ".join(f"p{p}: {s:.1f}s" for p, s in st.progress_lag_s.items()) or "none"
     con.print(f"tracker progress lag per partition: {lag}")
     if st.horizon_ms is None:
-        con.print("[yellow]tracker horizon: none yet (nothing may be reaped)[/yellow]")
+        con.print("tracker horizon: none yet (nothing may be reaped)")
     else:
         con.print(f"tracker horizon: {_when(st.horizon_ms)}")
+
+
+def _print_operations(ops: Operations) -> None:
+    con = Console(markup=False, highlight=False)
+    if ops.tracker_alive and ops.tracker_progress_age_s is not None:
+        con.print(f"tracker: alive, last progress {ops.tracker_progress_age_s:.1f}s ago")
+    if ops.dead_letters is not None:
+        con.print(f"dead letters: {ops.dead_letters} in {ops.dead_letters_note} "
+                  f"({ops.dead_letters_holding} holding)")
+    con.print("holds: " + (", ".join(f"{r}={n}" for r, n in ops.holds.items()) or "none"))
+    for repo, info in ops.paused.items():
+        con.print(f"paused: {repo} ({info.get('reason', '')})")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -160,7 +245,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(settings: Settings, args: argparse.Namespace) -> int:
-    from hardelete.health import collect_operations, print_operations
+    """Exit 1 when something needs a person (the verdict line says what), else 0."""
+    from hardelete.health import collect_operations
 
     r = redis_sync(settings)
     try:
@@ -168,13 +254,20 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
         ops = collect_operations(r, settings)
     finally:
         r.close()
+    items = attention(st, ops, settings.tracker_stale_seconds)
     if args.json:
-        print(orjson.dumps({**asdict(st), "operations": asdict(ops)},
-                           option=orjson.OPT_INDENT_2).decode())
+        print(orjson.dumps({"verdict": verdict_line(items, width=10_000),
+                            "attention": [asdict(a) for a in items], **asdict(st),
+                            "operations": asdict(ops)}, option=orjson.OPT_INDENT_2).decode())
     else:
-        _print_status(st)
-        print_operations(ops, settings)
-    return 0
+        con = Console(markup=False, highlight=False)
+        con.print(verdict_line(items, min(con.width, 80)),
+                  style="bold red" if items else "bold green")
+        for a in items:
+            con.print(f"- {a.detail}", style="red")
+        _print_status(st, ops)
+        _print_operations(ops)
+    return 1 if items else 0
 
 
 # --- explain -------------------------------------------------------------------------------------
@@ -188,14 +281,40 @@ class Explanation:
     lines: list[str]
 
 
-def reconciler_history(s3: Any, namespace: str, address: str, runs: int = 5) -> list[str]:
-    """What the last few reconciler runs did with an address (from their reports)."""
+@dataclass(frozen=True)
+class RunFinding:
+    """What one reconciler run's report says of an address: marked, or swept with an outcome
+    (``reconciler/sweep.py``: ``deleted``, ``skipped_live``, ...)."""
+
+    run_id: str
+    part: str  # "mark" or "sweep"
+    category: str
+    outcome: str | None  # the sweep's outcome (None for a mark)
+    cutoff: str | None
+    finished_at: str | None
+    dry_run: bool
+
+    @property
+    def deleted(self) -> bool:
+        return self.part == "sweep" and self.outcome == "deleted"
+
+    def line(self) -> str:
+        if self.part == "sweep":
+            return (f"reconciler run {self.run_id}: {self.outcome} as {self.category} "
+                    f"(cutoff {self.cutoff or '?'})")
+        return (f"reconciler run {self.run_id}: marked as {self.category}"
+                + (" (dry run)" if self.dry_run else ""))
+
+
+def reconciler_findings(s3: Any, namespace: str, address: str,
+                        runs: int = 5) -> list[RunFinding]:
+    """What the newest of the last few reconciler runs that met an address did with it (from
+    their reports): its sweep's row, else its mark's."""
     from reconciler.report import read_summary, run_ids
     from reconciler.s3io import Namespace, list_keys, read_parquet_rows
 
     ns = Namespace(namespace)
     rel = ns.rel_of_address(address)
-    lines: list[str] = []
     for rid in run_ids(s3, ns)[:runs]:
         summary = read_summary(s3, ns, rid) or {}
         for part in ("sweep", "mark"):
@@ -211,14 +330,12 @@ def reconciler_history(s3: Any, namespace: str, address: str, runs: int = 5) -> 
                 if found:
                     break
             if found:
-                if part == "sweep":
-                    lines.append(f"reconciler run {rid}: {found[2]} as {found[1]} "
-                                 f"(cutoff {summary.get('cutoff', '?')})")
-                else:
-                    lines.append(f"reconciler run {rid}: marked as {found[1]}"
-                                 + (" (dry run)" if summary.get("dry_run") else ""))
-                break
-    return lines
+                return [RunFinding(rid, part, str(found[1]),
+                                   str(found[2]) if part == "sweep" else None,
+                                   summary.get("cutoff"),
+                                   summary.get("finished_at") or summary.get("updated_at"),
+                                   bool(summary.get("dry_run")))]
+    return []
 
 
 def _retention_lines(r: Any, s3: Any, repo: str, address: str, now_ms: int,
@@ -292,7 +409,13 @@ def explain_address(r: Any, settings: Settings, address: str,
     (``schemas.liveness.judge``) over its record, with the guards read now, plus retention
     for a committed address and the reconciler's reports."""
     owner = find_owner(r, address)
-    repo = owner[0] if owner is not None and repository in (None, owner[0]) else None
+    repo = owner[0] if owner is not None else None
+    elsewhere: list[str] = []  # --repo named another repository than the owner
+    if owner is not None and repository not in (None, owner[0]):
+        theirs = repo_namespace(r, repository) if repository else None
+        elsewhere = [f"not in the namespace of repository {repository!r} ("
+                     + (theirs or "not a tracked repository") + "): it lies in that of "
+                     f"{owner[0]!r} ({owner[1]}), whose judgment follows"]
     if repo is None:
         for old, raw in sorted(r.hgetall(RETIRED).items()):
             ns = orjson.loads(raw).get("namespace", "")
@@ -307,9 +430,8 @@ def explain_address(r: Any, settings: Settings, address: str,
     k = RepoKeys(repo)
     namespace = repo_namespace(r, repo) or ""
     h = r.hgetall(k.address(address))
-    history: list[str] = []
-    if s3 is not None:
-        history = reconciler_history(s3, namespace, address)
+    findings = reconciler_findings(s3, namespace, address) if s3 is not None else []
+    history = [f.line() for f in findings]
     # Proven as a delete path proves it (core/facts.py), so what it says is what they see.
     proof = RepoFacts(r, s3 if s3 is not None else s3_client(settings), repo,
                       namespace).prove(by="explain", adopt=False)
@@ -318,8 +440,10 @@ def explain_address(r: Any, settings: Settings, address: str,
     guard_lines = [f"{name.replace('_', '-')}: {why}" for name, why in (
         ("held", guards.held), ("fail_closed", guards.fail_closed), ("paused", guards.paused),
         ("not_owner", guards.not_owner)) if why]
+    swept = _swept(s3, address, findings)
     if not h:
-        return Explanation(address, repo, "untracked", "only the reconciler decides", [
+        return Explanation(address, repo, "untracked", swept or "only the reconciler decides", [
+            *elsewhere,
             "The tracker never saw a reference to this address (a leak, an object from before "
             "tracking started, or its tombstone was pruned).",
             "The online path never deletes it; the nightly reconciler deletes it if no retained "
@@ -328,7 +452,7 @@ def explain_address(r: Any, settings: Settings, address: str,
     rec = decode_address(h)
     now = redis_time_ms(r)
     tokens = r.hgetall(k.tokens)
-    lines = list(guard_lines)
+    lines = [*elsewhere, *guard_lines]
     for ref, tok in sorted(rec.adds.items()):
         tstate = token_state(tokens.get(tok)) or "unknown"
         removed = rec.removes.get(ref) == tok  # only a removal in its own token ends it
@@ -365,25 +489,67 @@ def explain_address(r: Any, settings: Settings, address: str,
                    f"(grace {grace_ms / 1000:g}s)")
     elif j.reason == Keep.CLAIMED:
         verdict = f"being reaped by {rec.claimer}, lease until {_when(rec.lease_until)}"
-    elif j.reason == Keep.REAPED:
-        verdict = (f"deleted by the reaper at {_when(rec.reaped_at)}: every reference had ended "
-                   f"by {_when(rec.since)} and the grace window had passed")
     elif j.reason in (Keep.HELD, Keep.FAIL_CLOSED, Keep.PAUSED, Keep.NOT_OWNER):
         verdict = f"kept ({j.reason}): {j.detail}"
     else:
         verdict = f"kept ({j.reason}): {j.detail or 'state ' + state}"
-    if rec.state == "reaped":  # moved to quarantine rather than deleted?
+    if rec.state == "reaped":
+        # Deleted: said at once, whatever the judgment keeps it for now (a reaped record stays
+        # under grace from its delete, and a hold placed since keeps only a quarantine copy).
         from reaper.quarantine_ops import restore_hint
 
-        lines += restore_hint(s3, settings, repo, namespace, address)
+        hint = restore_hint(s3, settings, repo, namespace, address)
+        lines += hint
+        verdict = _reaped(rec, quarantined=bool(hint))
+        if j.reason in (Keep.STAGED, Keep.COMMITTED, Keep.DOUBT):
+            lines.append(f"a reference names it now ({j.reason}: {j.detail}), though the reaper "
+                         "deleted it: see the INCIDENT lines")
+    elif swept is not None:
+        lines.append(f"the tracker's record says {state} ({verdict}), but the object is gone")
+        verdict = swept
     incidents = [orjson.loads(x) for x in r.lrange(k.incidents, -1000, -1)]
     for inc in incidents:
         if inc.get("address") == address:
             lines.append(f"INCIDENT: {inc}")
     if rec.issued_until:
-        lines.append(f"issued upload protected until {_when(rec.issued_until)}")
+        lines.append(f"issued upload protected until {_when(rec.issued_until)}"
+                     + (" (over)" if rec.issued_until <= now else ""))
     lines.append(f"now {_when(now)}; tracker horizon {_when(horizon)}")
     return Explanation(address, repo, state, verdict, lines + history)
+
+
+def _reaped(rec: AddressRecord, *, quarantined: bool) -> str:
+    """The verdict on an address the reaper took: who, when, and why it was allowed to."""
+    who = (f"reaper {rec.claimer}" if rec.claimer else
+           "a reaper (its addresses_reaped record in the log told the tracker)")
+    what = "moved to quarantine" if quarantined else "deleted"
+    why = (f"every reference had ended by {_when(rec.since)}" if rec.since is not None
+           else "no reference kept it")
+    return (f"{what} by {who} at {_when(rec.reaped_at)}: {why} and its grace window had "
+            "passed by the tracker's proven progress")
+
+
+def _swept(s3: Any, address: str, findings: list[RunFinding]) -> str | None:
+    """The verdict on an address the reconciler's newest report says it deleted, once the store
+    confirms it is not there (None: not deleted by a reconciler run, or back in the store)."""
+    from botocore.exceptions import ClientError
+
+    from core.clients import split_s3_uri
+
+    done = next((f for f in findings if f.deleted), None)
+    if done is None or s3 is None:
+        return None
+    bucket, key = split_s3_uri(address)
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+        return None
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code", "")) not in ("404", "NoSuchKey",
+                                                                      "NotFound"):
+            return None
+    return (f"deleted by the reconciler, run {done.run_id} (finished {done.finished_at or '?'}):"
+            f" marked {done.category}, older than the run's cutoff {done.cutoff or '?'} and "
+            "referenced by no retained commit, staging token or issued upload")
 
 
 def explain_spelling(r: Any, settings: Settings, raw: str, repository: str | None = None,
@@ -434,11 +600,12 @@ class explain:  # the CLI's command object for `hardelete explain`
             print(orjson.dumps(rows[0] if len(rows) == 1 else rows,
                                option=orjson.OPT_INDENT_2).decode())
             return 0
-        con = Console()
+        con = Console(markup=False, highlight=False)
         if len(explained) > 1:
             con.print(f"{args.address} may name {len(explained)} objects:")
         for ex in explained:
-            con.print(f"[bold]{ex.address}[/bold]  repository={ex.repository} state={ex.state}")
+            con.print(f"{ex.address}  repository={ex.repository} state={ex.state}",
+                      style="bold")
             con.print(f"  {ex.verdict}")
             for line in ex.lines:
                 con.print(f"  - {line}")

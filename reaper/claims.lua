@@ -70,7 +70,7 @@ if op == 'complete' then
     local st = redis.call('HMGET', key, 'state', 'size')
     if st[1] == 'reaping' then
       redis.call('HSET', key, 'state', 'reaped', 'reaped_at', now)
-      redis.call('HDEL', key, 'lease_until', 'claimer')
+      redis.call('HDEL', key, 'lease_until')  -- the claimer stays: who deleted it (explain)
       redis.call('ZREM', KEYS[2], addr)
       redis.call('ZADD', KEYS[4], now, addr)
       redis.call('HINCRBY', KEYS[5], 'reaped', 1)

@@ -68,6 +68,10 @@ LATENCY = Histogram("hardelete_reaper_unreferenced_to_deleted_seconds",
                     buckets=(1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf")))
 QUARANTINE_OBJECTS = Gauge("hardelete_reaper_quarantine_objects", "objects in quarantine",
                            ["repository"])
+# `hardelete health reaper`: a loop that stopped shows here while the endpoint still answers.
+PROGRESS = Gauge("hardelete_reaper_progress_timestamp_seconds",
+                 "when this reaper last completed a pass, a repository's part of one, or a "
+                 "delete batch")
 HORIZON_LAG = Gauge("hardelete_reaper_horizon_lag_seconds",
                     "how far the tracker's proven progress trails the Redis clock (+Inf: no "
                     "proof for some partition)")
@@ -183,10 +187,13 @@ class Reaper:
             # No proof of progress for every partition: a stopped tracker holds reaping back.
             self.log.info("no tracker progress yet; nothing may be reaped")
             HORIZON_LAG.set(math.inf)  # (the last value would say reaping goes on)
+            PROGRESS.set_to_current_time()
             return report
         HORIZON_LAG.set(max(0.0, time.time() - horizon / 1000))
         for repo in sorted(await self.redis.smembers(REPOS)):
             report.repos.append(await self._reap_repository(repo, horizon))
+            PROGRESS.set_to_current_time()
+        PROGRESS.set_to_current_time()
         return report
 
     async def _reap_repository(self, repo: str, horizon: int) -> RepoPass:
@@ -284,6 +291,7 @@ class Reaper:
         for address, why in outcome.kept.items():
             # The claim stays until its lease expires; the claim script then judges it again.
             rlog.warning("kept right before the delete request", address=address, reason=why)
+        PROGRESS.set_to_current_time()
         REAPED.labels(repo).inc(len(outcome.deleted))
         REAPED_BYTES.labels(repo).inc(reaped_bytes)
         FAILURES.labels(repo).inc(len(outcome.failed))

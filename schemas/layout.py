@@ -47,6 +47,9 @@ REFUSED = f"{PREFIX}:refused"  # hash: event id of a refused repository_created 
 # Incidents that belong to no live repository (a repository_created refused because its
 # namespace overlaps a live one's, or because its id was retired): json, newest last.
 INCIDENTS = f"{PREFIX}:incidents"  # list: json {kind, repository, reason, event_id, at_ms, ...}
+# `hardelete incidents ack`: how many of each incident list a person has looked at ("*": the
+# list above, else a repository id); `status` counts the ones after as needing a person.
+INCIDENTS_ACKED = f"{PREFIX}:incidents:acked"  # hash: scope -> json {count, by, reason, at_ms}
 # The whole mirror is unproven (e.g. Redis lost everything while the group has offsets): every
 # repository is fail-closed until an operator clears it. Field "reason" (and detail fields).
 FAIL_CLOSED = f"{PREFIX}:failclosed"  # hash: reason, at_ms, detail (present = fail-closed)

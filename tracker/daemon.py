@@ -224,6 +224,7 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
                 if self._rejoin:
                     consumer = await self._rejoin_group(consumer)
                 await self._cycle(consumer)
+                self.metrics.cycle.set_to_current_time()
             await self._drain()
         finally:
             # Its loops end now, also after an error: one whose cancellation is lost (seen: the

@@ -33,6 +33,11 @@ class TrackerMetrics:
         self.unanchored = Counter("hardelete_tracker_anchor_refused",
                                   "anchor records the broker did not take (such a log is known "
                                   "only by its start until one is taken)", registry=r)
+        # `hardelete health tracker`: a loop that stopped (stuck on Redis, a rebalance, a
+        # hung apply) shows here while its endpoint still answers.
+        self.cycle = Gauge("hardelete_tracker_cycle_timestamp_seconds",
+                           "when this tracker last completed a cycle of its loop (fetch, "
+                           "apply, progress; also on an idle topic)", registry=r)
         self.fetch_wait = Gauge("hardelete_tracker_fetch_wait_ms",
                                 "longest wait of the next fetch (raised while behind the log's "
                                 "end)", registry=r)

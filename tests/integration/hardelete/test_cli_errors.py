@@ -26,6 +26,8 @@ COMMANDS: list[list[str]] = [
     ["reconcile", "--repo", "r", "--dry-run"],
     ["status"],
     ["explain", ADDRESS],
+    ["incidents", "list"],
+    ["incidents", "ack", "--by", "a", "--reason", "b"],
     ["hold", "add", ADDRESS, "--reason", "x"],
     ["hold", "remove", ADDRESS],
     ["hold", "list"],
@@ -48,7 +50,7 @@ NAME = {REDIS: "Redis", KAFKA: "Kafka", S3: "S3"}
 
 def _path(argv: list[str]) -> tuple[str, ...]:
     return tuple(argv[:2]) if argv[0] in ("tracker", "reaper", "hold", "dlq", "quarantine",
-                                          "reports") else (argv[0],)
+                                          "reports", "incidents") else (argv[0],)
 
 
 def test_every_command_is_in_the_matrix() -> None:

@@ -3,24 +3,28 @@ which retained commits hold it and when the reconciler may take it (real Redis a
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from typing import Any
 
 import orjson
 
 from core.clock import redis_time_ms
-from hardelete.status import explain_address
+from hardelete.status import _when, explain_address
 from reconciler.s3io import put_parquet
 from schemas.layout import REPOS, RepoKeys
 from schemas.records import (
     AddressRecord,
     BranchRecord,
     CommitRecord,
+    decode_address,
     encode_address,
     encode_branch,
     encode_commit,
     encode_token,
 )
+from sim.model import Model
+from sim.operations import make_garbage, reap_until, run, stored
 
 DAY_MS = 86_400_000
 
@@ -94,3 +98,40 @@ def test_explain_names_guards_and_grace(settings, redis_client, s3, bucket):
     ex = explain_address(r, s, young, s3=None)
     assert ex.verdict == "kept (held): legal hold"
     assert "held: legal hold" in ex.lines
+
+
+def test_explain_says_at_once_who_deleted_an_address(cli, capsys, s3, redis_client,
+                                                      monkeypatch):
+    """Issue 36 finding 3, on the real tracker and reaper: right after the reaper deleted G,
+    inside the grace window counted from the delete, `explain` says deleted, by which reaper,
+    when and why (not "protected until" a time already past); with `--repo` naming another
+    repository it names G's own instead of "outside every namespace"; and `hold add` refuses
+    in one line, since nothing is left to preserve."""
+    s = cli.replace(upload_ttl_seconds=1.0, lease_seconds=2.0)
+    model = Model.from_settings(s)
+    (g,) = asyncio.run(make_garbage(s, s3, model, "repo", ["g"], namespace="s3://explb/repo/"))
+    asyncio.run(make_garbage(s, s3, model, "other", [], namespace="s3://otherb/ns/"))
+    asyncio.run(reap_until(s, lambda rep: not stored(s3, g)))
+    assert g is not None
+    rec = decode_address(redis_client.hgetall(RepoKeys("repo").address(g)))
+    assert rec.state == "reaped" and rec.claimer and rec.claimer.startswith("reaper-")
+    # judged alone, the record is kept for a grace window from the delete: the answer is not
+    monkeypatch.setenv("HARDELETE_GRACE_SECONDS", "3600")
+    deleted = (f"deleted by reaper {rec.claimer} at {_when(rec.reaped_at)}: every reference "
+               f"had ended by {_when(rec.since)} and its grace window had passed")
+    code, out, _ = run(capsys, "explain", g, "--json")
+    ex = orjson.loads(out)
+    assert code == 0 and ex["verdict"].startswith(deleted), ex
+    assert ex["repository"] == "repo" and ex["state"] == "reaped"
+
+    code, out, _ = run(capsys, "explain", g, "--repo", "other", "--json")
+    ex = orjson.loads(out)
+    assert code == 0 and ex["repository"] == "repo" and ex["verdict"].startswith(deleted), ex
+    assert "outside every" not in out and "never deletes it" not in out
+    assert ex["lines"][0].startswith("not in the namespace of repository 'other' "
+                                     "(s3://otherb/ns/): it lies in that of 'repo'")
+
+    code, out, err = run(capsys, "hold", "add", g, "--reason", "legal: case 9")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "the reaper deleted it, so a hold would preserve nothing" in err
+    assert redis_client.hlen(RepoKeys("repo").holds) == 0

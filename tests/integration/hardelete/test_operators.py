@@ -245,8 +245,9 @@ def test_pause_resume_and_status(cli, capsys, redis_client, s3):
     redis_client.hset(RepoKeys("ops").fail_closed, mapping={"reason": "log reset"})
     redis_client.hset(FAIL_CLOSED, mapping={"reason": "redis lost everything"})
     code, out, _ = run(capsys, "status", "--json")
-    ops = orjson.loads(out)["operations"]
-    assert code == 0
+    doc = orjson.loads(out)
+    ops = doc["operations"]
+    assert code == 1 and doc["verdict"] == "NEEDS A PERSON: 2 fail-closed"
     assert ops["tracker_alive"] and ops["tracker_progress_age_s"] < 60
     assert ops["dead_letters"] == 0 and ops["holds"] == {"ops": 1}
     assert ops["paused"]["ops"]["reason"] == "incident 42"
@@ -287,31 +288,82 @@ def test_one_operators_resume_leaves_anothers_pause(cli, capsys, redis_client):
     assert code == 0 and "resumed ops" in out and redis_client.get(RepoKeys("ops").paused) is None
 
 
-def test_status_counts_dead_letters_and_shows_a_stale_tracker(cli, capsys, monkeypatch):
+def test_status_leads_with_a_verdict_and_exits_1_while_a_person_is_needed(cli, capsys,
+                                                                          monkeypatch):
+    """Issue 36 finding 6, on the real tracker: `status` leads with one line, OK or what needs
+    a person, fits 80 columns, and exits 1 while something does: a repository frozen by one
+    unreadable event (a dead letter holds its whole namespace; it looked normal, "holds:
+    ops=1", exit 0), a stale tracker, an incident nobody acknowledged, dead letters it cannot
+    count. A resolved dead letter and an acknowledged incident need nobody."""
+    monkeypatch.setenv("COLUMNS", "80")
     setup_repo(cli)
-    ev = orjson.loads(encode(written("ops", "s3://opsb/ns/d")))
-    ev["type"] = "nonsense"
-    asyncio.run(publish_and_track(cli, (orjson.dumps(ev), b"ops")))
-    code, out, _ = run(capsys, "status", "--json")
-    assert orjson.loads(out)["operations"]["dead_letters"] == 1
+
+    def status() -> tuple[int, list[str]]:
+        code, out, _ = run(capsys, "status")
+        lines = out.splitlines()
+        assert lines and all(len(line) <= 80 for line in lines), out
+        return code, lines
+
+    code, lines = status()
+    assert code == 0 and lines[0] == "OK: nothing needs a person", lines
+    # an event naming no address anyone can read: dead-lettered, its namespace held, and said
+    asyncio.run(publish_and_track(cli, (broken("ops", 12345), b"ops")))
+    code, lines = status()
+    assert code == 1 and lines[0] == "NEEDS A PERSON: 1 frozen, 1 incident, 1 dead letter", lines
+    assert any(line.startswith("- frozen: ops: a dead letter holds its whole") for line in lines)
+    (row,) = [line for line in lines if line.split()[:1] == ["ops"]]
+    assert "frozen" in row
+    doc = orjson.loads(run(capsys, "status", "--json")[1])
+    assert doc["operations"]["dead_letters"] == 1 and doc["operations"]["frozen"]["ops"]
+    assert [a["kind"] for a in doc["attention"]] == ["frozen", "incident", "dead letter"]
     monkeypatch.setenv("HARDELETE_TRACKER_STALE_SECONDS", "0.001")
-    code, out, _ = run(capsys, "status")
-    assert "tracker: STALE" in out
-    code, out, _ = run(capsys, "health", "tracker")
-    assert code == 1 and "last progress" in out
+    code, lines = status()
+    assert code == 1 and lines[0].startswith("NEEDS A PERSON: tracker stale, 1 frozen")
+    assert any(line.startswith("- tracker: STALE") for line in lines)
     monkeypatch.setenv("HARDELETE_TRACKER_STALE_SECONDS", "600")
-    assert run(capsys, "health", "tracker")[0] == 0
+    (letter,) = orjson.loads(run(capsys, "dlq", "list", "--json")[1])
+    assert tracked(cli, capsys, "dlq", "resolve", letter["id"])[0] == 0
+    code, lines = status()
+    assert code == 1 and lines[0] == "NEEDS A PERSON: 1 incident", lines
+    code, out, _ = run(capsys, "incidents", "list")
+    assert code == 0 and out.startswith("* #0 address_spelling: ")
+    code, out, _ = run(capsys, "incidents", "ack", "--by", "alice", "--reason", "resolved 0:0")
+    assert code == 0 and out == "acknowledged 1 incident(s) of *\n"
+    code, lines = status()
+    assert code == 0 and lines[0] == "OK: nothing needs a person", lines
+    assert run(capsys, "incidents", "list")[1] == "no incident since the last acknowledgement\n"
+
     # Kafka gone: status still answers, and says what it does not know
     monkeypatch.setenv("HARDELETE_KAFKA_BOOTSTRAP", "127.0.0.1:1")
-    code, out, _ = run(capsys, "status")
-    assert code == 0 and "dead letters: unknown (Kafka at 127.0.0.1:1 is unreachable" in out
+    code, lines = status()
+    assert code == 1 and "dead letters unknown" in lines[0]
+    assert any(line.startswith("- dead letters: unknown (Kafka at 127.0.0.1:1 is unreachable")
+               for line in lines)
 
 
-def test_health_tracker_metrics_endpoint(cli, capsys, monkeypatch):
+def _until_health(capsys: Any, component: str, code: int, *args: str) -> str:
+    """Ask `health COMPONENT` until it exits ``code``; its output. A blocking poll: called
+    from the thread of the daemon's event loop, it keeps that loop from running."""
+    deadline = time.monotonic() + 30
+    while True:
+        got, out, _ = run(capsys, "health", component, *args)
+        if got == code:
+            return out
+        assert time.monotonic() < deadline, out
+        time.sleep(0.2)
+
+
+def test_health_tracker_reads_its_loop(cli, capsys, monkeypatch):
+    """`health tracker`: its endpoint answers, its own loop completes cycles and the proven
+    progress is fresh. A tracker whose loop stopped (here its event loop is blocked, as by a
+    call that hangs) is unhealthy, though its endpoint, a thread of its own, still answers
+    (issue 36 finding 6). Without the metrics port it cannot tell, and says so."""
     from sim.stack import free_port
 
     port = free_port()
     s = cli.replace(metrics_port=port)
+    code, _, err = run(capsys, "health", "tracker")
+    assert code == 2 and err.count("\n") == 1 and "set metrics_port" in err
     monkeypatch.setenv("HARDELETE_METRICS_PORT", str(port))
     code, out, _ = run(capsys, "health", "tracker")
     assert code == 1 and f"port {port} does not answer" in out
@@ -319,13 +371,14 @@ def test_health_tracker_metrics_endpoint(cli, capsys, monkeypatch):
     async def scenario() -> None:
         await ensure_topics(s)
         async with running_tracker(s):
-            deadline = time.monotonic() + 30
-            while True:
-                code, out = await asyncio.to_thread(lambda: run(capsys, "health", "tracker")[:2])
-                if code == 0:
-                    break
-                assert time.monotonic() < deadline, out
-                await asyncio.sleep(0.2)
+            await asyncio.to_thread(_until_health, capsys, "tracker", 0)
+            monkeypatch.setenv("HARDELETE_TRACKER_STALE_SECONDS", "0.001")
+            code, out, _ = await asyncio.to_thread(run, capsys, "health", "tracker",
+                                                   "--stall-seconds", "60")
+            assert code == 1 and "last progress" in out
+            monkeypatch.delenv("HARDELETE_TRACKER_STALE_SECONDS")
+            out = _until_health(capsys, "tracker", 1, "--stall-seconds", "1")
+            assert "its loop is stuck: no step completed" in out
     asyncio.run(scenario())
 
 
@@ -354,8 +407,11 @@ def test_schedule_decisions() -> None:
 
 
 def test_schedule_records_failures_and_health_shows_them(cli, capsys, redis_client):
+    """The scheduler's failures fail `health reconciler`; a command it ran that is no
+    reconcile (here `config`) does not pass for one: only the reports runs write do."""
+    setup_repo(cli)
     code, out, _ = run(capsys, "health", "reconciler")
-    assert code == 1 and "no scheduler" in out
+    assert code == 1 and "no reconcile run has reported" in out
     code, _, _ = run(capsys, "schedule", "--once", "--", "explain", "not-an-address")
     assert code == 2
     h = redis_client.hgetall(RECONCILER_SCHEDULE)
@@ -367,7 +423,8 @@ def test_schedule_records_failures_and_health_shows_them(cli, capsys, redis_clie
     assert redis_client.hget(RECONCILER_SCHEDULE, "last_exit") == "2"
     code, _, _ = run(capsys, "schedule", "--once", "--retry-minutes", "0", "--", "config")
     assert code == 0 and redis_client.hget(RECONCILER_SCHEDULE, "last_exit") == "0"
-    assert run(capsys, "health", "reconciler")[0] == 0
+    code, out, _ = run(capsys, "health", "reconciler")
+    assert code == 1 and "no reconcile run has reported" in out
     # done for today's slot: not run again
     before = redis_client.hget(RECONCILER_SCHEDULE, "last_attempt_ms")
     assert run(capsys, "schedule", "--once", "--", "explain", "x")[0] == 0
@@ -484,12 +541,34 @@ def test_pause_keeps_what_the_tracker_marked_until_resume(cli, capsys, s3, redis
 
 
 def test_health_reaper_and_a_store_error_mid_command(cli, capsys, monkeypatch, s3):
+    """`health reaper` without a metrics port says it cannot tell (it passed, silently); with
+    one, a reaper whose loop stopped is unhealthy though its endpoint answers (issue 36)."""
+    from prometheus_client import start_http_server
+
+    from reaper.daemon import Reaper
     from sim.stack import free_port
 
-    assert run(capsys, "health", "reaper") == (0, "reaper: healthy\n", "")
-    monkeypatch.setenv("HARDELETE_METRICS_PORT", str(free_port()))
+    code, out, err = run(capsys, "health", "reaper")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "set metrics_port" in err
+    port = free_port()
+    monkeypatch.setenv("HARDELETE_METRICS_PORT", str(port))
     code, out, _ = run(capsys, "health", "reaper")
     assert code == 1 and "reaper unhealthy: metrics endpoint" in out
+
+    async def scenario() -> None:
+        reaper, stop = Reaper(cli), asyncio.Event()
+        loop = asyncio.create_task(reaper.run(stop))
+        server = start_http_server(port)  # the default registry, as `reaper run` serves it
+        try:
+            await asyncio.to_thread(_until_health, capsys, "reaper", 0)
+            out = _until_health(capsys, "reaper", 1, "--stall-seconds", "1")
+            assert "its loop is stuck: no step completed" in out
+        finally:
+            stop.set()
+            await loop
+            await reaper.close()
+            server[0].shutdown()
+    asyncio.run(scenario())
     monkeypatch.delenv("HARDELETE_METRICS_PORT")
     # S3 answers but the namespace's bucket is gone: one line from the store, no traceback
     setup_repo(cli, "nobucket", "s3://missing-bucket/ns/", bucket=False)

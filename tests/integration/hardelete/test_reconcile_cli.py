@@ -41,16 +41,28 @@ def test_cli_dry_run_json_then_sweep_only(spark, cli_env, s3, redis_client, caps
     assert summary["mark"]["categories"]["leaked"]["count"] == 1
     before = w.data("cli")
     assert len(before) == 2
+    # As under a Kubernetes CronJob (no scheduler): health is read from the runs' reports, and
+    # a dry run deletes nothing, so it is no reconcile yet.
+    assert main(["health", "reconciler"]) == 1
+    assert "no reconcile run has reported" in capsys.readouterr().out
 
     code = main(["reconcile", "--repo", "cli", "--sweep-only", summary["run_id"]])
     table = capsys.readouterr().out
     assert code == 0 and "confirmed" in table and "leaked" in table
     assert w.data("cli") == {model.lookup("cli", "main", "a").address}
+    assert main(["health", "reconciler"]) == 0
+    assert capsys.readouterr().out == "reconciler: healthy\n"
+    assert main(["health", "reconciler", "--max-age-hours", "0.0001"]) == 1
+    assert f"the last reconcile run of cli ({summary['run_id']}) started" in \
+        capsys.readouterr().out
 
     # `explain` tells why the leaked object went, from the reconciler's own reports.
     (leaked,) = before - w.data("cli")
     ex = explain_address(redis_client, cli_env, leaked, s3=s3)
     assert ex.state == "untracked"
+    assert ex.verdict.startswith(f"deleted by the reconciler, run {summary['run_id']} "
+                                 "(finished 20"), ex.verdict
+    assert "marked leaked" in ex.verdict
     assert any(f"reconciler run {summary['run_id']}: deleted as leaked" in line
                for line in ex.lines), ex.lines
     code = main(["explain", leaked, "--json"])

@@ -57,8 +57,9 @@ def test_a_retired_repositorys_data_is_kept_from_the_next_owner_until_released(
         reconcile(spark, s.replace(reconcile_min_age_seconds=0.0), RunOptions("B"))
     assert a_data <= listed(s3, "retire")
 
-    code, out, _ = run(capsys, "status")
-    assert code == 0 and "A (s3://retire/repo/, kept until" in out
+    code, out, _ = run(capsys, "status")  # B's refusal is an incident: it needs a person
+    assert code == 1 and "incident" in out.splitlines()[0]
+    assert "A (s3://retire/repo/, kept until" in out
     code, out, _ = run(capsys, "retired", "list", "--json")
     rows = orjson.loads(out)
     assert [r["repository"] for r in rows] == ["A"] and "kept until" in rows[0]["purge"]
