@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path as FilePath
 from typing import Any
 
 import orjson
 
 from core.clock import aredis_time_ms, redis_time_ms
+from core.continuity_store import compose
 from core.facts import NOT_PROVEN, FactsProof
 from core.guards import fail_closed_text
 from schemas.address import canonical_namespace
@@ -212,37 +214,73 @@ async def aread_gate(r: Any, repo: str, addresses: Iterable[str] = (), *,
 
 # --- the one evidence reader ----------------------------------------------------------------------
 
+class _Unsequenced:
+    def __repr__(self) -> str:
+        return "UNSEQUENCED"
+
+
+# Evidence.continuity_ms of a repository whose service does not number its history: only the
+# tracker's horizon over the log bounds it (schemas/README.md, "Continuity", status).
+UNSEQUENCED = _Unsequenced()
+
+
 @dataclass(frozen=True)
 class Evidence:
     """Everything the judgment needs about some addresses of one repository, read at once right
-    before a request: the guards, the address records, the claims, the token states and the
-    Redis clock. Every delete path reads it here (:func:`read_evidence`, :func:`aread_evidence`)
-    and asks :func:`keep_reasons`; none reads Redis for a delete decision by itself."""
+    before a request: the guards, the address records, the claims, the token states, the
+    repository's continuity horizon (read with the records, in one script in its slot) and the
+    Redis clock. Every delete path reads it here (:func:`read_evidence`,
+    :func:`aread_evidence`) and asks :func:`keep_reasons`; none reads Redis for a delete
+    decision by itself."""
 
     gate: Gate
     records: Mapping[str, AddressRecord | None]
     claimed: Mapping[str, bool]
     token_states: Mapping[str, str | None]
     now_ms: int
+    continuity_ms: int | _Unsequenced | None = UNSEQUENCED
+
+    def horizon(self, horizon_ms: int | None) -> int | None:
+        """The horizon a judgment may use: the caller's (the tracker's, over the log), and for
+        a sequenced repository no later than its continuity horizon (None while it has none)."""
+        if isinstance(self.continuity_ms, _Unsequenced):
+            return horizon_ms
+        if self.continuity_ms is None or horizon_ms is None:
+            return None
+        return min(horizon_ms, self.continuity_ms)
 
 
-def _evidence_calls(pipe: Any, repo: str, addresses: list[str]) -> None:
+EVIDENCE_LUA = compose(FilePath(__file__).with_name("evidence.lua").read_text())
+
+
+def _evidence_args(repo: str, addresses: list[str]) -> tuple[list[str], list[str]]:
     k = RepoKeys(repo)
-    for address in addresses:
-        pipe.hgetall(k.address(address))
-    for address in addresses:
-        pipe.zscore(k.claims, address)
-    # (the clock is read apart: Redis Cluster refuses TIME inside a pipeline)
+    return [k.meta], [k.tag + ":", k.address_prefix, k.claims, *addresses]
+    # (the clock is read apart: a script that read TIME before writing nothing is fine, but
+    # the judgment's now must precede the records, as read_evidence does)
 
 
 def _evidence_from(gate: Gate, raw: list[Any], addresses: list[str]
-                   ) -> tuple[dict[str, AddressRecord | None], dict[str, bool], list[str]]:
+                   ) -> tuple[dict[str, AddressRecord | None], dict[str, bool], list[str],
+                              int | _Unsequenced | None]:
     n = len(addresses)
-    records = {a: (decode_address(h) if h else None)
-               for a, h in zip(addresses, raw[:n], strict=True)}
-    claimed = {a: c is not None for a, c in zip(addresses, raw[n:2 * n], strict=True)}
+    sequenced, horizon, body = _text(raw[0]), _text(raw[1]), raw[2:]
+    records = {a: (decode_address(_pairs(h)) if h else None)
+               for a, h in zip(addresses, body[:n], strict=True)}
+    claimed = {a: c is not None for a, c in zip(addresses, body[n:2 * n], strict=True)}
     tokens = sorted({t for rec in records.values() if rec is not None for t in rec.adds.values()})
-    return records, claimed, tokens
+    cont: int | _Unsequenced | None = UNSEQUENCED
+    if sequenced == "1":
+        cont = int(horizon) if horizon else None
+    return records, claimed, tokens, cont
+
+
+def _pairs(flat: Any) -> dict[str, str]:
+    """HGETALL's reply inside a script (a flat list) as the hash."""
+    if isinstance(flat, dict):
+        return {_text(k): _text(v) for k, v in flat.items()}
+    items = [_text(v) for v in flat]
+    return dict(zip(items[0::2], items[1::2], strict=True))
 
 
 def read_evidence(r: Any, repo: str, addresses: Iterable[str], *,
@@ -252,12 +290,13 @@ def read_evidence(r: Any, repo: str, addresses: Iterable[str], *,
     addrs = list(dict.fromkeys(addresses))
     now = redis_time_ms(r)  # before the records: a clock read later would judge them older
     gate = read_gate(r, repo, addrs, facts=facts)
-    pipe = r.pipeline(transaction=False)
-    _evidence_calls(pipe, repo, addrs)
-    records, claimed, tokens = _evidence_from(gate, pipe.execute(), addrs)
+    keys, args = _evidence_args(repo, addrs)
+    raw = r.register_script(EVIDENCE_LUA)(keys=keys, args=args)
+    records, claimed, tokens, cont = _evidence_from(gate, raw, addrs)
     states = dict(zip(tokens, r.hmget(RepoKeys(repo).tokens, tokens), strict=True)) \
         if tokens else {}
-    return Evidence(gate, records, claimed, {t: _opt_text(v) for t, v in states.items()}, now)
+    return Evidence(gate, records, claimed, {t: _opt_text(v) for t, v in states.items()}, now,
+                    cont)
 
 
 async def aread_evidence(r: Any, repo: str, addresses: Iterable[str], *,
@@ -266,12 +305,13 @@ async def aread_evidence(r: Any, repo: str, addresses: Iterable[str], *,
     addrs = list(dict.fromkeys(addresses))
     now = await aredis_time_ms(r)  # before the records (see read_evidence)
     gate = await aread_gate(r, repo, addrs, facts=facts)
-    pipe = r.pipeline(transaction=False)
-    _evidence_calls(pipe, repo, addrs)
-    records, claimed, tokens = _evidence_from(gate, await pipe.execute(), addrs)
+    keys, args = _evidence_args(repo, addrs)
+    raw = await r.register_script(EVIDENCE_LUA)(keys=keys, args=args)
+    records, claimed, tokens, cont = _evidence_from(gate, raw, addrs)
     states = dict(zip(tokens, await r.hmget(RepoKeys(repo).tokens, tokens), strict=True)) \
         if tokens else {}
-    return Evidence(gate, records, claimed, {t: _opt_text(v) for t, v in states.items()}, now)
+    return Evidence(gate, records, claimed, {t: _opt_text(v) for t, v in states.items()}, now,
+                    cont)
 
 
 def _opt_text(v: Any) -> str | None:
@@ -287,6 +327,7 @@ def keep_reasons(evidence: Evidence, repo: str, namespace: str, *, path: Path,
     fail-closed guard alone does not keep (SPEC safety 10)."""
     keep: dict[str, str] = {}
     now = evidence.now_ms if now_ms is None else now_ms
+    horizon_ms = evidence.horizon(horizon_ms)
     for address, rec in evidence.records.items():
         guards = evidence.gate.guards(repo, namespace, address)
         if address in vouched and guards.fail_closed is not None:

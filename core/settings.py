@@ -125,6 +125,8 @@ class Settings:
     # The tracker's self-healing (tracker/rebuild.py): how often it prepares a rebuild for a
     # fail-closed repository and looks for the service's state export; 0: only by command.
     rebuild_interval_seconds: float = field(default=10.0, metadata=_opt(_non_negative))
+    tick_interval_seconds: float = field(default=1.0, metadata=_opt(_positive))
+    resend_interval_seconds: float = field(default=5.0, metadata=_opt(_positive))
     sweep_max_share: float = field(default=0.5, metadata=_opt(
         lambda v: None if 0 < v <= 1 else "must be > 0 and <= 1"))
     sweep_max_growth: float = field(default=10.0, metadata=_opt(_positive))
@@ -235,6 +237,10 @@ DOCS: dict[str, str] = {
                           "(<namespace>_hardelete/exports/); empty: none",
     "uncommitted_export_max_age_seconds": "a named uncommitted export older than this refuses "
                                           "the run; a state export too (rebuild)",
+    "tick_interval_seconds": "how often the tracker asks the services' relays for a watermark "
+                             "of each sequenced repository (a signed tick on the control topic)",
+    "resend_interval_seconds": "how long the tracker waits before asking a relay again for a "
+                               "range of seqs it is missing",
     "rebuild_interval_seconds": "how often the tracker prepares the rebuild of a fail-closed "
                                 "repository and applies its service's state export (0: only "
                                 "by command)",

@@ -6,10 +6,13 @@
 --
 -- KEYS[1] unref zset, KEYS[2] claims zset, KEYS[3] tokens hash, KEYS[4] reaped zset,
 -- KEYS[5] stats hash, KEYS[6] holds hash, KEYS[7] hold prefixes hash,
--- KEYS[8] repository fail-closed hash, KEYS[9] repository paused string
+-- KEYS[8] repository fail-closed hash, KEYS[9] repository paused string, KEYS[10] the
+-- repository's hash (sequenced, stripes)
 -- ARGV[1] op: 'claim' | 'complete' | 'prune' | 'restore'
 -- claim:    ARGV[2] address key prefix, ARGV[3] cutoff ms (horizon - grace), ARGV[4] limit,
---           ARGV[5] lease ms, ARGV[6] claimer id, ARGV[7] '1' = dry run (write nothing)
+--           ARGV[5] lease ms, ARGV[6] claimer id, ARGV[7] '1' = dry run (write nothing),
+--           ARGV[8] the repository's key prefix, ARGV[9] grace ms (a sequenced repository's
+--           cutoff is also its continuity horizon - grace)
 --           A fail-closed or paused repository claims nothing (4th result: the reason); the
 --           global fail-closed key is not in this slot: the reaper checks it in Python.
 -- complete: ARGV[2] prefix, ARGV[3..] addresses whose delete the store confirmed
@@ -235,6 +238,16 @@ end
 -- A fail-closed or paused repository: nothing is claimed, nothing is touched.
 if redis.call('EXISTS', KEYS[8]) == 1 then return {now, {}, {}, 'fail_closed'} end
 if redis.call('EXISTS', KEYS[9]) == 1 then return {now, {}, {}, 'paused'} end
+
+-- A sequenced repository (schemas/README.md, "Continuity"): its service certifies its own
+-- history, and the horizon beside its records (this slot, read in this script) bounds the
+-- cutoff too; none yet (a gap, a broken stripe, no watermark) claims nothing.
+if ARGV[8] ~= nil and redis.call('HGET', KEYS[10], 'sequenced') == '1' then
+  local C = continuity(ARGV[8])
+  local h = C.horizon(tonumber(redis.call('HGET', KEYS[10], 'stripes') or '1') or 1)
+  if h == nil then return {now, {}, {}, 'continuity'} end
+  if h - tonumber(ARGV[9]) < cutoff then cutoff = h - tonumber(ARGV[9]) end
+end
 
 -- Claims whose reaper died (lease expired) are taken again first.
 -- A claim that no longer passes the checks (a late reference arrived, which the tracker recorded

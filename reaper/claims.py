@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.continuity_store import compose
 from schemas.layout import RepoKeys
 
-_SCRIPT = (Path(__file__).parent / "claims.lua").read_text()
+_SCRIPT = compose((Path(__file__).parent / "claims.lua").read_text())
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +50,14 @@ class ClaimStore:
     def _keys(repo: str) -> list[str]:
         k = RepoKeys(repo)
         return [k.unreferenced, k.claims, k.tokens, k.reaped, k.stats, k.holds, k.hold_prefixes,
-                k.fail_closed, k.paused]
+                k.fail_closed, k.paused, k.meta]
 
     async def claim(self, repo: str, *, cutoff_ms: int, limit: int, lease_ms: int,
-                    claimer: str, dry_run: bool = False) -> ClaimBatch:
+                    claimer: str, grace_ms: int, dry_run: bool = False) -> ClaimBatch:
         raw = await self._script(
             keys=self._keys(repo),
             args=["claim", RepoKeys(repo).address_prefix, cutoff_ms, limit, lease_ms, claimer,
-                  "1" if dry_run else "0"],
+                  "1" if dry_run else "0", RepoKeys(repo).tag + ":", grace_ms],
         )
         now, claimed, kept = raw[0], raw[1], raw[2]
         return ClaimBatch(

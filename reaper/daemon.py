@@ -223,7 +223,7 @@ class Reaper:
         def claim() -> asyncio.Future[ClaimBatch]:
             return asyncio.ensure_future(self.claims.claim(
                 repo, cutoff_ms=cutoff, limit=100_000 if self.dry_run else per_claim,
-                lease_ms=lease_ms, claimer=self.id, dry_run=self.dry_run))
+                lease_ms=lease_ms, claimer=self.id, grace_ms=grace_ms, dry_run=self.dry_run))
 
         pending = claim()
         while True:

@@ -23,10 +23,21 @@ ARGV[7..8]                      refused ("hardelete: log record moved") unless t
                                 Redis Cluster (no KEYS[2]): ARGV[7] = "applied", ARGV[8] the
                                 applied[partition] value the tracker last saw ("*": none yet).
 
+Continuity (schemas/README.md, "Continuity"; core/continuity.lua is prepended to this script):
+a sequenced event comes as two entries with its offset, op 14 {stripe, incarnation, seq} and
+then the event itself, which is applied only if its (stripe, seq) is new (exact dedupe, any
+order); op 15 {stripe, incarnation, M, R} is a watermark whose tick the tracker verified;
+op 16 {stripe, incarnation, from, to, reason} a range the service's relay says is gone, which
+breaks the stripe unless it is applied already. A repository that ever carried a seq is
+`sequenced` (hd:{R}:repo); an event without one after that breaks its stripe 0 (the service
+broke A1: its history is no longer certified), and so does an event of a stripe it did not
+declare (`stripes`, from repository_created).
+
 Returns {applied, skipped, incident_json...}.
 ]]
 
 local P = ARGV[1]
+local C = continuity(P)
 local repo = ARGV[2]
 local part = ARGV[3]
 local events = cjson.decode(ARGV[4])
@@ -338,7 +349,7 @@ local rebuild_call = (part == '')
 local REBUILD_OPS = { [3] = true, [4] = true, [5] = true, [13] = true }
 for i = 1, #events do  -- refuse a malformed batch before writing anything
   local op = events[i][2]
-  if type(op) ~= 'number' or op < 1 or op > 13 or (op == 13 and not rebuild_call)
+  if type(op) ~= 'number' or op < 1 or op > 16 or (op == 13 and not rebuild_call)
       or (rebuild_call and not REBUILD_OPS[op]) then
     return redis.error_reply('hardelete: unknown op ' .. tostring(op))
   end
@@ -396,15 +407,62 @@ if rec then
 end
 local maxoff, applied, skipped = last, 0, 0
 
+-- continuity: is the repository sequenced, its declared stripes, and the verdict on the
+-- event that follows a seq marker
+local sequenced = redis.call('HGET', K_META, 'sequenced') == '1'
+local stripes = tonumber(redis.call('HGET', K_META, 'stripes') or '1') or 1
+local marked, admitted, seq_dups = false, true, 0
+local function set_sequenced()
+  if not sequenced then
+    redis.call('HSET', K_META, 'sequenced', '1')
+    sequenced = true
+  end
+end
+local function undeclared(k)
+  if k >= stripes then
+    C.break_domain(0, 'an event of stripe ' .. fmt(k) .. ', which the repository did not '
+                   .. 'declare (stripes=' .. fmt(stripes) .. ')')
+    return true
+  end
+  return false
+end
+
 for i = 1, #events do
   local e = events[i]
   local off, op = e[1], e[2]
+  local seq_marker = op == 14
+  local was_marked = marked
+  marked = false
   if off <= last then
+    if not seq_marker then skipped = skipped + 1 end
+  elseif seq_marker then -- the next event's (stripe, incarnation, seq)
+    set_sequenced()
+    marked = true
+    if undeclared(e[3]) then admitted = false
+    else admitted = C.admit(e[3], e[4], e[5]) == 'apply' end
+    if not admitted then seq_dups = seq_dups + 1 end
+  elseif was_marked and not admitted then
     skipped = skipped + 1
   else
     applied = applied + 1
     if off > maxoff then maxoff = off end
-    if dead then -- retired: nothing changes
+    if op <= 11 and not was_marked and sequenced and not rebuild_call then
+      C.break_domain(0, 'an event without a seq (op ' .. fmt(op) .. ') in a sequenced '
+                     .. 'repository')
+    end
+    if op == 15 then -- watermark: stripe, incarnation, M, R (its tick verified by the tracker)
+      set_sequenced()
+      if not undeclared(e[3]) then C.certify(e[3], e[4], e[5], e[6]) end
+    elseif op == 16 then -- range gone: stripe, incarnation, from, to, reason
+      set_sequenced()
+      local ck = P .. 'cont:' .. fmt(e[3])
+      local inc = redis.call('HGET', ck, 'inc')
+      local prefix = tonumber(redis.call('HGET', ck, 'prefix') or '0')
+      if (inc == false or inc == e[4]) and prefix < e[6] then
+        C.break_domain(e[3], 'the service lost seqs ' .. fmt(e[5]) .. '..' .. fmt(e[6]) ..
+                       ' of incarnation ' .. e[4] .. ': ' .. e[7])
+      end
+    elseif dead then -- retired: nothing changes
     elseif op == 4 then -- add: token, address, size, ref, rep_ref, rep_addr, event_id, type
       add_ref(e[4], e[6], e[3], e[5], e[9], e[10])
       if e[7] ~= '' then remove_ref(e[8], e[7], e[3], e[9], e[10]) end
@@ -483,10 +541,12 @@ for i = 1, #events do
     elseif op == 11 then -- repository deleted (retired): event_id
       redis.call('HSET', K_META, 'retired_at', NOW, 'retired_event', e[3])
       dead, retire = true, true
-    else -- op == 1, repository: namespace, default_branch, retention, branch_retention
+    else -- op == 1, repository: namespace, default_branch, retention, branch_retention,
+         -- stripes
       if redis.call('HSETNX', K_META, 'namespace', e[3]) == 1 then
         redis.call('HSET', K_META, 'default_branch', e[4], 'default_retention_days', e[5],
-                   'branch_retention', e[6])
+                   'branch_retention', e[6], 'stripes', fmt(e[7] or 1))
+        stripes = e[7] or 1
       end
     end
   end
@@ -507,6 +567,7 @@ end
 if applied > 0 and not rebuild_call then redis.call('HINCRBY', K_STATS, 'events', applied) end
 if #incidents > 0 then redis.call('HINCRBY', K_STATS, 'incidents', #incidents) end
 if dups > 0 then redis.call('HINCRBY', K_STATS, 'ref_duplicates', dups) end
+if seq_dups > 0 then redis.call('HINCRBY', K_STATS, 'seq_duplicates', seq_dups) end
 if reused > 0 then redis.call('HINCRBY', K_STATS, 'ref_ids_reused', reused) end
 local result = { applied, skipped }
 for i = 1, #incidents do result[#result + 1] = incidents[i] end

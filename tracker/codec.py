@@ -40,6 +40,8 @@ from tracker.references import admission_problem
 
 OP_REPO, OP_BRANCH, OP_ISSUE, OP_ADD, OP_DEL, OP_COMMIT = 1, 2, 3, 4, 5, 6
 OP_RESET, OP_BDEL, OP_TAG, OP_UNTAG, OP_RETIRE, OP_REAPED = 7, 8, 9, 10, 11, 12
+# continuity (apply.lua): a sequenced event's marker, a verified watermark, a range gone
+OP_SEQ, OP_WATERMARK, OP_GONE = 14, 15, 16
 
 # Each field check is the Python expression that is true when the value ``x`` is BAD; the
 # per-type validators below are generated from them (one straight-line function per type: a loop
@@ -269,8 +271,22 @@ def compact(body: dict[str, Any], offset: int) -> list[Any]:
     if t == "repository_created":
         return [offset, OP_REPO, body["storage_namespace"], body["default_branch"],
                 repr(body["default_retention_days"]),
-                orjson.dumps(body["branch_retention_days"]).decode()]
+                orjson.dumps(body["branch_retention_days"]).decode(), body.get("stripes", 1)]
+    if t == "watermark":
+        return [offset, OP_WATERMARK, body["stripe"], body["incarnation"], body["seq"],
+                body["tick_ms"]]
+    if t == "range_gone":
+        return [offset, OP_GONE, body["stripe"], body["incarnation"], body["from_seq"],
+                body["to_seq"], body["reason"]]
     raise EventError(f"unknown event type {t!r}", "type")  # pragma: no cover
+
+
+def seq_marker(body: dict[str, Any], offset: int) -> list[Any] | None:
+    """apply.lua's marker before a sequenced event: its (stripe, incarnation, seq)."""
+    seq = body.get("seq")
+    if seq is None:
+        return None
+    return [offset, OP_SEQ, body.get("stripe") or 0, body["incarnation"], seq]
 
 
 def _plain_key_fast(namespace: str, address: str) -> bool:

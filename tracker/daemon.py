@@ -77,6 +77,7 @@ from tracker.state import (
     ApplyScript,
     LogGuard,
 )
+from tracker.ticks import Ticker
 from tracker.verification import LogVerification
 
 
@@ -180,7 +181,7 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
         s = self.settings
         if stop is not None:
             asyncio.get_running_loop().create_task(self._relay(stop))
-        await ensure_topics(s)
+        await ensure_topics(s, extra=[s.control_topic])
         self._redis = redis_async(s)
         await self._redis.script_load(ApplyScript.lua)
         # Scripts that reload themselves after a Redis restart (NOSCRIPT).
@@ -207,6 +208,7 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
         server = None
         meta_task: asyncio.Task[None] | None = None
         debts_task: asyncio.Task[None] | None = None
+        tick_task: asyncio.Task[None] | None = None
         try:
             await producer.start()
             await probe.start()
@@ -217,6 +219,9 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             if s.rebuild_interval_seconds > 0:
                 self._heal_task = asyncio.create_task(self._heal_loop())
             debts_task = asyncio.create_task(self._debts_loop())
+            tick_task = asyncio.create_task(
+                Ticker(s, self._redis, producer, self._reap_key, self.metrics, self.log)
+                .run(self._stop))
             if s.metrics_port:
                 server = start_http_server(s.metrics_port, registry=self.metrics.registry)
             self.log.info("tracker started", metrics_port=s.metrics_port or None)
@@ -231,7 +236,7 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             # meta loop cancelled inside a Redis connect went on; asyncio.wait_for before Python
             # 3.12 can swallow a cancellation) ends at its next check, not ~10 s later.
             self._stop.set()
-            for task in (meta_task, self._heal_task, debts_task):
+            for task in (meta_task, self._heal_task, debts_task, tick_task):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(BaseException):
@@ -507,8 +512,6 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
                     dlq.append((rec, f"record key {short_key(rec.key)} does not equal repository "
                                      f"{repo[:200]!r}"))
                     continue
-                if t in RELAY_EVENT_TYPES:
-                    continue  # continuity only: nothing to apply until the tracker certifies it
                 wanted.add(repo)
                 if t == "repository_created":
                     creates.append(body["event_id"])
@@ -531,6 +534,17 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             found = await self._retrying(lambda: self._redis.hmget(REFUSED, creates))
             batch.refused_ids = {e: why for e, why in zip(creates, found, strict=True) if why}
         for p, rec, body, t in parsed:
+            if t in RELAY_EVENT_TYPES:
+                # The relay's answers carry no address: they certify, or break, the
+                # repository's history (schemas/README.md, "Continuity"). A repository the
+                # tracker does not track has nothing to certify; a watermark whose tick the
+                # tracker did not sign certifies nothing (an incident).
+                if body["repository"] not in gate.namespaces:
+                    continue
+                if t == "watermark" and not await self._tick_signed(batch, body):
+                    continue
+                chunks[(body["repository"], p)].append(compact(body, rec.offset))
+                continue
             if t == "repository_created" or t == "repository_deleted":
                 eid = body["event_id"]
                 if t == "repository_created" and eid in batch.refused_ids:
@@ -544,7 +558,11 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             if problem:
                 dlq.append((rec, problem))
                 continue
-            chunks[(body["repository"], p)].append(compact(body, rec.offset))
+            chunk = chunks[(body["repository"], p)]
+            marker = codec.seq_marker(body, rec.offset)
+            if marker is not None:
+                chunk.append(marker)
+            chunk.append(compact(body, rec.offset))
         batch.calls = [(repo, p, orjson.dumps(evts)) for (repo, p), evts in chunks.items()]
         batch.maxoff = {key: evts[-1][0] for key, evts in chunks.items()}
         rec_claims = batch.claims
@@ -590,6 +608,24 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
         self.log.error("incident: forged addresses_reaped", repository=body["repository"],
                        event_id=body["event_id"], addresses=len(body["addresses"]))
         return problem
+
+    async def _tick_signed(self, batch: _Batch, body: dict[str, Any]) -> bool:
+        """A watermark certifies a time only if it answers a tick this tracker's key signed."""
+        args = (body["repository"], body["tick_ms"], body["tick_id"], body["tick_sig"])
+        if reaper_auth.tick_problem(self._reap_key, *args) is None:
+            return True
+        self._reap_key = await self._retrying(  # minted or rotated since we read it?
+            lambda: reaper_auth.aload_key(self._redis, self.settings.reaper_secret))
+        problem = reaper_auth.tick_problem(self._reap_key, *args)
+        if problem is None:
+            return True
+        batch.refused.append({"kind": "forged_watermark", "repository": body["repository"],
+                              "stripe": body["stripe"], "seq": body["seq"],
+                              "tick_ms": body["tick_ms"], "reason": problem,
+                              "event_id": body["event_id"]})
+        self.log.error("incident: a watermark answers no tick of this tracker",
+                       repository=body["repository"], reason=problem)
+        return False
 
     async def _lifecycle(self, batch: _Batch, body: dict[str, Any],
                          problem: str | None) -> str | None:

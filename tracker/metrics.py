@@ -38,6 +38,12 @@ class TrackerMetrics:
         self.cycle = Gauge("hardelete_tracker_cycle_timestamp_seconds",
                            "when this tracker last completed a cycle of its loop (fetch, "
                            "apply, progress; also on an idle topic)", registry=r)
+        self.ticks = Counter("hardelete_tracker_ticks",
+                             "signed ticks sent to the services' relays (one per sequenced "
+                             "repository and round)", registry=r)
+        self.resends = Counter("hardelete_tracker_resends",
+                               "ranges of seqs asked for again (a gap holds the horizon back)",
+                               registry=r)
         self.fetch_wait = Gauge("hardelete_tracker_fetch_wait_ms",
                                 "longest wait of the next fetch (raised while behind the log's "
                                 "end)", registry=r)

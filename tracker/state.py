@@ -21,6 +21,7 @@ import orjson
 import redis.asyncio as aredis
 from redis.exceptions import NoScriptError, ResponseError
 
+from core.continuity_store import compose
 from schemas.layout import (
     LOG,
     AddressState,
@@ -39,7 +40,7 @@ from tracker.references import (
     RepoState,
 )
 
-APPLY_LUA = (Path(__file__).parent / "apply.lua").read_text()
+APPLY_LUA = compose((Path(__file__).parent / "apply.lua").read_text())
 
 # hd:progress[p] = max(current, new): progress never moves back, whoever writes it. Keyed by
 # log identity: with KEYS[2] = hd:log and ARGV triples (partition, ms, "<topic>:<p>|<record>"),

@@ -23,8 +23,8 @@ BOTH_TOPOLOGIES = pytest.mark.parametrize("topology", ["single", "cluster"], ind
 async def _dry_claims(s, cutoff: int) -> set[str]:
     r = redis_async(s)
     try:
-        batch = await ClaimStore(r).claim("r0", cutoff_ms=cutoff, limit=10_000, lease_ms=1000,
-                                          claimer="t", dry_run=True)
+        batch = await ClaimStore(r).claim("r0", grace_ms=0, cutoff_ms=cutoff, limit=10_000,
+                                          lease_ms=1000, claimer="t", dry_run=True)
         return {c.address for c in batch.claimed}
     finally:
         await r.aclose()

@@ -128,8 +128,8 @@ def test_a_hold_placed_after_the_claim_is_respected_right_before_the_request(
         reaper = Reaper(s, s3=s3)
         try:
             horizon = redis_time_ms(r)
-            batch = await reaper.claims.claim("repo", cutoff_ms=horizon - 1000, limit=10,
-                                              lease_ms=5000, claimer=reaper.id)
+            batch = await reaper.claims.claim("repo", grace_ms=0, cutoff_ms=horizon - 1000,
+                                              limit=10, lease_ms=5000, claimer=reaper.id)
             assert {c.address for c in batch.claimed} == {a, b}
             r.hset(RepoKeys("repo").holds, a, HOLD)  # the hold arrives after the claim
             return await reaper._remove(ns, "repo", [a, b],
@@ -170,7 +170,7 @@ def test_fail_closed_or_paused_repository_is_not_reaped(settings, redis_client, 
         async def claim() -> Any:
             ar = redis_async(s)
             try:
-                return await ClaimStore(ar).claim("repo", cutoff_ms=redis_time_ms(r),
+                return await ClaimStore(ar).claim("repo", grace_ms=0, cutoff_ms=redis_time_ms(r),
                                                   limit=10, lease_ms=1000, claimer="x")
             finally:
                 await ar.aclose()

@@ -34,8 +34,8 @@ HC = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 async def _dry_claim(s: Any, cutoff: int) -> Any:
     r = redis_async(s)
     try:
-        return await ClaimStore(r).claim(REPO, cutoff_ms=cutoff, limit=10_000, lease_ms=1000,
-                                         claimer="t", dry_run=True)
+        return await ClaimStore(r).claim(REPO, grace_ms=0, cutoff_ms=cutoff, limit=10_000,
+                                         lease_ms=1000, claimer="t", dry_run=True)
     finally:
         await r.aclose()
 

@@ -62,3 +62,17 @@ def test_the_scan_sees_a_delete_elsewhere(tmp_path: Path) -> None:
 
 
 
+
+
+def test_a_sequenced_repository_is_judged_no_later_than_its_continuity_horizon() -> None:
+    from core.gate import UNSEQUENCED, Evidence, Gate
+
+    def ev(cont: object) -> Evidence:
+        return Evidence(Gate(), {}, {}, {}, 0, cont)  # type: ignore[arg-type]
+
+    assert ev(UNSEQUENCED).horizon(500) == 500  # only the tracker's horizon over the log
+    assert ev(UNSEQUENCED).horizon(None) is None
+    assert ev(300).horizon(500) == 300
+    assert ev(900).horizon(500) == 500
+    assert ev(None).horizon(500) is None  # a gap, a broken stripe, no watermark yet
+    assert ev(300).horizon(None) is None

@@ -1,0 +1,250 @@
+"""Continuity end to end on the real stack (schemas/README.md, "Continuity"): a service with a
+transactional outbox and its relay, the tracker (ticks, watermarks, re-sends), the reaper.
+
+The service numbers its history; the tracker's horizon for a sequenced repository is the last
+tick whose watermark M is covered by the applied prefix. The attack each test replays: a change
+the service committed whose event never reached the log (a crash between commit and publish,
+a lost log) leaves the log looking complete to any consumer; only the service's count says
+it is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.clients import redis_sync, split_s3_uri
+from core.continuity_store import ContinuityStore
+from core.settings import Settings
+from reaper.daemon import Reaper
+from schemas import events as ev
+from schemas.layout import INCIDENTS, RepoKeys
+from schemas.outbox import Outbox
+from schemas.relay import Relay
+from sim.testing import publish, redis_now, wait_horizon
+from tracker.daemon import running_tracker
+
+pytestmark = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
+
+REPO = "svc"
+
+
+class LossyRelay(Relay):
+    """A relay whose publishes of some events are lost (the service crashed after its commit,
+    or the broker lost them), first sends and re-sends alike, while ``dropping``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.drop: set[str] = set()
+
+    async def _send(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+        kept = [(v, k) for v, k in records if not any(e.encode() in v for e in self.drop)]
+        await super()._send(kept)
+
+
+@dataclass
+class Service:
+    settings: Settings
+    s3: Any
+    outbox: Outbox
+    relay: LossyRelay
+    namespace: str
+    bucket: str
+    events: list[ev.ServiceEvent] = field(default_factory=list)
+
+    def emit(self, *events: ev.ServiceEvent) -> list[ev.ServiceEvent]:
+        with self.outbox.transaction() as tx:
+            stamped = [tx.emit(e) for e in events]
+        self.events += stamped
+        return stamped
+
+    def store(self, path: str) -> str:
+        address = self.namespace + path
+        self.s3.put_object(Bucket=self.bucket, Key=split_s3_uri(address)[1], Body=b"x")
+        return address
+
+    def exists(self, address: str) -> bool:
+        try:
+            self.s3.head_object(Bucket=self.bucket, Key=split_s3_uri(address)[1])
+            return True
+        except self.s3.exceptions.ClientError:
+            return False
+
+
+@asynccontextmanager
+async def service(settings: Settings, s3: Any, tmp_path: Path) -> AsyncIterator[Service]:
+    bucket = f"cont-{int(time.time() * 1000) % 10**9}"
+    with suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=bucket)
+    outbox = Outbox(tmp_path / "service.db")
+    relay = LossyRelay(settings, outbox)
+    async with relay:
+        svc = Service(settings, s3, outbox, relay, f"s3://{bucket}/{REPO}/", bucket)
+        svc.emit(ev.RepositoryCreated(repository=REPO, storage_namespace=svc.namespace,
+                                      default_branch="main", default_retention_days=1.0),
+                 ev.BranchCreated(repository=REPO, branch="main", staging_token="t",
+                                  ref_version=1))
+        try:
+            yield svc
+        finally:
+            outbox.close()
+
+
+def write(svc: Service, path: str, address: str, ref: str) -> ev.ServiceEvent:
+    return ev.ObjectWritten(repository=REPO, branch="main", staging_token="t", path=path,
+                            address=address, size=1, ref_id=ref)
+
+
+def delete(path: str, address: str, ref: str) -> ev.ServiceEvent:
+    return ev.ObjectDeleted(repository=REPO, branch="main", staging_token="t", path=path,
+                            address=address, ref_id=ref)
+
+
+async def certified(settings: Settings, after_ms: int, timeout: float = 30.0) -> int:
+    """Wait until the repository's continuity horizon passes ``after_ms``; returns it."""
+    r = redis_sync(settings)
+    store = ContinuityStore(r)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            h = store.horizon(REPO, 1)
+            if h is not None and h > after_ms:
+                return h
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no continuity horizon past {after_ms}: "
+                                   f"{store.read(REPO, 0)}")
+            await asyncio.sleep(0.05)
+    finally:
+        r.close()
+
+
+async def reap(settings: Settings, s3: Any) -> Any:
+    reaper = Reaper(settings, s3=s3)
+    try:
+        return await reaper.run_once()
+    finally:
+        await reaper.close()
+
+
+@pytest.fixture
+def fast(settings: Settings) -> Settings:
+    return settings.replace(tick_interval_seconds=0.1, resend_interval_seconds=0.3)
+
+
+async def test_a_sequenced_repository_is_reaped_once_its_service_certifies_it(
+        fast: Settings, s3: Any, tmp_path: Path) -> None:
+    async with service(fast, s3, tmp_path) as svc, running_tracker(fast):
+        a = svc.store("data/a")
+        svc.emit(write(svc, "a", a, "r1"), delete("a", a, "r1"))
+        await certified(fast, await redis_now(fast))
+        await asyncio.sleep(fast.grace_seconds + 0.2)
+        await certified(fast, await redis_now(fast))
+        await wait_horizon(fast, await redis_now(fast))
+        report = await reap(fast, s3)
+        assert not svc.exists(a), report
+    d = ContinuityStore(redis_sync(fast)).read(REPO, 0)
+    assert d.prefix == 4 and d.broken is None  # created, branch, write, delete
+
+
+async def test_a_committed_change_whose_event_was_lost_holds_its_object_until_it_is_sent_again(
+        fast: Settings, s3: Any, tmp_path: Path) -> None:
+    """The service copied A (ref r2, committed in its outbox) and then deleted the first
+    reference r1; the copy's publish was lost. Every consumer-side proof sees a complete log
+    (the tracker's horizon passes), and the mirror holds A unreferenced. The service's count
+    (watermark M) says seq 4 is missing: the horizon waits, the reaper keeps A, the tracker asks
+    for seq 4 again, and once the relay re-sends it A is staged."""
+    async with service(fast, s3, tmp_path) as svc, running_tracker(fast):
+        a = svc.store("data/a")
+        svc.emit(write(svc, "a", a, "r1"))
+        copy = ev.ObjectCopied(repository=REPO, branch="main", staging_token="t", path="b",
+                               address=a, size=1, ref_id="r2", source_read_at=0.0)
+        svc.relay.drop.add(copy.event_id)
+        svc.emit(copy)
+        svc.emit(delete("a", a, "r1"))
+        log_complete = await redis_now(fast)
+        await wait_horizon(fast, log_complete)  # the log, as it is, is all applied
+        await asyncio.sleep(fast.grace_seconds + 0.3)
+        await wait_horizon(fast, await redis_now(fast))
+        report = await reap(fast, s3)
+        assert svc.exists(a), report  # (without the continuity horizon the reaper deletes A)
+        r = redis_sync(fast)
+        d = ContinuityStore(r).read(REPO, 0)
+        assert d.prefix == 3 and d.above == {5}, d
+        assert d.horizon_ms is None or d.horizon_ms < log_complete
+        svc.relay.drop.clear()  # the next re-send gets through
+        await certified(fast, log_complete)
+        rec = r.hgetall(RepoKeys(REPO).address(a))
+        assert rec["state"] == "staged" and rec["+r2"] == "t", rec
+        await asyncio.sleep(fast.grace_seconds + 0.3)
+        await reap(fast, s3)
+        assert svc.exists(a)
+
+
+async def test_a_watermark_that_answers_no_tick_of_the_tracker_certifies_nothing(
+        fast: Settings, s3: Any, tmp_path: Path) -> None:
+    async with service(fast, s3, tmp_path) as svc, running_tracker(fast):
+        svc.relay.drop.add("watermark")  # the real relay's answers are lost: only the forgery
+        a = svc.store("data/a")
+        svc.emit(write(svc, "a", a, "r1"), delete("a", a, "r1"))
+        forged = ev.Watermark(repository=REPO, stripe=0, incarnation=svc.outbox.incarnation,
+                              seq=4, tick_ms=await redis_now(fast) + 10**9, tick_id="x",
+                              tick_sig="0" * 64)
+        await wait_horizon(fast, await publish(fast, [forged]))
+        r = redis_sync(fast)
+        assert ContinuityStore(r).read(REPO, 0).horizon_ms is None
+        assert any('"forged_watermark"' in i for i in r.lrange(INCIDENTS, 0, -1))
+        await asyncio.sleep(fast.grace_seconds + 0.3)
+        await wait_horizon(fast, await redis_now(fast))
+        await reap(fast, s3)
+        assert svc.exists(a)
+
+
+async def test_an_event_without_a_seq_in_a_sequenced_repository_stops_its_deletions(
+        fast: Settings, s3: Any, tmp_path: Path) -> None:
+    """A1 broken (the service published a change outside its outbox): its history is no longer
+    certified, so nothing of the repository is deleted online."""
+    async with service(fast, s3, tmp_path) as svc, running_tracker(fast):
+        a = svc.store("data/a")
+        svc.emit(write(svc, "a", a, "r1"))
+        await wait_horizon(fast, await publish(fast, [delete("a", a, "r1")]))
+        await asyncio.sleep(fast.grace_seconds + 0.3)
+        await wait_horizon(fast, await redis_now(fast))
+        await reap(fast, s3)
+        assert svc.exists(a)
+        d = ContinuityStore(redis_sync(fast)).read(REPO, 0)
+        assert d.broken and "without a seq" in d.broken and d.horizon_ms is None
+
+
+async def test_a_range_the_service_lost_breaks_the_stripe(
+        fast: Settings, s3: Any, tmp_path: Path) -> None:
+    async with service(fast, s3, tmp_path) as svc, running_tracker(fast):
+        a = svc.store("data/a")
+        svc.emit(write(svc, "a", a, "r1"))
+        lost = svc.emit(ev.ObjectCopied(repository=REPO, branch="main", staging_token="t",
+                                        path="b", address=a, size=1, ref_id="r2",
+                                        source_read_at=0.0))[0]
+        svc.relay.drop.add(lost.event_id)
+        deadline = time.monotonic() + 30
+        while svc.outbox.unpublished():  # (its publish "succeeded" and was lost)
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        svc.outbox.trim(REPO, 0, 4)  # ... and the outbox no longer has it
+        svc.emit(delete("a", a, "r1"))
+        r = redis_sync(fast)
+        store = ContinuityStore(r)
+        deadline = time.monotonic() + 30
+        while store.read(REPO, 0).broken is None:
+            assert time.monotonic() < deadline, store.read(REPO, 0)
+            await asyncio.sleep(0.05)
+        assert "lost seqs 4..4" in (store.read(REPO, 0).broken or "")
+        await asyncio.sleep(fast.grace_seconds + 0.3)
+        await wait_horizon(fast, await redis_now(fast))
+        await reap(fast, s3)
+        assert svc.exists(a)

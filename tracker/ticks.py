@@ -1,0 +1,119 @@
+"""The tracker's side of continuity (schemas/README.md, "Continuity"): ticks and re-sends.
+
+Every ``tick_interval_seconds`` the :class:`Ticker` reads, for each sequenced repository, the
+Redis time on the node that holds its records (a script in its slot), signs it and publishes a
+``tick`` on the control topic; the service's relay answers with a ``watermark`` per stripe,
+which the apply path certifies (``apply.lua``). It also asks again for every range of seqs a
+stripe is missing (``resend``), at most once per ``resend_interval_seconds`` per range, so a
+lost or not yet published event is fetched from the service's outbox instead of holding the
+horizon back for ever.
+
+The Ticker owns its state (what it asked for, and when); it shares the tracker's Redis client
+and producer. Safety does not depend on it: a tick that is lost certifies nothing, a re-send
+only brings events the fold applies once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from core.continuity import gaps
+from core.continuity_store import AsyncContinuityStore
+from core.settings import Settings
+from schemas import control
+from schemas.layout import REPOS, RepoKeys
+from tracker.metrics import TrackerMetrics
+
+_SLOT_TIME = "local t = redis.call('TIME') return {t[1], t[2]}"
+
+
+@dataclass
+class TickRound:
+    """What one round did."""
+
+    ticks: int = 0
+    resends: list[control.Resend] = field(default_factory=list)
+
+
+class Ticker:
+    def __init__(self, settings: Settings, redis: Any, producer: AIOKafkaProducer, key: bytes,
+                 metrics: TrackerMetrics, log: Any) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.producer = producer
+        self.key = key
+        self.metrics = metrics
+        self.log = log
+        self.store = AsyncContinuityStore(redis)
+        self._slot_time = redis.register_script(_SLOT_TIME)
+        self._asked: dict[tuple[str, int, str, int, int], float] = {}  # range -> monotonic
+
+    async def run(self, stop: asyncio.Event) -> None:
+        every = self.settings.tick_interval_seconds
+        while not stop.is_set():
+            try:
+                await self.round()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis or Kafka trouble: the horizon simply waits
+                self.log.warning("tick round failed", error=f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), every)
+
+    async def sequenced(self) -> dict[str, int]:
+        """Sequenced repositories and their declared stripes."""
+        repos = sorted(await self.redis.smembers(REPOS))
+        if not repos:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for repo in repos:
+            pipe.hmget(RepoKeys(repo).meta, ["sequenced", "stripes"])
+        out = {}
+        for repo, (seqd, stripes) in zip(repos, await pipe.execute(), strict=True):
+            if seqd in ("1", b"1"):
+                out[repo] = int(stripes or 1)
+        return out
+
+    async def round(self) -> TickRound:
+        done = TickRound()
+        topic = self.settings.control_topic
+        for repo, stripes in (await self.sequenced()).items():
+            sec, usec = await self._slot_time(keys=[RepoKeys(repo).meta])
+            tick = control.signed_tick(self.key, repo, int(sec) * 1000 + int(usec) // 1000)
+            await self.producer.send(topic, control.encode(tick), key=tick.key)
+            done.ticks += 1
+            for k in range(stripes):
+                done.resends += self._resends(repo, k, await self.store.read(repo, k))
+        for msg in done.resends:
+            await self.producer.send(topic, control.encode(msg), key=msg.key)
+        await self.producer.flush()
+        self.metrics.ticks.inc(done.ticks)
+        self.metrics.resends.inc(len(done.resends))
+        if done.resends:
+            self.log.info("asked relays again for missing seqs",
+                          ranges=[(m.repository, m.stripe, m.from_seq, m.to_seq)
+                                  for m in done.resends[:10]])
+        return done
+
+    def _resends(self, repo: str, stripe: int, d: Any) -> list[control.Resend]:
+        if d.incarnation is None:
+            return []
+        now = time.monotonic()
+        out = []
+        for a, b in gaps(d):
+            key = (repo, stripe, d.incarnation, a, b)
+            if now - self._asked.get(key, -1e18) < self.settings.resend_interval_seconds:
+                continue
+            self._asked[key] = now
+            out.append(control.Resend(repository=repo, stripe=stripe, incarnation=d.incarnation,
+                                      from_seq=a, to_seq=b))
+        if len(self._asked) > 10_000:  # forget old requests (only their timing is kept)
+            cutoff = now - self.settings.resend_interval_seconds
+            self._asked = {k: t for k, t in self._asked.items() if t >= cutoff}
+        return out
