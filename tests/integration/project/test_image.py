@@ -16,13 +16,15 @@ import orjson
 import pytest
 from rich.console import Console
 
+from core.clients import redis_async
+from core.clock import atracker_horizon_ms
 from core.settings import Settings
 from schemas.publisher import ensure_topics
 from sim.demo import DemoOptions, expected_sweep, run_model_phase
 from sim.image import Container, build_image, container_env, run, start
 from sim.model import ModelService
 from sim.stack import free_port
-from sim.testing import redis_now, wait_for, wait_horizon
+from sim.testing import redis_now, wait_for
 
 pytestmark = [pytest.mark.image, pytest.mark.slow]
 
@@ -63,13 +65,29 @@ def _healthy(c: Container, what: str) -> None:
     assert proc.returncode == 0, f"health {what}: {proc.stdout}{proc.stderr}\n{c.logs()}"
 
 
+async def _caught_up(s: Settings, tracker: Container) -> None:
+    """The tracker's horizon passes now (a container that stopped fails at once, its log
+    shown)."""
+    target = await redis_now(s)
+    r = redis_async(s)
+    try:
+        async def applied() -> bool:
+            assert tracker.running(), tracker.logs()
+            horizon = await atracker_horizon_ms(r)
+            return horizon is not None and horizon >= target
+
+        await wait_for(applied, timeout=120, what="the containerised tracker's horizon")
+    finally:
+        await r.aclose()
+
+
 async def _workload(s: Settings, options: DemoOptions, image: str,
                     containers: list[Container]) -> None:
     await ensure_topics(s)
     tracker = _daemon(image, s, "tracker", containers)
     model, service = await run_model_phase(s, options, Console(file=io.StringIO()))
     assert model.store.ok, model.store
-    await wait_horizon(s, await redis_now(s), timeout=120)  # the tracker in the image applied it
+    await _caught_up(s, tracker)  # the tracker in the image applied it
     _healthy(tracker, "tracker")
 
     reaper = _daemon(image, s, "reaper", containers)
@@ -83,7 +101,7 @@ async def _workload(s: Settings, options: DemoOptions, image: str,
 
     await wait_for(reclaimed, timeout=180, what="the containerised reaper's deletes")
     _healthy(reaper, "reaper")
-    await wait_horizon(s, await redis_now(s), timeout=120)  # its records of the deletes too
+    await _caught_up(s, tracker)  # the reaper's records of its deletes too
     truth = service.model.truth()
     garbage = truth.online_garbage & written
     gone = written - set(await _listing(service))
