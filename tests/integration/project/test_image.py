@@ -1,14 +1,18 @@
 """The image built from the repository (compose/Dockerfile, podman, sim/image.py) runs each
 component against the embedded stack's servers: the demo's workload goes through a
 containerised tracker and reaper (0 live deleted, the online garbage reclaimed), then a
-containerised reconciler run sweeps the rest. Slow (a few minutes, the image build included):
-``./dev image`` runs it; ``./dev test`` leaves it out (the ``image`` mark)."""
+containerised reconciler run sweeps the rest. The compose stack comes up with podman-compose
+on images made the same way (compose/podman/). Slow (minutes, the image build included):
+``./dev image`` runs them; ``./dev test`` leaves them out (the ``image`` mark)."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 import os
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -21,7 +25,17 @@ from core.clock import atracker_horizon_ms
 from core.settings import Settings
 from schemas.publisher import ensure_topics
 from sim.demo import DemoOptions, expected_sweep, run_model_phase
-from sim.image import Container, build_image, container_env, run, start
+from sim.image import (
+    COMPOSE_FILES,
+    Container,
+    build_image,
+    compose_images,
+    container_env,
+    containers_conf,
+    podman,
+    run,
+    start,
+)
 from sim.model import ModelService
 from sim.stack import free_port
 from sim.testing import redis_now, wait_for
@@ -142,3 +156,47 @@ async def _listing(service: ModelService) -> list[str]:
     for repo in service.model.repositories:
         out += await service.list_namespace(repo)
     return out
+
+
+def _podman_compose(project: str, *args: str, timeout: float = 600
+                    ) -> subprocess.CompletedProcess[str]:
+    files = [arg for f in COMPOSE_FILES for arg in ("-f", str(f))]
+    env = {**os.environ, "CONTAINERS_CONF": str(containers_conf()),
+           "HARDELETE_UPLOAD_TOKEN_SECRET": "image-test-secret"}
+    binary = os.path.join(os.path.dirname(sys.executable), "podman-compose")  # the dev extra
+    return subprocess.run([binary, "-p", project, *files, *args],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_the_compose_stack_comes_up_with_podman_compose(image: str) -> None:
+    """compose.yaml with compose/podman/compose.podman.yaml laid over it (images built here;
+    podman 4.3's limits in its header): every daemon's own health command passes inside its
+    container and the tracker has joined its group."""
+    images = compose_images(image)
+    assert images["tracker"] == images["reaper"] == "hardelete:latest"
+    project = f"hdtest{uuid.uuid4().hex[:6]}"
+    try:
+        up = _podman_compose(project, "up", "-d")
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        deadline = time.monotonic() + 240
+        waiting = ["tracker", "reaper", "reconciler"]
+        while waiting:
+            name = waiting[0]
+            proc = podman(["exec", f"{project}_{name}_1", "hardelete", "health", name],
+                          check=False, timeout=60)
+            if proc.returncode == 0:
+                waiting.pop(0)
+            elif time.monotonic() > deadline:
+                logs = podman(["logs", "--tail", "30", f"{project}_{name}_1"], check=False)
+                raise AssertionError(f"{name} never healthy: {proc.stdout}{proc.stderr}\n"
+                                     f"{logs.stdout}{logs.stderr}")
+            else:
+                time.sleep(2)  # (polling the container's own health command)
+        init = podman(["inspect", "--format", "{{.State.ExitCode}}", f"{project}_minio-init_1"],
+                      check=False)
+        assert init.stdout.strip() == "0", "the bucket was made"
+        status = podman(["exec", f"{project}_tracker_1", "hardelete", "status", "--json"],
+                        check=False, timeout=60)
+        assert status.returncode == 0, status.stdout + status.stderr
+    finally:
+        _podman_compose(project, "down", "-v", "-t", "10", timeout=300)
