@@ -2,8 +2,8 @@
 
 No Docker engine and no image registry are needed:
 
-- host tools: Debian's ``podman``, ``runc`` and ``debootstrap`` (``apt-get``, as root; nothing
-  is done when they are present).
+- host tools: Debian's ``podman``, ``runc``, ``debootstrap`` and the CNI ``dnsname`` plugin
+  (``apt-get``, as root; nothing is done when they are present).
 - base: a Debian bookworm root filesystem made by ``debootstrap`` from Debian's packages, with
   Python 3.11 and the Java 17 the reconciler's Spark needs; made once, kept as a tarball in the
   cache (``<cache>/image-base-<digest>/rootfs.tar``) and imported into podman's store.
@@ -18,7 +18,9 @@ into the cache) whose ``default_ulimits`` is empty: this machine's kernel refuse
 the default ulimits. Containers use the host's network, so the daemons reach the embedded
 stack's servers on loopback.
 
-``python -m sim.image build`` builds (or reuses) all of it and prints the image's tag.
+``python -m sim.image build`` builds (or reuses) all of it and prints the image's tag;
+``python -m sim.image compose-images`` makes the images compose/podman/compose.podman.yaml
+names (the compose stack under podman-compose).
 """
 
 from __future__ import annotations
