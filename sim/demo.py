@@ -29,9 +29,9 @@ import dataclasses
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 from rich.console import Console
@@ -247,7 +247,6 @@ async def run_reconcile_phase(settings: Settings, service: ModelService,
     from pyspark.sql import SparkSession
 
     from reconciler.job import RunOptions, reconcile
-    from reconciler.retention import RetentionPolicy, retained_commits
     from reconciler.spark import get_spark
 
     model = service.model
@@ -274,18 +273,7 @@ async def run_reconcile_phase(settings: Settings, service: ModelService,
                 "categories": {k: v.get("count", 0) for k, v in
                                (mark.get("categories") or {}).items()},
             })
-            # The model's answer, with retention computed at the run's clock.
-            r = model.repository(repo)
-            graph = model.commit_graph(repo)
-            heads = {b: br.head for b, br in r.branches.items() if br.head}
-            retained = retained_commits(
-                graph, heads, dict(r.tags),
-                RetentionPolicy(r.default_retention_days, r.branch_retention_days),
-                int(summary.get("now_ms") or time.time() * 1000) / 1000)
-            horizon = (summary.get("tracker") or {}).get("grace_horizon_ms")
-            expected |= model.reconciler_garbage(
-                retained, repository=repo, grace_seconds=settings.grace_for(repo),
-                horizon=None if horizon is None else int(horizon) / 1000)
+            expected |= expected_sweep(model, repo, summary, settings)
     finally:
         if not shared:
             await asyncio.to_thread(spark.stop)
@@ -295,6 +283,25 @@ async def run_reconcile_phase(settings: Settings, service: ModelService,
     return ReconcilePhase(runs=runs, expected=len(expected), deleted=len(deleted),
                           live_deleted=len(deleted - expected),
                           garbage_left=len(expected & after), live_left=len(after))
+
+
+def expected_sweep(model: Model, repo: str, summary: Mapping[str, Any],
+                   settings: Settings) -> frozenset[str]:
+    """The model's answer to one reconciler run of ``repo`` (its summary): the garbage, with
+    retention computed at the run's clock and the tracker horizon the run saw."""
+    from reconciler.retention import RetentionPolicy, retained_commits
+
+    r = model.repository(repo)
+    graph = model.commit_graph(repo)
+    heads = {b: br.head for b, br in r.branches.items() if br.head}
+    retained = retained_commits(
+        graph, heads, dict(r.tags),
+        RetentionPolicy(r.default_retention_days, r.branch_retention_days),
+        int(summary.get("now_ms") or time.time() * 1000) / 1000)
+    horizon = (summary.get("tracker") or {}).get("grace_horizon_ms")
+    return model.reconciler_garbage(
+        retained, repository=repo, grace_seconds=settings.grace_for(repo),
+        horizon=None if horizon is None else int(horizon) / 1000)
 
 
 async def run_online_phase(settings: Settings, options: DemoOptions, service: ModelService,

