@@ -60,6 +60,41 @@ class RepoStatus:
     fail_closed: str | None = None  # why nothing is deleted for it (Safety I), or None
     needs: str | None = None  # fail-closed: what lifts it (the rebuild's next step)
     rebuild_nonce: str | None = None  # the nonce the service's state export must carry
+    continuity: ContinuityView | None = None  # a sequenced repository's certified history
+
+
+@dataclass(frozen=True)
+class ContinuityView:
+    """A sequenced repository's continuity (schemas/README.md, "Continuity"): the horizon its
+    service certified (None: nothing of it is deleted online), a broken stripe's reason, and
+    the seqs the tracker is still asking for."""
+
+    stripes: int
+    horizon_ms: int | None
+    broken: str | None = None  # "stripe k: reason"
+    missing: tuple[tuple[int, int, int], ...] = ()  # (stripe, from, to)
+
+    def text(self, now_ms: int) -> str:
+        if self.broken:
+            return f"broken ({self.broken})"
+        if self.missing:
+            k, a, b = self.missing[0]
+            more = f" and {len(self.missing) - 1} more" if len(self.missing) > 1 else ""
+            return f"waiting for seqs {a}..{b} of stripe {k}{more}"
+        if self.horizon_ms is None:
+            return "no watermark yet"
+        return f"certified to {max(0.0, (now_ms - self.horizon_ms) / 1000):.1f}s ago"
+
+
+def continuity_view(r: Any, repo: str, stripes: int) -> ContinuityView:
+    from core.continuity import gaps, horizon
+    from core.continuity_store import ContinuityStore
+
+    store = ContinuityStore(r)
+    domains = [store.read(repo, k) for k in range(stripes)]
+    broken = next((f"stripe {k}: {d.broken}" for k, d in enumerate(domains) if d.broken), None)
+    missing = tuple((k, a, b) for k, d in enumerate(domains) for a, b in gaps(d, limit=3))
+    return ContinuityView(stripes, horizon(domains), broken, missing)
 
 
 @dataclass
@@ -103,12 +138,15 @@ def collect_status(r: Any, retired_retention_days: float = 7.0) -> Status:
         pipe.llen(k.incidents)
         pipe.hgetall(k.stats)
         pipe.hget(k.rebuild, "nonce")
-        ns, queued, claims, tomb, inc, stats, nonce = pipe.execute()
+        pipe.hmget(k.meta, ["sequenced", "stripes"])
+        ns, queued, claims, tomb, inc, stats, nonce, (seqd, stripes) = pipe.execute()
         closed = None if repo not in flags else flags[repo].get("reason") or "fail-closed"
         repos.append(RepoStatus(repo, ns or "?", queued, claims, tomb, inc,
                                 {f: int(float(v)) for f, v in (stats or {}).items()}, closed,
                                 rebuild_needs(repo, nonce) if closed else None,
-                                nonce if closed else None))
+                                nonce if closed else None,
+                                continuity_view(r, repo, int(stripes or 1)) if seqd == "1"
+                                else None))
     lag = {p: max(0.0, (now - int(v)) / 1000) for p, v in sorted(progress.items())}
     incidents = [orjson.loads(j) for j in r.lrange(INCIDENTS, -100, -1)]
     retired = {}
@@ -151,6 +189,13 @@ def attention(st: Status, ops: Operations, stale_s: float) -> list[Attention]:
         if r.fail_closed:
             out.append(Attention("fail-closed", f"fail-closed: {r.repository} ({r.fail_closed});"
                                                 f" needs {r.needs}"))
+    for r in st.repositories:
+        if r.continuity is not None and r.continuity.broken:
+            out.append(Attention("continuity broken",
+                                 f"continuity broken: {r.repository} ({r.continuity.broken}): "
+                                 "nothing of it is deleted online until its stripe is rebuilt "
+                                 "from the service's export (not yet automatic); the "
+                                 "reconciler still serves it"))
     for repo, why in sorted(ops.frozen.items()):
         out.append(Attention("frozen", f"frozen: {repo}: a dead letter holds its whole "
                                        f"namespace, nothing of it is deleted ({why[0]}): "
@@ -187,6 +232,9 @@ def _state(r: RepoStatus, ops: Operations) -> str:
                              ("paused", r.repository in ops.paused)) if on]
     if r.repository in ops.holds:
         marks.append(f"{ops.holds[r.repository]} held")
+    if r.continuity is not None and (r.continuity.broken or r.continuity.missing
+                                     or r.continuity.horizon_ms is None):
+        marks.append("uncertified")
     return ", ".join(marks) or "ok"
 
 
@@ -220,6 +268,9 @@ def _print_status(st: Status, ops: Operations | None = None) -> None:
                   "latest:")
         for inc in st.global_incidents[-5:]:
             con.print(f"  {inc.get('repository')}: {inc.get('reason')}")
+    for r in st.repositories:
+        if r.continuity is not None:
+            con.print(f"{r.repository}: continuity {r.continuity.text(st.now_ms)}")
     lag = ", ".join(f"p{p}: {s:.1f}s" for p, s in st.progress_lag_s.items()) or "none"
     con.print(f"tracker progress lag per partition: {lag}")
     if st.horizon_ms is None:

@@ -244,6 +244,10 @@ async def test_a_range_the_service_lost_breaks_the_stripe(
             assert time.monotonic() < deadline, store.read(REPO, 0)
             await asyncio.sleep(0.05)
         assert "lost seqs 4..4" in (store.read(REPO, 0).broken or "")
+        from hardelete.status import collect_status
+
+        (row,) = collect_status(r).repositories
+        assert row.continuity is not None and "lost seqs 4..4" in (row.continuity.broken or "")
         await asyncio.sleep(fast.grace_seconds + 0.3)
         await wait_horizon(fast, await redis_now(fast))
         await reap(fast, s3)

@@ -47,3 +47,20 @@ def test_the_verdict_is_one_line_within_the_width(items: list[Attention], width:
     line = verdict_line(items, width)
     assert len(line) <= width and "\n" not in line
     assert line.startswith("OK") == (not items)
+
+
+def test_a_broken_continuity_needs_a_person_and_a_gap_is_shown() -> None:
+    from hardelete.status import ContinuityView
+
+    broken = RepoStatus("a", "s3://b/a/", 0, 0, 0, 0, continuity=ContinuityView(
+        1, None, broken="stripe 0: the service lost seqs 4..4"))
+    waiting = RepoStatus("c", "s3://b/c/", 0, 0, 0, 0, continuity=ContinuityView(
+        2, 900, missing=((1, 4, 6), (1, 9, 9))))
+    fine = RepoStatus("d", "s3://b/d/", 0, 0, 0, 0, continuity=ContinuityView(1, 1_000))
+    items = attention(_status(broken, waiting, fine), _ops(), 60)
+    assert [a.kind for a in items] == ["continuity broken"]
+    assert items[0].detail.startswith("continuity broken: a (stripe 0: the service lost seqs")
+    assert waiting.continuity is not None and fine.continuity is not None
+    assert waiting.continuity.text(2_000) == "waiting for seqs 4..6 of stripe 1 and 1 more"
+    assert fine.continuity.text(3_000) == "certified to 2.0s ago"
+    assert ContinuityView(1, None).text(0) == "no watermark yet"
