@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -90,9 +90,27 @@ async def _track(settings: Settings, n: int) -> _Tracked:
     return _Tracked(elapsed, t0 - t_start, tracker, cpu, rcpu)
 
 
-async def bench(settings: Settings, n: int, repos: int, seed: int) -> dict[str, float]:
+def sequenced(events: list[Any]) -> list[Any]:
+    """The events as an outbox would number them: a gapless seq per repository (one stripe),
+    in the order they are published (schemas/README.md, "Continuity")."""
+    from schemas.events import ServiceEvent
+
+    seqs: Counter[str] = Counter()
+    out = []
+    for e in events:
+        if isinstance(e, ServiceEvent):
+            seqs[e.repository] += 1
+            e = replace(e, seq=seqs[e.repository], incarnation="bench")
+        out.append(e)
+    return out
+
+
+async def bench(settings: Settings, n: int, repos: int, seed: int,
+                with_seqs: bool = False) -> dict[str, float]:
     t0 = time.perf_counter()
     events = workload(seed, n, repos=repos)
+    if with_seqs:
+        events = sequenced(events)
     n = len(events)
     gen_s = time.perf_counter() - t0
     mix = Counter(e.TYPE for e in events)
@@ -124,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--redis-malloc", choices=REDIS_MALLOCS, default="mimalloc",
                     help="allocator of the embedded Redis (see sim.stack)")
+    ap.add_argument("--sequenced", action="store_true",
+                    help="every service event carries a seq (continuity accounting in apply.lua)")
     ap.add_argument("--default-gc", action="store_true",
                     help="keep Python's default GC thresholds (not the tracker process's)")
     args = ap.parse_args(argv)
@@ -136,9 +156,10 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging("console", "warning")
     with embedded_stack(base, s3=False, redis_malloc=args.redis_malloc) as stack:
-        res = asyncio.run(bench(stack.settings, args.events, args.repos, args.seed))
+        res = asyncio.run(bench(stack.settings, args.events, args.repos, args.seed,
+                               args.sequenced))
     print(f"events              {res['events']:>10,}  ({res['repos']} repositories, "
-          f"{res['partitions']} partitions)")
+          f"{res['partitions']} partitions{', sequenced' if args.sequenced else ''})")
     print(f"publish             {res['publish_eps']:>10,.0f} events/s")
     print(f"raw aiokafka loop   {res['raw_consume_eps']:>10,.0f} events/s")
     print(f"tracker end to end  {res['tracker_eps']:>10,.0f} events/s   "
