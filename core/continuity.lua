@@ -95,6 +95,7 @@ local function continuity(P)
     s.prefix = h[2] and tonumber(h[2]) or 0
     s.horizon = h[3] and tonumber(h[3]) or nil
     s.broken = h[4] or nil  -- '' is a reason too
+    s.nabove = redis.call('ZCARD', s.above)  -- (kept by this script: in-order seqs skip it)
     local pending = {}
     local raw = redis.call('ZRANGE', s.wm, 0, -1)
     for j = 1, #raw do
@@ -145,7 +146,7 @@ local function continuity(P)
 
   -- The prefix moved to seq: take the run of seqs above it that now follows it.
   local function advance(s)
-    while true do
+    while s.nabove > 0 do
       local low = redis.call('ZRANGE', s.above, 0, RUN - 1)
       local n = 0
       for j = 1, #low do
@@ -153,7 +154,10 @@ local function continuity(P)
         s.prefix = s.prefix + 1
         n = n + 1
       end
-      if n > 0 then redis.call('ZREMRANGEBYRANK', s.above, 0, n - 1) end
+      if n > 0 then
+        redis.call('ZREMRANGEBYRANK', s.above, 0, n - 1)
+        s.nabove = s.nabove - n
+      end
       if n < RUN then return end
     end
   end
@@ -193,6 +197,7 @@ local function continuity(P)
     else
       if redis.call('ZSCORE', s.above, fmt(seq)) then return 'duplicate' end
       redis.call('ZADD', s.above, fmt(seq), fmt(seq))
+      s.nabove = s.nabove + 1
     end
     settle(s)
     return 'apply'

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import uuid
 from dataclasses import dataclass
 
 import pytest
@@ -223,3 +225,48 @@ def test_long_runs_cross_the_scripts_read_chunks(settings, redis_client):
         "hash", "zset", "zset"]
     marks = redis_client.zrange(keys.continuity_watermarks(0), 0, -1, withscores=True)
     assert [tuple(m) for m in marks] == [("500:7", 500.0)]
+
+
+_BATCH = """
+local C = continuity(ARGV[1])
+local steps = cjson.decode(ARGV[2])
+local out = {}
+for _, s in ipairs(steps) do
+  if s[1] == 'a' then out[#out + 1] = C.admit(s[2], s[3], s[4])
+  elseif s[1] == 'c' then C.certify(s[2], s[3], s[4], s[5]); out[#out + 1] = ''
+  else C.break_domain(s[2], s[3]); out[#out + 1] = '' end
+end
+return out
+"""
+
+
+@hsettings(max_examples=35, deadline=None, suppress_health_check=HC)
+@given(history=histories())
+@BOTH_TOPOLOGIES
+def test_a_whole_history_in_one_script_agrees_with_the_pure_machine(settings, redis_client,
+                                                                     history):
+    """apply.lua runs many events in one call: the library's state cached for the script (the
+    stripe's hash, its watermarks, the count of seqs above the prefix) must stay true across
+    the steps of one call, not only from one call to the next."""
+    stripes, steps = history
+    repo = f"b{uuid.uuid4().hex[:6]}"
+    keys = RepoKeys(repo)
+    wire: list[list[object]] = []
+    for s in steps:
+        if isinstance(s, Admit):
+            wire.append(["a", s.stripe, s.inc, str(s.seq)])
+        elif isinstance(s, Certify):
+            wire.append(["c", s.stripe, s.inc, str(s.seq), str(s.tick)])
+        else:
+            wire.append(["b", s.stripe, s.reason])
+    script = redis_client.register_script(compose(_BATCH))
+    got = script(keys=[keys.continuity(0)], args=[keys.tag + ":", json.dumps(wire)])
+    pure = {k: Domain() for k in range(stripes)}
+    want = []
+    for s in steps:
+        pure[s.stripe], verdict = _pure(pure[s.stripe], s)
+        want.append("" if verdict is None else verdict.value)
+    assert got == want
+    store = ContinuityStore(redis_client)
+    for k in range(stripes):
+        assert store.read(repo, k) == pure[k], k
