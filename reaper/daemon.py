@@ -234,6 +234,7 @@ class Reaper:
             if batch.refused:
                 result.skipped = batch.refused
                 result.kept[batch.refused] += 1
+                KEPT.labels(repo, batch.refused).inc()  # (the alert on skipped repositories)
                 rlog.warning("repository refused by the claim script", reason=batch.refused)
                 break
             if self.dry_run:
