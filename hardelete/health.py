@@ -303,19 +303,26 @@ def _last_run_or_none(s3: Any, namespace: str, repo: str) -> LastRun | None:
         raise
 
 
+def loop_check(settings: Settings, component: str,
+               stall_seconds: float | None = None) -> str | None:
+    """The daemon's own loop, from its metrics endpoint: None if it completed a step within
+    the stall limit, else why not (one line)."""
+    if not settings.metrics_port:
+        raise UserError(f"health {component} reads the daemon's own loop from its metrics "
+                        "endpoint: set metrics_port (HARDELETE_METRICS_PORT) as the "
+                        "daemon has it")
+    body, problem = _metrics_body(settings.metrics_port)
+    if problem is None:
+        limit = stall_limit_s(settings, component) if stall_seconds is None else stall_seconds
+        problem = loop_problem(component, body, time.time(), limit)
+    return problem
+
+
 def check_component(r: Any, settings: Settings, component: str, max_age_hours: float = 26.0,
                     *, s3: Any = None, stall_seconds: float | None = None) -> str | None:
     """None if healthy, else why not (one line)."""
     if component in LOOP_GAUGE:
-        if not settings.metrics_port:
-            raise UserError(f"health {component} reads the daemon's own loop from its metrics "
-                            "endpoint: set metrics_port (HARDELETE_METRICS_PORT) as the "
-                            "daemon has it")
-        body, problem = _metrics_body(settings.metrics_port)
-        if problem is None:
-            limit = stall_limit_s(settings, component) if stall_seconds is None \
-                else stall_seconds
-            problem = loop_problem(component, body, time.time(), limit)
+        problem = loop_check(settings, component, stall_seconds)
         if problem:
             return problem
     if component == "tracker":
@@ -339,6 +346,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="tracker, reaper: the longest its loop may go without completing "
                              "a step (default: tracker_stale_seconds; reaper: the larger of "
                              "that and lease_seconds + reaper_poll_seconds)")
+    parser.add_argument("--loop-only", action="store_true",
+                        help="tracker, reaper: judge only the daemon's own loop and ask no "
+                             "other service (liveness probes: a tracker catching up a backlog "
+                             "proves no progress until it is through, and neither that nor "
+                             "Redis or Kafka being down is cured by a restart)")
 
 
 def run_cli(settings: Settings, args: argparse.Namespace) -> int:
@@ -346,6 +358,12 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
 
     if args.max_age_hours <= 0 or (args.stall_seconds is not None and args.stall_seconds <= 0):
         raise UserError("--max-age-hours and --stall-seconds must be > 0")
+    if args.loop_only:
+        if args.component not in LOOP_GAUGE:
+            raise UserError(f"--loop-only is for the daemons (tracker, reaper), not "
+                            f"{args.component}")
+        return _report(args.component, loop_check(settings, args.component,
+                                                   args.stall_seconds))
     r = redis_sync(settings)
     try:
         s3 = s3_client(settings) if args.component == "reconciler" else None
@@ -353,8 +371,12 @@ def run_cli(settings: Settings, args: argparse.Namespace) -> int:
                                   stall_seconds=args.stall_seconds)
     finally:
         r.close()
+    return _report(args.component, problem)
+
+
+def _report(component: str, problem: str | None) -> int:
     if problem:
-        print(f"hardelete: {args.component} unhealthy: {problem}")
+        print(f"hardelete: {component} unhealthy: {problem}")
         return 1
-    print(f"{args.component}: healthy")
+    print(f"{component}: healthy")
     return 0

@@ -85,6 +85,9 @@ def needs(path: tuple[str, ...], args: object = None, impl: object = None) -> tu
     # the reconciler's health is read from the reports its runs write in each namespace
     if path == ("health",) and getattr(args, "component", None) == "reconciler":
         wanted = (*wanted, S3)
+    # a liveness probe reads the daemon's own endpoint only
+    if path == ("health",) and getattr(args, "loop_only", False):
+        wanted = ()
     return wanted
 
 

@@ -3,6 +3,12 @@ from each repository's newest real run."""
 
 from __future__ import annotations
 
+import http.server
+import os
+import threading
+import time
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -58,3 +64,44 @@ def test_healthy_only_if_every_run_shown_succeeded_within_the_age(
     shown = [r for r in runs.values() if r is not None]
     fine = all(r.ok and now - r.started_ms <= hours * H for r in shown)
     assert (problem is None) == (fine and (bool(shown) or not runs))
+
+
+class _Metrics(http.server.BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(type(self).body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_loop_only_judges_the_daemons_own_loop_and_asks_no_other_service(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The liveness probe's check: a tracker catching up a backlog proves no progress and
+    Redis may be down, yet its loop runs and a restart would cure nothing. `--loop-only`
+    reads only the daemon's endpoint (no Redis is configured here: the full check exits 3)."""
+    from hardelete.cli import main
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for name in [k for k in os.environ if k.startswith("HARDELETE_")]:
+            monkeypatch.delenv(name)
+        monkeypatch.setenv("HARDELETE_METRICS_PORT", str(server.server_address[1]))
+        gauge = b"hardelete_tracker_cycle_timestamp_seconds"
+        _Metrics.body = b"# HELP x\n" + gauge + b" %f\n" % time.time()
+        assert main(["health", "tracker"]) == 3
+        assert "Redis is not configured" in capsys.readouterr().err
+        assert main(["health", "tracker", "--loop-only"]) == 0
+        assert capsys.readouterr().out == "tracker: healthy\n"
+        _Metrics.body = b"# HELP x\n" + gauge + b" %f\n" % (time.time() - 400)
+        assert main(["health", "tracker", "--loop-only", "--stall-seconds", "300"]) == 1
+        assert "its loop is stuck" in capsys.readouterr().out
+        assert main(["health", "reconciler", "--loop-only"]) == 2
+        assert "--loop-only is for the daemons" in capsys.readouterr().err
+    finally:
+        server.shutdown()
+        server.server_close()
