@@ -37,7 +37,7 @@ from schemas.layout import (
     RepoKeys,
     namespace_key,
 )
-from schemas.liveness import Guards, Path, judge
+from schemas.liveness import Guards, Keep, Path, judge
 from schemas.namespaces import ownership_problem
 from schemas.records import AddressRecord, decode_address
 
@@ -242,12 +242,20 @@ class Evidence:
 
     def horizon(self, horizon_ms: int | None) -> int | None:
         """The horizon a judgment may use: the caller's (the tracker's, over the log), and for
-        a sequenced repository no later than its continuity horizon (None while it has none)."""
+        a sequenced repository no later than its continuity horizon (None while it has none).
+        A caller that knows no horizon (the reconciler's sweep) still gets the continuity
+        horizon: without it the reconciler path would judge by its cutoff alone."""
         if isinstance(self.continuity_ms, _Unsequenced):
             return horizon_ms
-        if self.continuity_ms is None or horizon_ms is None:
+        if self.continuity_ms is None:
             return None
-        return min(horizon_ms, self.continuity_ms)
+        return self.continuity_ms if horizon_ms is None else min(horizon_ms, self.continuity_ms)
+
+    @property
+    def uncertified(self) -> bool:
+        """A sequenced repository without a continuity horizon (a gap, a broken stripe, no
+        watermark yet): nothing of it may be deleted, on any path."""
+        return self.continuity_ms is None
 
 
 EVIDENCE_LUA = compose(FilePath(__file__).with_name("evidence.lua").read_text())
@@ -327,6 +335,8 @@ def keep_reasons(evidence: Evidence, repo: str, namespace: str, *, path: Path,
     fail-closed guard alone does not keep (SPEC safety 10)."""
     keep: dict[str, str] = {}
     now = evidence.now_ms if now_ms is None else now_ms
+    if evidence.uncertified:  # (the reconciler path reads "no horizon" as "cutoff only")
+        return dict.fromkeys(evidence.records, Keep.NO_HORIZON.value)
     horizon_ms = evidence.horizon(horizon_ms)
     for address, rec in evidence.records.items():
         guards = evidence.gate.guards(repo, namespace, address)

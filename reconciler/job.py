@@ -649,7 +649,8 @@ class Run:
             raise ReconcileError(f"run {self.summary.run_id} has no cutoff: it cannot be swept")
         plan = SweepPlan(self.opts.repo, lease_id, self.ns, self.summary.cutoff_ms,
                          recheck=self.opts.recheck, delete=delete, refs=self._refs,
-                         report_run_id=self.summary.run_id)
+                         report_run_id=self.summary.run_id,
+                         grace_ms=int(self.settings.grace_for(self.opts.repo) * 1000))
         return sweep(self.spark, self.settings, plan, parts)
 
     def _do_sweep(self, lease_id: str, parts: list[str], lease: Lease) -> None:

@@ -262,6 +262,7 @@ class SweepPlan:
     refs: str | None = None
     export_vouched: bool = False
     report_run_id: str | None = None
+    grace_ms: int = 0  # the repository's grace: bounds a sequenced one by its continuity horizon
 
     @property
     def outcome_prefix(self) -> str:
@@ -358,6 +359,7 @@ def _sweep_batch(deleter: Deleter, r: Any, plan: SweepPlan,
                  stats: SweepStats, record: Callable[..., None]) -> None:
     repo, lease_id, ns, cutoff_ms = plan.repo, plan.lease_id, plan.ns, plan.cutoff_ms
     delete, refs, export_vouched = plan.delete, plan.refs, plan.export_vouched
+    grace_ms = plan.grace_ms
     info = {rel: (cat, size) for rel, cat, size, _ in batch}
     vouched = frozenset(rel for rel, cat, _, _ in batch if cat in VOUCHED_CATEGORIES) \
         if export_vouched else frozenset()
@@ -374,7 +376,7 @@ def _sweep_batch(deleter: Deleter, r: Any, plan: SweepPlan,
     if r is not None:
         now_ms = redis_time_ms(r)
         kept = judge_rels(r, repo, ns, list(info), cutoff_ms=cutoff_ms, now_ms=now_ms,
-                          vouched=vouched, facts=facts)
+                          grace_ms=grace_ms, vouched=vouched, facts=facts)
         # Live now, the record included: a reference that came after the mark's snapshot
         # (a copy back into a branch) changed it, and only that object is skipped; the same
         # record judged live means the mark missed what was there (skipped_live: refused).
@@ -411,8 +413,8 @@ def _sweep_batch(deleter: Deleter, r: Any, plan: SweepPlan,
         if why_stop is not None:
             stop.append(why_stop)
             return dict.fromkeys(rels, STOPPED)
-        keep = recheck_for(r, repo, ns, cutoff_ms=cutoff_ms, vouched=vouched,
-                           facts=facts)(rels)
+        keep = recheck_for(r, repo, ns, cutoff_ms=cutoff_ms, grace_ms=grace_ms,
+                           vouched=vouched, facts=facts)(rels)
         moved = changed_since_mark(r, repo, ns, {rel: digests[rel] for rel in rels
                                                  if rel not in keep})
         keep.update(dict.fromkeys(moved, CHANGED_AFTER_MARK))

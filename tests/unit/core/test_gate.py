@@ -75,4 +75,25 @@ def test_a_sequenced_repository_is_judged_no_later_than_its_continuity_horizon()
     assert ev(300).horizon(500) == 300
     assert ev(900).horizon(500) == 500
     assert ev(None).horizon(500) is None  # a gap, a broken stripe, no watermark yet
-    assert ev(300).horizon(None) is None
+    # a caller without a horizon (the reconciler's sweep) is still bound by the service's
+    assert ev(300).horizon(None) == 300
+    assert ev(None).uncertified and not ev(300).uncertified and not ev(UNSEQUENCED).uncertified
+
+
+def test_nothing_of_a_sequenced_repository_without_a_continuity_horizon_is_deleted_on_any_path(
+        ) -> None:
+    """On the reconciler path "no horizon" means "the cutoff alone": a sequenced repository
+    without a continuity horizon must be kept there too, not judged by the cutoff."""
+    from core.gate import UNSEQUENCED, Evidence, Gate, keep_reasons
+    from schemas.records import AddressRecord
+
+    rec = AddressRecord(state="unreferenced", since=100)
+    for cont, kept in ((None, True), (UNSEQUENCED, False)):
+        evidence = Evidence(Gate(), {"s3://b/r/a": rec}, {}, {}, 10_000, cont)  # type: ignore[arg-type]
+        keep = keep_reasons(evidence, "r", "s3://b/r/", path="reconciler", horizon_ms=None,
+                            grace_ms=1000, cutoff_ms=5_000)
+        assert ("s3://b/r/a" in keep) is kept, (cont, keep)
+    evidence = Evidence(Gate(), {"s3://b/r/a": rec}, {}, {}, 10_000, 600)
+    keep = keep_reasons(evidence, "r", "s3://b/r/", path="reconciler", horizon_ms=None,
+                        grace_ms=1000, cutoff_ms=5_000)
+    assert keep == {"s3://b/r/a": "young"}  # 100 > 600 - 1000: within grace of the horizon
