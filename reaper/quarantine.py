@@ -121,7 +121,12 @@ async def purge_expired(deleter: Deleter, namespace: str, now: float | None = No
         for page in lister.get_paginator("list_objects_v2").paginate(Bucket=bucket,
                                                                      Prefix=prefix):
             for obj in page.get("Contents", []):
-                head = lister.head_object(Bucket=bucket, Key=obj["Key"])
+                try:
+                    head = lister.head_object(Bucket=bucket, Key=obj["Key"])
+                except ClientError as exc:  # gone since the listing: a restore or purge took it
+                    if str(exc.response.get("Error", {}).get("Code", "")) in _MISSING:
+                        continue
+                    raise
                 meta = head.get("Metadata", {})
                 exp = float(meta.get("hardelete-expires", "inf"))
                 address = meta.get("hardelete-address")

@@ -98,3 +98,38 @@ async def test_purge_keeps_the_last_copy_of_a_committed_address_and_obeys_pause(
     left = listed(s3, "purge")
     assert _copy(committed) in left and _copy(held) in left
     assert _copy(free) not in left
+
+
+class _RacedListing:
+    """A real client whose listing is answered, then one listed copy is removed (a restore or
+    another reaper's purge between the listing and the metadata read)."""
+
+    def __init__(self, client: Any, bucket: str, key: str) -> None:
+        self._client, self._bucket, self._key = client, bucket, key
+
+    def get_paginator(self, name: str) -> Any:
+        real = self._client.get_paginator(name)
+        client, bucket, key = self._client, self._bucket, self._key
+
+        class Raced:
+            def paginate(self, **kw: Any) -> Any:
+                pages = list(real.paginate(**kw))
+                client.delete_object(Bucket=bucket, Key=key)
+                return pages
+        return Raced()
+
+    def head_object(self, **kw: Any) -> Any:
+        return self._client.head_object(**kw)
+
+
+async def test_purge_passes_over_a_copy_gone_since_its_listing(settings: Settings, s3: Any,
+                                                               redis_client: Any) -> None:
+    s = _settings(settings, quarantine_days=2 / 86_400)
+    garbage = await _quarantined(s, s3, "purgerace")
+    taken = _copy(garbage[0]).removeprefix("s3://purgerace/")
+    assert _copy(garbage[0]) in listed(s3, "purgerace")
+    deleter = Deleter(s3_client(s, retries=False))
+    purged = await purge_expired(deleter, "s3://purgerace/repo/", now=time.time() + 3,
+                                 listing=_RacedListing(s3, "purgerace", taken))
+    assert sorted(purged.deleted) == sorted(_copy(a) for a in garbage[1:])
+    assert not {_copy(a) for a in garbage} & listed(s3, "purgerace")
