@@ -40,11 +40,13 @@ from rich.table import Table
 
 from core.clients import redis_async, s3_client
 from core.clock import aredis_time_ms, await_horizon
+from core.continuity_store import AsyncContinuityStore
 from core.errors import UserError
 from core.logs import get_logger
 from core.settings import Settings
 from reaper.daemon import Reaper
 from reconciler.mark import KEPT_CATEGORIES
+from schemas.outbox import Outbox
 from schemas.publisher import Publisher, ensure_topics
 from sim.model import (
     PUBLISH_MODES,
@@ -56,6 +58,7 @@ from sim.model import (
     Workload,
     WorkloadSummary,
 )
+from sim.sequenced import SequencedService
 from sim.stack import StackError, embedded_stack
 from tracker.daemon import Tracker
 
@@ -120,7 +123,9 @@ class OnlinePhase:
     live_deleted: int  # objects deleted that were NOT online garbage: must be 0
     garbage_left: int  # objects still in the store that are garbage only the reconciler sees
     left_by_kind: dict[str, int]
-    events_applied: int  # the service's events and the reaper's records of its deletes
+    events_applied: int  # the service's events, its relay's watermarks, the reaper's records
+    events_committed: int  # the service's events, numbered in its outbox
+    events_certified: int  # of those, applied in gapless order (the continuity prefixes)
     reaper_records: int  # addresses_reaped records the reaper published
     dead_lettered: int
     incidents: int
@@ -231,11 +236,15 @@ async def _run_phases(settings: Settings, options: DemoOptions, console: Console
     tracker = Tracker(settings, name="demo-tracker")
     tracker.start()
     try:
-        model, service = await run_model_phase(settings, options, console)
-        online = await run_online_phase(settings, options, service, tracker, console)
-        # The tracker keeps running: the reconciler's cutoff follows its progress.
-        recon = (await run_reconcile_phase(settings, service, console)
-                 if options.reconcile else None)
+        # The model service certifies its history: an outbox and its relay (schemas/README.md,
+        # "Continuity"), as a service must for hardelete to delete anything online.
+        async with SequencedService(settings) as certifying:
+            model, service = await run_model_phase(settings, options, console,
+                                                   certifying.outbox)
+            online = await run_online_phase(settings, options, service, tracker, console)
+            # The tracker keeps running: the reconciler's cutoff follows its progress.
+            recon = (await run_reconcile_phase(settings, service, console)
+                     if options.reconcile else None)
     finally:
         await tracker.stop()
     return model, online, recon
@@ -260,10 +269,15 @@ async def run_reconcile_phase(settings: Settings, service: ModelService,
         for repo in sorted(model.repositories):
             # The service's own list of its uncommitted addresses: the reconciler's second
             # witness beside the tracker's mirror (a lost event never turns into a delete).
+            # The run's cutoff comes first: the export must be made after it to witness
+            # everything staged before it (a tracker whose horizon follows the clock closely
+            # could otherwise put the cutoff after an export made a moment ago).
+            cutoff_ms = await _redis_now(settings) - 1
             await service.write_uncommitted_export(repo)
             with console.status(f"reconciler: mark and sweep of {repo}"):
                 summary = await asyncio.to_thread(
-                    reconcile, spark, settings, RunOptions(repo, uncommitted_export="namespace"))
+                    reconcile, spark, settings, RunOptions(repo, uncommitted_export="namespace",
+                                                           cutoff_ms=cutoff_ms))
             mark = summary.get("mark") or {}
             sweep = summary.get("sweep") or {}
             runs.append({
@@ -337,6 +351,7 @@ async def run_online_phase(settings: Settings, options: DemoOptions, service: Mo
         try:
             with contextlib.suppress(TimeoutError):
                 await await_horizon(r, await aredis_time_ms(r), timeout=30)
+            committed, certified = await _certified(r, service)
         finally:
             await r.aclose()
     finally:
@@ -354,10 +369,37 @@ async def run_online_phase(settings: Settings, options: DemoOptions, service: Mo
     return OnlinePhase(
         objects_written=len(written), garbage_online=len(garbage), reaped=len(garbage & gone),
         live_deleted=len(gone - garbage), garbage_left=sum(left.values()), left_by_kind=left,
-        events_applied=tracker.applied, reaper_records=reaper.records_published,
+        events_applied=tracker.applied, events_committed=committed,
+        events_certified=certified, reaper_records=reaper.records_published,
         dead_lettered=tracker.dead_lettered,
         incidents=tracker.incidents, latency_p50_s=pct(0.5), latency_p95_s=pct(0.95),
         timed_out=timed_out)
+
+
+async def _redis_now(settings: Settings) -> int:
+    r = redis_async(settings)
+    try:
+        return await aredis_time_ms(r)
+    finally:
+        await r.aclose()
+
+
+async def _certified(r: Any, service: ModelService) -> tuple[int, int]:
+    """The service's events numbered in its outbox, and those the tracker applied in gapless
+    order (the prefix of each stripe), over every repository."""
+    outbox = service.model.outbox
+    if outbox is None:
+        return 0, 0
+    store = AsyncContinuityStore(r)
+    committed = certified = 0
+    for repo in sorted(service.model.repositories):
+        counters = outbox.counters(repo)
+        if counters is None:
+            continue
+        committed += sum(counters.seqs)
+        for k in range(counters.stripes):
+            certified += (await store.read(repo, k)).prefix
+    return committed, certified
 
 
 async def _listing(service: ModelService) -> list[str]:
@@ -380,16 +422,17 @@ def _stack(settings: Settings, console: Console) -> Iterator[tuple[Settings, End
                            started=tuple(sorted(stack.servers)))
 
 
-async def run_model_phase(settings: Settings, options: DemoOptions,
-                          console: Console) -> tuple[ModelPhase, ModelService]:
-    """Run the seeded workload through the model service; check the store against the truth."""
+async def run_model_phase(settings: Settings, options: DemoOptions, console: Console,
+                          outbox: Outbox | None = None) -> tuple[ModelPhase, ModelService]:
+    """Run the seeded workload through the model service; check the store against the truth.
+    With ``outbox`` the service commits its events there (a relay publishes them)."""
     workload = options.workload()
     await ensure_topics(settings)
     s3 = s3_client(settings)
     async with Publisher(settings) as publisher:
         service = ModelService(settings, s3, publisher, publish_mode=options.publish_mode,
                                payload_cap=options.payload_cap,
-                               model=Model.from_settings(settings))
+                               model=Model.from_settings(settings, outbox=outbox))
         with _progress(console) as progress:
             task = progress.add_task("model service", total=workload.ops + workload.setup_ops)
 
@@ -494,7 +537,9 @@ def print_summary(result: DemoResult, console: Console) -> None:
     online.add_row("garbage left for the reconciler", str(o.garbage_left))
     for kind, n in o.left_by_kind.items():
         online.add_row(f"  {kind}", str(n))
-    online.add_row("events applied by the tracker (the reaper's records of its deletes "
+    online.add_row("service events numbered in its outbox / applied in order",
+                   f"{o.events_committed} / {o.events_certified}")
+    online.add_row("events applied by the tracker (watermarks and the reaper's records "
                    "included)", str(o.events_applied))
     online.add_row("  records of confirmed deletes the reaper published", str(o.reaper_records))
     online.add_row("dead-lettered events", str(o.dead_lettered))

@@ -23,6 +23,7 @@ from core.settings import Settings, load_settings
 from schemas import events as ev
 from schemas.layout import INCIDENTS, REFUSED, REPOS, RETIRED, AddressState, RepoKeys
 from schemas.publisher import Publisher, ensure_topics
+from sim import sequenced
 from tracker import codec
 from tracker.references import RefusedRepository, RepoState, World
 from tracker.state import ApplyScript
@@ -62,10 +63,15 @@ def base_settings(**overrides: Any) -> Settings:
 
 
 async def publish(settings: Settings, events: Iterable[ev.Event]) -> int:
-    """Publish (acks=all) and return the Redis time after every ack: the horizon to wait for."""
+    """Publish (acks=all) and return the Redis time after every ack: the horizon to wait for.
+    Through the test's sequenced service when one runs (``sim/sequenced.py``), else raw."""
     await ensure_topics(settings)
-    async with Publisher(settings) as pub:
-        await pub.publish_many(events)
+    svc = sequenced.active(settings)
+    if svc is not None:
+        await svc.publish(events)
+    else:
+        async with Publisher(settings) as pub:
+            await pub.publish_many(events)
     return await redis_now(settings)
 
 
@@ -98,12 +104,17 @@ async def redis_now(settings: Settings) -> int:
 
 
 async def wait_horizon(settings: Settings, target: int, timeout: float = 60.0) -> int:
-    """Wait until the tracker horizon reaches ``target``; returns it."""
+    """Wait until the tracker horizon reaches ``target``, and the continuity horizon of every
+    repository the test's sequenced service numbered; returns the tracker's."""
     r = redis_async(settings)
     try:
-        return await await_horizon(r, target, timeout)
+        h = await await_horizon(r, target, timeout)
     finally:
         await r.aclose()
+    svc = sequenced.active(settings)
+    if svc is not None:
+        await svc.wait_certified(target, timeout)
+    return h
 
 
 def timeless(st: RepoState) -> RepoState:

@@ -9,7 +9,7 @@ import contextlib
 import os
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from hypothesis import settings as hypothesis_settings
 
 from core.clients import redis_sync, s3_client
 from core.settings import Settings
+from sim.sequenced import SequencedService
 from sim.stack import Server, Stack, embedded_stack, reset_s3, start_redis_cluster
 from sim.testing import base_settings, misplaced_tests
 
@@ -91,6 +92,8 @@ def settings(stack: Stack, topology: str, request: pytest.FixtureRequest) -> Ite
         dlq_topic=f"dlq-{suffix}",
         control_topic=f"control-{suffix}",
         consumer_group=f"tracker-{suffix}",
+        tick_interval_seconds=0.1,  # (a test waits for a certified horizon: keep it close)
+        resend_interval_seconds=1.0,
     )
     if topology == "cluster":
         nodes = request.getfixturevalue("redis_cluster")
@@ -126,6 +129,21 @@ async def _delete_topics(bootstrap: str, suffix: str) -> None:
                 await admin.delete_topics(mine)
         finally:
             await admin.close()
+
+
+@pytest.fixture
+async def sequenced(settings: Settings, tmp_path: Path, request: pytest.FixtureRequest
+                    ) -> AsyncIterator[SequencedService | None]:
+    """The test's service certifies its history: ``sim.testing.publish`` goes through its
+    outbox and relay, ``wait_horizon`` waits for the continuity horizon too. A module opts in
+    with ``pytestmark = pytest.mark.usefixtures("sequenced")`` (async tests only: the relay
+    runs in the test's event loop); a test of a service that breaks the contract is marked
+    ``unsequenced``."""
+    if request.node.get_closest_marker("unsequenced") is not None:
+        yield None
+        return
+    async with SequencedService(settings, tmp_path / "service") as svc:
+        yield svc
 
 
 @pytest.fixture

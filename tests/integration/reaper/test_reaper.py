@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 import orjson
+import pytest
 from prometheus_client import REGISTRY
 
 from core.clients import redis_async, s3_client
@@ -31,6 +32,9 @@ from sim.reaping import _many_garbage, _service, _settings, _state_is
 from sim.testing import listed, wait_for
 from tracker.daemon import running_tracker
 from tracker.state import parse_address
+
+# The service certifies its history (schemas/README.md, "Continuity").
+pytestmark = pytest.mark.usefixtures("sequenced")
 
 
 async def test_reaps_online_garbage_and_never_anything_live(settings, s3):
@@ -254,6 +258,7 @@ async def test_a_throttled_store_the_reaper_backs_off_and_loses_nothing(settings
     assert not set(garbage) & listed(s3, "slow") and keep in listed(s3, "slow")
 
 
+@pytest.mark.unsequenced  # (a service holding an event back: sequenced, a gap holds the horizon)
 async def test_late_copy_is_an_incident(settings, s3, redis_client):
     s = _settings(settings)
     await ensure_topics(s)

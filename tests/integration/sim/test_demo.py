@@ -28,7 +28,10 @@ def test_demo_reaps_exactly_the_online_garbage_then_reconciles(settings: Setting
     assert online.live_deleted == 0
     assert online.garbage_online > 0 and online.reaped == online.garbage_online
     assert online.reaper_records >= 1  # the reaper's deletes go into the log too
-    assert online.events_applied == result.model.summary.events_published + online.reaper_records
+    # every event the service committed was applied, in order (its history is certified)
+    assert online.events_committed == result.model.summary.events_published
+    assert online.events_certified == online.events_committed > 0
+    assert online.events_applied >= online.events_committed + online.reaper_records
     recon = result.reconcile
     assert recon is not None and all(run["success"] for run in recon.runs)
     assert recon.expected > 0 and recon.deleted == recon.expected

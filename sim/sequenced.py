@@ -1,0 +1,126 @@
+"""A service side that certifies its own history, for tests and the demo (schemas/README.md,
+"Continuity"): a SQLite outbox (``schemas/outbox.py``) and its relay (``schemas/relay.py``).
+
+``sim.testing.publish`` sends a test's service events through the active one for the test's
+events topic (:func:`active`): each call is one transaction of the service's store, every
+event gets the next seq of its repository's stripe, and the call returns once the relay's
+broker acknowledged them, as a raw publish does. Events that already carry a seq, and events
+that are not the service's (the reaper's ``addresses_reaped``), are published as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+import zlib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+
+from core.clients import redis_async
+from core.clock import aredis_time_ms
+from core.continuity_store import AsyncContinuityStore
+from core.settings import Settings
+from schemas import events as ev
+from schemas.outbox import Outbox
+from schemas.publisher import Publisher
+from schemas.relay import Relay
+
+_ACTIVE: dict[str, SequencedService] = {}
+
+
+def active(settings: Settings) -> SequencedService | None:
+    """The sequenced service publishing on ``settings``' events topic, if one runs."""
+    return _ACTIVE.get(settings.events_topic)
+
+
+def stripe_of(event: ev.ServiceEvent, stripes: int) -> int:
+    """A branch's events share a stripe; lifecycle events (no branch) go to stripe 0."""
+    branch = getattr(event, "branch", None)
+    if stripes == 1 or not branch:
+        return 0
+    return zlib.crc32(branch.encode()) % stripes
+
+
+class SequencedService:
+    """``async with SequencedService(settings) as svc``: an outbox (in ``directory``, a
+    temporary one by default) and its relay, registered for the settings' events topic."""
+
+    def __init__(self, settings: Settings, directory: str | Path | None = None) -> None:
+        self.settings = settings
+        self._tmp = None if directory is not None else tempfile.TemporaryDirectory(
+            prefix="hardelete-service-")
+        where = Path(directory if directory is not None else self._tmp.name)  # type: ignore[union-attr]
+        where.mkdir(parents=True, exist_ok=True)
+        self.outbox = Outbox(where / "service.db", synchronous="OFF")
+        self.relay = Relay(settings, self.outbox, poll_seconds=0.05)
+        self.repositories: set[str] = set()
+        self._stripes: dict[str, int] = {}  # declared by the repository_created emitted here
+
+    async def __aenter__(self) -> SequencedService:
+        if self.settings.events_topic in _ACTIVE:
+            raise RuntimeError(f"a sequenced service already runs on {self.settings.events_topic}")
+        await self.relay.start()
+        _ACTIVE[self.settings.events_topic] = self
+        return self
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        _ACTIVE.pop(self.settings.events_topic, None)
+        try:
+            await self.relay.stop()
+        finally:
+            self.outbox.close()
+            if self._tmp is not None:
+                self._tmp.cleanup()
+
+    def emit(self, events: Sequence[ev.ServiceEvent]) -> list[ev.ServiceEvent]:
+        """Commit ``events`` in one transaction of the service's store (seqs allocated)."""
+        for e in events:
+            if isinstance(e, ev.RepositoryCreated):
+                self._stripes.setdefault(e.repository, e.stripes)
+        with self.outbox.transaction() as tx:
+            stamped = [tx.emit(e, stripe=stripe_of(e, self._stripes.get(e.repository, 1)))
+                       for e in events]
+        self.repositories.update(e.repository for e in stamped)
+        return stamped
+
+    async def publish(self, events: Iterable[ev.Event]) -> list[ev.Event]:
+        """Emit the service's events, publish the rest as they are; returns once every one is
+        acknowledged by the broker."""
+        mine: list[ev.ServiceEvent] = []
+        raw: list[ev.Event] = []
+        for e in events:
+            if isinstance(e, ev.ServiceEvent) and e.seq is None and e.incarnation is None:
+                mine.append(e)
+            else:
+                raw.append(e)
+        stamped: list[ev.Event] = list(self.emit(mine)) if mine else []
+        await self.relay.publish_pending()
+        if raw:
+            async with Publisher(self.settings) as pub:
+                await pub.publish_many(raw)
+        return stamped + raw
+
+    async def wait_certified(self, target_ms: int, timeout: float = 60.0) -> None:
+        """Wait until every repository this service numbered has a continuity horizon at or
+        past ``target_ms`` (the tracker applied all of it up to then)."""
+        r = redis_async(self.settings)
+        store = AsyncContinuityStore(r)
+        deadline = time.monotonic() + timeout
+        try:
+            for repo in sorted(self.repositories):
+                counters = self.outbox.counters(repo)
+                stripes = counters.stripes if counters is not None else 1
+                while True:
+                    h = await store.horizon(repo, stripes)
+                    if h is not None and h >= target_ms:
+                        break
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"repository {repo}: continuity horizon {h} did not reach "
+                            f"{target_ms} in {timeout}s (Redis now {await aredis_time_ms(r)})")
+                    await asyncio.sleep(0.02)
+        finally:
+            await r.aclose()
