@@ -20,7 +20,8 @@ from schemas.layout import FACT_KEY, RepoKeys
 from sim.testing import publish, redis_now, wait_horizon
 from tracker.daemon import running_tracker
 
-pytestmark = pytest.mark.parametrize("topology", ["single"], indirect=True)
+pytestmark = [pytest.mark.parametrize("topology", ["single"], indirect=True),
+              pytest.mark.usefixtures("sequenced")]  # (the service certifies its history)
 
 BUCKET = "atkthree"
 REPO = "atk3"

@@ -32,7 +32,8 @@ from sim.testing import (
 )
 from tracker.daemon import running_tracker
 
-pytestmark = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
+pytestmark = [pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True),
+              pytest.mark.usefixtures("sequenced")]  # (the service certifies its history)
 
 BUCKET = "durable"
 REPO = "dur"

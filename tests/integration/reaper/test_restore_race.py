@@ -15,6 +15,8 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from core.clients import s3_client
 from reaper.daemon import Reaper
 from reaper.quarantine import restore
@@ -24,6 +26,9 @@ from sim.faultproxy import FaultProxy
 from sim.reaping import _many_garbage, _settings, _state_is
 from sim.testing import listed, wait_for
 from tracker.daemon import running_tracker
+
+# The service certifies its history (schemas/README.md, "Continuity").
+pytestmark = pytest.mark.usefixtures("sequenced")
 
 
 async def test_a_late_delete_never_removes_the_restored_object(settings, s3):
