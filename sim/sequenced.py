@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from core.clients import redis_async
 from core.clock import aredis_time_ms
@@ -28,6 +29,20 @@ from schemas.publisher import Publisher
 from schemas.relay import Relay
 
 _ACTIVE: dict[str, SequencedService] = {}
+
+
+class LossyRelay(Relay):
+    """A relay whose publishes of some events are lost (the service crashed after its commit,
+    or the broker lost them), first sends and re-sends alike: the events whose id is in
+    ``drop``, or every watermark while ``"watermark"`` is."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.drop: set[str] = set()
+
+    async def _send(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+        kept = [(v, k) for v, k in records if not any(e.encode() in v for e in self.drop)]
+        await super()._send(kept)
 
 
 def active(settings: Settings) -> SequencedService | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,26 +27,13 @@ from reaper.daemon import Reaper
 from schemas import events as ev
 from schemas.layout import INCIDENTS, RepoKeys
 from schemas.outbox import Outbox
-from schemas.relay import Relay
+from sim.sequenced import LossyRelay
 from sim.testing import publish, redis_now, wait_horizon
 from tracker.daemon import running_tracker
 
 pytestmark = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
 
 REPO = "svc"
-
-
-class LossyRelay(Relay):
-    """A relay whose publishes of some events are lost (the service crashed after its commit,
-    or the broker lost them), first sends and re-sends alike, while ``dropping``."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.drop: set[str] = set()
-
-    async def _send(self, records: Sequence[tuple[bytes, bytes]]) -> None:
-        kept = [(v, k) for v, k in records if not any(e.encode() in v for e in self.drop)]
-        await super()._send(kept)
 
 
 @dataclass
