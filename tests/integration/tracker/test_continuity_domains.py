@@ -19,6 +19,7 @@ from core.continuity_store import ContinuityStore
 from core.settings import Settings
 from reaper.daemon import Reaper
 from schemas import events as ev
+from schemas.layout import RepoKeys
 from schemas.outbox import Outbox
 from sim.sequenced import LossyRelay
 from sim.testing import redis_now, wait_for, wait_horizon
@@ -182,3 +183,45 @@ async def test_a_restored_store_stops_only_its_repository_with_a_reason(
             await _reap(fast, s3)
             assert svc.exists(a) and svc.exists(b)  # nothing of ONE goes
             assert store.horizon(ONE, 1) is None
+
+
+async def test_a_service_crash_between_its_commit_and_the_publish_deletes_nothing(
+        fast: Settings, s3: Any, tmp_path: Path) -> None:
+    """ONE's service hands out an upload address (its ``address_issued`` is published), the
+    client uploads, the service commits the entry (``object_written``, in its outbox) and
+    crashes before its relay publishes it. The upload ticket expires, grace passes: no
+    consumer-side proof can tell that an event is missing, and the object looks abandoned. The
+    repository's horizon waits for a watermark, which only a running relay gives, so nothing
+    of ONE goes; TWO goes on. The relay restarts, publishes the row, and the object is staged."""
+    s = fast.replace(upload_ttl_seconds=1.0)
+    async with two_repos(s, s3, tmp_path) as svc, running_tracker(s):
+        a = svc.namespace(ONE) + "data/upload"
+        svc.emit(ev.AddressIssued(repository=ONE, address=a, ttl_seconds=1.0))
+        r = redis_sync(s)
+        store = ContinuityStore(r)
+
+        async def issued_certified() -> bool:
+            return store.read(ONE, 0).prefix == 3 and store.horizon(ONE, 1) is not None
+        await wait_for(issued_certified, 30, "the address_issued to be applied and certified")
+        svc.store(ONE, "data/upload")  # the client's upload
+        await svc.relays[ONE].stop()  # the service crashes ...
+        svc.emit(ev.ObjectWritten(repository=ONE, branch="main", staging_token="t-one",
+                                  path="upload", address=a, size=1, ref_id="r1"))
+        crashed_at = await redis_now(s)  # ... after its commit, before the publish
+        await asyncio.sleep(s.upload_ttl_seconds + s.grace_seconds + 0.5)
+        two_garbage = svc.garbage(TWO, "data/g", "g1")
+        await asyncio.sleep(s.grace_seconds + 0.3)
+        await _reaped(s, s3, svc, two_garbage)  # (the tracker and the reaper are at work)
+        await _reap(s, s3)
+        assert svc.exists(a)
+        h = store.horizon(ONE, 1)
+        assert h is not None and h < crashed_at
+        svc.relays[ONE] = LossyRelay(s, svc.outboxes[ONE])  # the service is back
+        async with svc.relays[ONE]:
+            async def staged() -> bool:
+                return r.hget(RepoKeys(ONE).address(a), "state") == "staged"
+            await wait_for(staged, 30, "the committed entry to be published and applied")
+            await asyncio.sleep(s.grace_seconds + 0.3)
+            await wait_horizon(s, await redis_now(s))
+            await _reap(s, s3)
+            assert svc.exists(a)
