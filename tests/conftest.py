@@ -61,6 +61,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     wd: Path = tmp_path_factory.mktemp("stack")
     with embedded_stack(base_settings(), redis_aof=True, workdir=wd) as st:
         yield st
+        _TOPIC_DELETION.join()  # (before the broker stops)
 
 
 @pytest.fixture(scope="session")
@@ -107,11 +108,31 @@ def settings(stack: Stack, topology: str, request: pytest.FixtureRequest) -> Ite
     reset_s3(s)
     yield s
     # The broker is shared by the worker's tests: it keeps only what a test is using. (In a
-    # thread of its own: the test's event loop, if any, must stay the current one.)
-    t = threading.Thread(target=asyncio.run,
-                         args=(_delete_topics(stack.settings.kafka_bootstrap, suffix),))
-    t.start()
-    t.join()
+    # thread of its own: the test's event loop, if any, must stay the current one.) The
+    # controller's answer takes 0.1-2 s; the next test runs meanwhile (its topics have other
+    # names), and joins this deletion before it starts its own.
+    _TOPIC_DELETION.start(stack.settings.kafka_bootstrap, suffix)
+
+
+class _TopicDeletion:
+    """One test's topic deletion in flight at a time, on a thread of its own."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+
+    def start(self, bootstrap: str, suffix: str) -> None:
+        self.join()
+        self.thread = threading.Thread(target=asyncio.run, daemon=True,
+                                       args=(_delete_topics(bootstrap, suffix),))
+        self.thread.start()
+
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+            self.thread = None
+
+
+_TOPIC_DELETION = _TopicDeletion()
 
 
 async def _delete_topics(bootstrap: str, suffix: str) -> None:
