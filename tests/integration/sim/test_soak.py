@@ -49,13 +49,14 @@ def _show(verdict: object) -> str:
 SAFETY_ONLY = frozenset(STALLS) | FAILS_CLOSED | {FaultKind.BROKER_RESTART}
 
 
-def _recovery_soak(ops: int) -> None:
+@pytest.mark.slow
+def test_short_soak_survives_and_recovers_from_every_fault_that_does_not_stall() -> None:
     # add_partition runs in the safety soak below: with it here, a copy published beyond the
     # contract after its source's delete was applied while the reaper had not completed the
     # claim yet, and went without an incident (seen twice on 2026-11-25; nothing live deleted:
     # the incident accounting, not safety, is what this soak could not hold).
     faults = SURVIVED - SAFETY_ONLY - {FaultKind.ADD_PARTITION}
-    options = SoakOptions(seed=1, ops=ops, repos=3, faults=faults, faults_per_1000_ops=4.0,
+    options = SoakOptions(seed=1, ops=4_000, repos=3, faults=faults, faults_per_1000_ops=4.0,
                           reconciles_per_1000_ops=0.5, check_every=1_000)
     verdict = run_soak(base_settings(), options)
     report = _show(verdict)
@@ -74,21 +75,8 @@ def _recovery_soak(ops: int) -> None:
     assert sum(verdict.beyond_contract.values()) == verdict.faults_injected["delay_beyond"]
     assert verdict.tracker_caught_up, report
     assert verdict.reclaim_ratio >= 0.999, report
-    assert sum(verdict.ops_by_kind.values()) >= ops - verdict.ops_refused
+    assert sum(verdict.ops_by_kind.values()) >= 4_000 - verdict.ops_refused
     assert any(r.kind == "sweep_only" for r in verdict.reconciler_runs), report
-
-
-@pytest.mark.slow
-def test_short_soak_survives_and_recovers_from_every_fault_that_does_not_stall() -> None:
-    # Every kind once (15 faults) and three reconciler runs, as in the longer run below.
-    _recovery_soak(2_000)
-
-
-@pytest.mark.soak
-def test_longer_soak_survives_and_recovers_from_every_fault_that_does_not_stall() -> None:
-    """The same soak over 4,000 operations: more workload between the same faults (`./dev
-    soak-tests`; the short one above runs every fault kind in the suite)."""
-    _recovery_soak(4_000)
 
 
 @pytest.mark.slow
