@@ -18,7 +18,14 @@ from hypothesis import settings as hypothesis_settings
 
 from core.clients import redis_sync, s3_client
 from core.settings import Settings
-from sim.stack import Server, Stack, embedded_stack, reset_s3, start_redis_cluster
+from sim.stack import (
+    KAFKA_JVM_EXTRA,
+    Server,
+    Stack,
+    embedded_stack,
+    reset_s3,
+    start_redis_cluster,
+)
 from sim.testing import base_settings, misplaced_tests
 
 # Property tests check outcomes, not speed: on 2 cores under 3 workers an example can take
@@ -27,6 +34,15 @@ hypothesis_settings.register_profile("hardelete", deadline=None)
 hypothesis_settings.load_profile("hardelete")
 
 os.environ.setdefault("HARDELETE_LOG_FORMAT", "console")
+# The JIT's top tier (C2) costs a short-lived JVM more CPU than it wins back: the suite's Kafka
+# brokers and Spark drivers run C1 only, which halved their CPU on this 2-core machine (a broker
+# started, given ten topics and idle: 7.3 -> 3.4 s; a Spark session and a few jobs: 29-33 ->
+# 16-18 s). The environment carries it to the Spark drivers of the CLI processes tests start.
+QUICK_JVM = "-XX:TieredStopAtLevel=1"
+if QUICK_JVM not in KAFKA_JVM_EXTRA:
+    KAFKA_JVM_EXTRA.append(QUICK_JVM)
+os.environ.setdefault("PYSPARK_SUBMIT_ARGS",
+                      f"--conf spark.driver.defaultJavaOptions={QUICK_JVM} pyspark-shell")
 # pytest-xdist's workers export the runner's COLUMNS; the CLI subprocesses the tests start
 # must size their tables as a user's pipe would (full width), not as the runner's terminal.
 os.environ.pop("COLUMNS", None)
