@@ -339,6 +339,9 @@ KAFKA_PROPERTIES: dict[str, str] = {
 KAFKA_JVM = ["-Xms64m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError",
              "-Dorg.slf4j.simpleLogger.showDateTime=true",
              "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS"]
+# On top of KAFKA_JVM for every Kafka process started here, the storage format included (the
+# test suite's: tests/conftest.py).
+KAFKA_JVM_EXTRA: list[str] = []
 
 
 @dataclass
@@ -378,13 +381,13 @@ class KafkaServer(Server):
 
     def argv_for(self, port: int) -> list[str]:
         jvm = [f"-Xmx{self.heap}" if a.startswith("-Xmx") else a for a in KAFKA_JVM]
-        return [install.java_binary(), *jvm, "-cp", install.kafka_classpath(),
+        return [install.java_binary(), *jvm, *KAFKA_JVM_EXTRA, "-cp", install.kafka_classpath(),
                 "kafka.Kafka", str(self.config(port))]
 
     def format(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         proc = subprocess.run(
-            [install.java_binary(), "-Xmx256m", "-cp", install.kafka_classpath(),
+            [install.java_binary(), "-Xmx256m", *KAFKA_JVM_EXTRA, "-cp", install.kafka_classpath(),
              "kafka.tools.StorageTool", "format", "-t", self.cluster_id,
              "-c", str(self.config(self.port))],
             capture_output=True, text=True)

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.clock import redis_time_ms
 from reconciler.s3io import Namespace
 from schemas.layout import PROGRESS, PROGRESS_META, REPOS
 from sim.model import Model, ModelService, Workload, seeded_ids
@@ -39,13 +40,19 @@ class World:
     svc: ModelService
     gate: codec.Gate = field(default_factory=codec.Gate)
     applied: int = 0
+    # No upload the tracker recorded is protected past this (Redis-clock ms; see boundary).
+    issued_until_ms: int = 0
 
     def track(self, now_ms: int | None) -> None:
         """Apply the model's new events with the tracker's script (tracker clock now_ms)."""
         events = self.model.events[self.applied:]
         batch, rejected = lua_batches(events, self.gate, first_offset=self.applied)
         assert not rejected
+        ttls = [e[3] for chunk in batch.values() for e in chunk if e[1] == codec.OP_ISSUE]
         apply_lua(self.r, batch, now_ms)
+        if ttls:  # the script's expiry is its clock at the apply plus the ttl: at most this
+            applied_ms = now_ms if now_ms is not None else redis_time_ms(self.r)
+            self.issued_until_ms = max(self.issued_until_ms, applied_ms + max(ttls))
         self.applied += len(events)
         if batch:  # the daemon registers repositories beside the per-repository script
             self.r.sadd(REPOS, *batch)
@@ -78,10 +85,15 @@ async def _run(svc: ModelService, ops: Any) -> None:
         await svc.call(fn, *args)
 
 
-def boundary() -> int:
+def boundary(w: World | None = None) -> int:
     """A cutoff after everything written so far (the store keeps whole seconds), and wait
-    until the wall clock passes it so that later writes are not older than it."""
-    cutoff = (int(time.time()) + 1) * 1000
+    until the wall clock passes it so that later writes are not older than it.
+
+    With ``w``, also after every upload expiry its tracker recorded: the reconciler keeps an
+    address whose upload is protected past the run's cutoff (``issued``), so an upload applied
+    less than its ttl before a whole second would otherwise stay protected by that cutoff."""
+    start = max(time.time(), (w.issued_until_ms / 1000.0) if w is not None else 0.0)
+    cutoff = (int(start) + 1) * 1000
     while time.time() * 1000 < cutoff + 5:
         time.sleep(0.02)
     return cutoff

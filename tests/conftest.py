@@ -19,7 +19,14 @@ from hypothesis import settings as hypothesis_settings
 from core.clients import redis_sync, s3_client
 from core.settings import Settings
 from sim.sequenced import SequencedService
-from sim.stack import Server, Stack, embedded_stack, reset_s3, start_redis_cluster
+from sim.stack import (
+    KAFKA_JVM_EXTRA,
+    Server,
+    Stack,
+    embedded_stack,
+    reset_s3,
+    start_redis_cluster,
+)
 from sim.testing import base_settings, misplaced_tests
 
 # Property tests check outcomes, not speed: on 2 cores under 3 workers an example can take
@@ -28,6 +35,15 @@ hypothesis_settings.register_profile("hardelete", deadline=None)
 hypothesis_settings.load_profile("hardelete")
 
 os.environ.setdefault("HARDELETE_LOG_FORMAT", "console")
+# The JIT's top tier (C2) costs a short-lived JVM more CPU than it wins back: the suite's Kafka
+# brokers and Spark drivers run C1 only, which halved their CPU on this 2-core machine (a broker
+# started, given ten topics and idle: 7.3 -> 3.4 s; a Spark session and a few jobs: 29-33 ->
+# 16-18 s). The environment carries it to the Spark drivers of the CLI processes tests start.
+QUICK_JVM = "-XX:TieredStopAtLevel=1"
+if QUICK_JVM not in KAFKA_JVM_EXTRA:
+    KAFKA_JVM_EXTRA.append(QUICK_JVM)
+os.environ.setdefault("PYSPARK_SUBMIT_ARGS",
+                      f"--conf spark.driver.defaultJavaOptions={QUICK_JVM} pyspark-shell")
 # pytest-xdist's workers export the runner's COLUMNS; the CLI subprocesses the tests start
 # must size their tables as a user's pipe would (full width), not as the runner's terminal.
 os.environ.pop("COLUMNS", None)
@@ -62,6 +78,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     wd: Path = tmp_path_factory.mktemp("stack")
     with embedded_stack(base_settings(), redis_aof=True, workdir=wd) as st:
         yield st
+        _TOPIC_DELETION.join()  # (before the broker stops)
 
 
 @pytest.fixture(scope="session")
@@ -110,11 +127,31 @@ def settings(stack: Stack, topology: str, request: pytest.FixtureRequest) -> Ite
     reset_s3(s)
     yield s
     # The broker is shared by the worker's tests: it keeps only what a test is using. (In a
-    # thread of its own: the test's event loop, if any, must stay the current one.)
-    t = threading.Thread(target=asyncio.run,
-                         args=(_delete_topics(stack.settings.kafka_bootstrap, suffix),))
-    t.start()
-    t.join()
+    # thread of its own: the test's event loop, if any, must stay the current one.) The
+    # controller's answer takes 0.1-2 s; the next test runs meanwhile (its topics have other
+    # names), and joins this deletion before it starts its own.
+    _TOPIC_DELETION.start(stack.settings.kafka_bootstrap, suffix)
+
+
+class _TopicDeletion:
+    """One test's topic deletion in flight at a time, on a thread of its own."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+
+    def start(self, bootstrap: str, suffix: str) -> None:
+        self.join()
+        self.thread = threading.Thread(target=asyncio.run, daemon=True,
+                                       args=(_delete_topics(bootstrap, suffix),))
+        self.thread.start()
+
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout=30)
+            self.thread = None
+
+
+_TOPIC_DELETION = _TopicDeletion()
 
 
 async def _delete_topics(bootstrap: str, suffix: str) -> None:

@@ -122,7 +122,10 @@ def test_an_address_unreferenced_inside_the_grace_window_is_not_marked(
     gone = call(w, M.write, "r", "main", "g", 10).address
     keep = call(w, M.write, "r", "main", "k", 10).address
     w.track(None)
-    cutoff = boundary()  # the object is older than the cutoff ...
+    # the object is older than the cutoff, and so is its upload's expiry (50 ms after the
+    # apply: a cutoff at the next whole second kept g as issued when the apply came less than
+    # that before it, tests/integration/sim/test_worlds.py) ...
+    cutoff = boundary(w)
     call(w, M.delete, "r", "main", "g")  # ... but unreferenced only now
     w.track(None)
     hour = rsettings.replace(grace_seconds=3600.0)
