@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import Iterable, Sequence
@@ -59,8 +60,11 @@ def stripe_of(event: ev.ServiceEvent, stripes: int) -> int:
 
 
 class SequencedService:
-    """``async with SequencedService(settings) as svc``: an outbox (in ``directory``, a
-    temporary one by default) and its relay, registered for the settings' events topic."""
+    """An outbox (in ``directory``, a temporary one by default) and its relay, registered for
+    the settings' events topic: ``async with SequencedService(settings) as svc`` runs the
+    relay in the caller's event loop; ``with SequencedService(settings) as svc`` on a thread
+    of its own (for callers whose loop does not run between their calls: sync tests that
+    ``asyncio.run`` each step)."""
 
     def __init__(self, settings: Settings, directory: str | Path | None = None) -> None:
         self.settings = settings
@@ -69,15 +73,41 @@ class SequencedService:
         where = Path(directory if directory is not None else self._tmp.name)  # type: ignore[union-attr]
         where.mkdir(parents=True, exist_ok=True)
         self.outbox = Outbox(where / "service.db", synchronous="OFF")
-        self.relay = Relay(settings, self.outbox, poll_seconds=0.05)
         self.repositories: set[str] = set()
         self._stripes: dict[str, int] = {}  # declared by the repository_created emitted here
+        self._relay: Relay | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the relay's
+        self._thread: threading.Thread | None = None
 
-    async def __aenter__(self) -> SequencedService:
+    @property
+    def relay(self) -> Relay:
+        if self._relay is None:
+            raise RuntimeError("the service's relay is not running")
+        return self._relay
+
+    async def _start(self) -> None:
+        # (aiokafka binds its clients to the loop they are made in: made here, in the relay's)
+        relay = Relay(self.settings, self.outbox, poll_seconds=0.05)
+        await relay.start()
+        self._relay, self._loop = relay, asyncio.get_running_loop()
+
+    def _register(self) -> None:
         if self.settings.events_topic in _ACTIVE:
             raise RuntimeError(f"a sequenced service already runs on {self.settings.events_topic}")
-        await self.relay.start()
         _ACTIVE[self.settings.events_topic] = self
+
+    def _close(self) -> None:
+        self.outbox.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    async def __aenter__(self) -> SequencedService:
+        self._register()
+        try:
+            await self._start()
+        except BaseException:
+            _ACTIVE.pop(self.settings.events_topic, None)
+            raise
         return self
 
     async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None,
@@ -86,9 +116,46 @@ class SequencedService:
         try:
             await self.relay.stop()
         finally:
-            self.outbox.close()
-            if self._tmp is not None:
-                self._tmp.cleanup()
+            self._close()
+
+    def __enter__(self) -> SequencedService:
+        self._register()
+        loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=loop.run_forever, name="relay", daemon=True)
+        self._thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self._start(), loop).result(60)
+        except BaseException:
+            self._end_thread(loop)
+            _ACTIVE.pop(self.settings.events_topic, None)
+            raise
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        _ACTIVE.pop(self.settings.events_topic, None)
+        loop = self._loop
+        try:
+            if loop is not None:
+                asyncio.run_coroutine_threadsafe(self.relay.stop(), loop).result(60)
+        finally:
+            if loop is not None:
+                self._end_thread(loop)
+            self._close()
+
+    def _end_thread(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(30)
+        loop.close()
+
+    async def _publish_pending(self) -> None:
+        loop = self._loop
+        if loop is None or loop is asyncio.get_running_loop():
+            await self.relay.publish_pending()
+        else:  # the relay runs on its own thread
+            await asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(self.relay.publish_pending(), loop))
 
     def emit(self, events: Sequence[ev.ServiceEvent]) -> list[ev.ServiceEvent]:
         """Commit ``events`` in one transaction of the service's store (seqs allocated)."""
@@ -112,7 +179,7 @@ class SequencedService:
             else:
                 raw.append(e)
         stamped: list[ev.Event] = list(self.emit(mine)) if mine else []
-        await self.relay.publish_pending()
+        await self._publish_pending()
         if raw:
             async with Publisher(self.settings) as pub:
                 await pub.publish_many(raw)

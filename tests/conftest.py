@@ -9,7 +9,7 @@ import contextlib
 import os
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,17 +169,17 @@ async def _delete_topics(bootstrap: str, suffix: str) -> None:
 
 
 @pytest.fixture
-async def sequenced(settings: Settings, tmp_path: Path, request: pytest.FixtureRequest
-                    ) -> AsyncIterator[SequencedService | None]:
+def sequenced(settings: Settings, tmp_path: Path, request: pytest.FixtureRequest
+              ) -> Iterator[SequencedService | None]:
     """The test's service certifies its history: ``sim.testing.publish`` goes through its
-    outbox and relay, ``wait_horizon`` waits for the continuity horizon too. A module opts in
-    with ``pytestmark = pytest.mark.usefixtures("sequenced")`` (async tests only: the relay
-    runs in the test's event loop); a test of a service that breaks the contract is marked
-    ``unsequenced``."""
+    outbox and relay (on a thread of its own: sync tests too), ``wait_horizon`` waits for the
+    continuity horizon too. A module opts in with ``pytestmark =
+    pytest.mark.usefixtures("sequenced")``; a test of a service that breaks the contract is
+    marked ``unsequenced``."""
     if request.node.get_closest_marker("unsequenced") is not None:
         yield None
         return
-    async with SequencedService(settings, tmp_path / "service") as svc:
+    with SequencedService(settings, tmp_path / "service") as svc:
         yield svc
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from core.errors import UserError
 from core.settings import Settings
 from reaper.daemon import Reaper
@@ -28,6 +30,9 @@ from sim.reaping import _settings
 from sim.testing import redis_now
 from tracker.daemon import running_tracker
 from tracker.state import parse_address
+
+# The service certifies its history (schemas/README.md, "Continuity").
+pytestmark = pytest.mark.usefixtures("sequenced")
 
 
 def _put(s3: Any, address: str) -> None:
