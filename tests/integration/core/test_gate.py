@@ -26,6 +26,9 @@ from sim.reaping import _many_garbage, _settings
 from sim.testing import listed, publish, wait_for, wait_horizon
 from tracker.daemon import running_tracker
 
+# The service certifies its history (schemas/README.md, "Continuity").
+pytestmark = pytest.mark.usefixtures("sequenced")
+
 
 def test_the_gate_refuses_a_client_that_retries_by_itself(settings: Settings) -> None:
     retrying = s3_client(settings)

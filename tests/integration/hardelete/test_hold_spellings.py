@@ -23,6 +23,9 @@ from schemas.layout import RepoKeys
 from sim.model import Model
 from sim.operations import make_garbage, publish_and_track, reap_until, run, stored
 
+# The service certifies its history (schemas/README.md, "Continuity").
+pytestmark = pytest.mark.usefixtures("sequenced")
+
 BUCKET = "spellb"
 NS = f"s3://{BUCKET}/repo/"
 FREE_NS = "s3://spellfree/other/"  # the marker's repository: under no hold of these tests

@@ -48,6 +48,9 @@ from sim.testing import redis_now, wait_horizon
 from tracker.daemon import Tracker, running_tracker
 from tracker.state import parse_address
 
+# The service certifies its history (schemas/README.md, "Continuity").
+pytestmark = pytest.mark.usefixtures("sequenced")
+
 # --- holds ---------------------------------------------------------------------------------------
 
 def test_hold_add_list_remove(cli, capsys, redis_client):
@@ -579,6 +582,7 @@ def test_health_reaper_and_a_store_error_mid_command(cli, capsys, monkeypatch, s
     assert code == 0 and orjson.loads(out) == []
 
 
+@pytest.mark.unsequenced  # (a relay would have created the topics before the test)
 def test_topics_are_created_with_the_configured_replication(settings):
     from aiokafka.admin import AIOKafkaAdminClient
 

@@ -30,6 +30,9 @@ from sim.testing import dead_letters, listed, publish, wait_for, wait_horizon
 from tracker.daemon import running_tracker
 from tracker.state import parse_address
 
+# The service certifies its history (schemas/README.md, "Continuity").
+pytestmark = pytest.mark.usefixtures("sequenced")
+
 # Every check holds on one Redis and on a real three-node Redis Cluster (issue 19 item 9).
 BOTH_TOPOLOGIES = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
 
