@@ -354,12 +354,27 @@ def _stop(r: Any, repo: str, lease_id: str, refs: str | None) -> BaseException |
     return None
 
 
+def _judge_batch(r: Any, plan: SweepPlan, facts: RepoFacts | None, vouched: Container[str],
+                 digests: dict[str, str | None]) -> tuple[dict[str, str], set[str]]:
+    """(rel -> reason to keep now, rels whose record changed since the mark) of a batch.
+
+    Live now, the record included: a reference that came after the mark's snapshot (a copy
+    back into a branch) changed it, and only that object is skipped; the same record judged
+    live means the mark missed what was there (skipped_live: refused). A key a guard keeps
+    is not asked whether it changed."""
+    kept = judge_rels(r, plan.repo, plan.ns, list(digests), cutoff_ms=plan.cutoff_ms,
+                      now_ms=redis_time_ms(r), grace_ms=plan.grace_ms, vouched=vouched,
+                      facts=facts)
+    changed = changed_since_mark(r, plan.repo, plan.ns, {
+        rel: d for rel, d in digests.items() if kept.get(rel) not in GUARD_REASONS})
+    return kept, changed
+
+
 def _sweep_batch(deleter: Deleter, r: Any, plan: SweepPlan,
                  batch: list[tuple[str, str, int, str | None]],
                  stats: SweepStats, record: Callable[..., None]) -> None:
-    repo, lease_id, ns, cutoff_ms = plan.repo, plan.lease_id, plan.ns, plan.cutoff_ms
+    repo, lease_id, ns = plan.repo, plan.lease_id, plan.ns
     delete, refs, export_vouched = plan.delete, plan.refs, plan.export_vouched
-    grace_ms = plan.grace_ms
     info = {rel: (cat, size) for rel, cat, size, _ in batch}
     vouched = frozenset(rel for rel, cat, _, _ in batch if cat in VOUCHED_CATEGORIES) \
         if export_vouched else frozenset()
@@ -373,15 +388,12 @@ def _sweep_batch(deleter: Deleter, r: Any, plan: SweepPlan,
     # Counted once taken up: a batch the sweep stopped at its start was not (no rows).
     stats.marked += len(batch)
     stats.marked_bytes += sum(b[2] for b in batch)
-    if r is not None:
-        now_ms = redis_time_ms(r)
-        kept = judge_rels(r, repo, ns, list(info), cutoff_ms=cutoff_ms, now_ms=now_ms,
-                          grace_ms=grace_ms, vouched=vouched, facts=facts)
-        # Live now, the record included: a reference that came after the mark's snapshot
-        # (a copy back into a branch) changed it, and only that object is skipped; the same
-        # record judged live means the mark missed what was there (skipped_live: refused).
-        changed = changed_since_mark(r, repo, ns, {rel: d for rel, _, _, d in batch
-                                                   if kept.get(rel) not in GUARD_REASONS})
+    if r is not None and not delete:
+        # Only re-checking (the pre-check pass, a dry run): judged here. A deleting pass is
+        # judged by the deleter's re-check right before each request (the same judgment,
+        # below), so once, not twice, per request.
+        kept, changed = _judge_batch(r, plan, facts, vouched,
+                                     {rel: d for rel, _, _, d in batch})
     for rel, why in sorted(kept.items()):
         if rel in changed and why not in GUARD_REASONS:
             continue  # counted below, with the other changed records
@@ -404,20 +416,24 @@ def _sweep_batch(deleter: Deleter, r: Any, plan: SweepPlan,
     digests = {rel: d for rel, _, _, d in batch}
 
     def recheck(rels: list[str]) -> dict[str, str]:
-        """Right before every request, retries included: everything the batch's start
-        checked, again. A request held or throttled may be answered after the refs moved (a
-        branch at an old commit retains its data again) or a reference came and went (grace
-        restarts): the retry must see it, not only the first request."""
+        """Right before every request, retries included: the lease, the refs, the guards
+        and the record judged again, and whether it changed since the mark. A request held
+        or throttled may be answered after the refs moved (a branch at an old commit retains
+        its data again) or a reference came and went (grace restarts): the retry must see
+        it, not only the first request."""
         assert r is not None
-        why_stop = _stop(r, repo, lease_id, refs)
+        try:
+            why_stop = _stop(r, repo, lease_id, refs)
+            if why_stop is None:
+                keep, moved = _judge_batch(r, plan, facts, vouched,
+                                           {rel: digests[rel] for rel in rels})
+        except Exception as exc:  # unread evidence stops the part, as it always did
+            why_stop = exc
         if why_stop is not None:
             stop.append(why_stop)
             return dict.fromkeys(rels, STOPPED)
-        keep = recheck_for(r, repo, ns, cutoff_ms=cutoff_ms, grace_ms=grace_ms,
-                           vouched=vouched, facts=facts)(rels)
-        moved = changed_since_mark(r, repo, ns, {rel: digests[rel] for rel in rels
-                                                 if rel not in keep})
-        keep.update(dict.fromkeys(moved, CHANGED_AFTER_MARK))
+        for rel in moved:  # (a live reason too: changed since the mark is what counts)
+            keep[rel] = CHANGED_AFTER_MARK
         return keep
 
     def address_recheck(addresses: list[str]) -> dict[str, str]:
