@@ -1,6 +1,7 @@
 """The sweep: bulk, parallel deletes of a successful mark, from Spark tasks.
 
-Each task reads mark parts, and for every batch of at most 1,000 keys:
+Each task reads mark parts, and for every batch of at most 1,000 keys (two batches at a time,
+so that one batch's re-check and outcome rows overlap the other's request):
 
 1. **guard** (:func:`guard`): a key outside the namespace, under a reserved prefix or not a
    plain key is refused whatever the mark says (``schemas.layout.namespace_key``);
@@ -271,34 +272,17 @@ class SweepPlan:
 
 def sweep_part(settings: Settings, plan: SweepPlan, mark_key: str,
                out_prefix: str) -> PartResult:
-    """Sweep one mark part; each batch's per-key outcomes go to ``<out_prefix>NNNNN.parquet``
-    as soon as it is done. Runs inside a task.
+    """Sweep one mark part; each batch's per-key outcomes go to ``<out_prefix>BBBBB.parquet``
+    (``BBBBB``: the batch's number in the part) as soon as it is done. Runs inside a task,
+    :data:`BATCHES_IN_FLIGHT` batches at a time.
 
-    An error stops the part, not the task: the counts so far come back with it (see the
-    module docstring). ``delete=False`` only re-checks the mark against the online state (dry
-    run) and writes nothing.
+    An error stops the part, not the task: no batch is taken up after it, the batches in
+    flight end as they would (each request re-checked right before it), and the counts so
+    far come back with it (see the module docstring). ``delete=False`` only re-checks the
+    mark against the online state (dry run) and writes nothing.
     """
     ns, delete = plan.ns, plan.delete
     stats = SweepStats()
-    out: dict[str, list[Any]] = {"key": [], "category": [], "size": [], "outcome": [],
-                                 "error": []}
-    written = 0
-
-    def record(rel: str, cat: str, size: int, outcome: str, error: str | None = None) -> None:
-        out["key"].append(rel)
-        out["category"].append(cat)
-        out["size"].append(size)
-        out["outcome"].append(outcome)
-        out["error"].append(error)
-
-    def flush() -> None:
-        nonlocal written
-        if out["key"] and delete:
-            put_parquet(s3, ns.bucket, f"{out_prefix}{written:05d}.parquet", out)
-            written += 1
-        for column in out.values():
-            column.clear()
-
     r = None
     try:
         s3 = cached_s3(settings)
@@ -306,17 +290,79 @@ def sweep_part(settings: Settings, plan: SweepPlan, mark_key: str,
         deleter = Deleter.for_settings(settings, cached_s3(settings, retries=False))
         r = redis_sync(settings) if plan.recheck else None
         rows = read_parquet_rows(s3, ns.bucket, mark_key, ["key", "category", "size", "digest"])
-        for batch in _batches(rows):
+
+        def one(index: int, batch: list[tuple[str, str, int, str | None]]
+                ) -> tuple[SweepStats, BaseException | None]:
+            part = SweepStats()
+            out: dict[str, list[Any]] = {"key": [], "category": [], "size": [],
+                                         "outcome": [], "error": []}
+
+            def record(rel: str, cat: str, size: int, outcome: str,
+                       error: str | None = None) -> None:
+                out["key"].append(rel)
+                out["category"].append(cat)
+                out["size"].append(size)
+                out["outcome"].append(outcome)
+                out["error"].append(error)
+
+            failure: BaseException | None = None
             try:
-                _sweep_batch(deleter, r, plan, batch, stats, record)
-            finally:
-                flush()  # the batch's rows, also when it stopped the sweep
+                _sweep_batch(deleter, r, plan, batch, part, record)
+            except Exception as exc:
+                failure = exc
+            if out["key"] and delete:
+                try:  # the batch's rows, also when it stopped the sweep
+                    put_parquet(s3, ns.bucket, f"{out_prefix}{index:05d}.parquet", out)
+                except Exception as exc:
+                    failure = failure or exc
+            return part, failure
+
+        failure = _in_flight(one, _batches(rows), stats)
     except Exception as exc:
         return PartResult(stats, f"{type(exc).__name__}: {exc}")
     finally:
         if r is not None:
             r.close()
+    if failure is not None:
+        return PartResult(stats, f"{type(failure).__name__}: {failure}")
     return PartResult(stats)
+
+
+# Batches one task sweeps at a time: one batch's re-check, confirmation and outcome rows run
+# while another's request is at the store (each request still re-checked right before it).
+BATCHES_IN_FLIGHT = 2
+
+
+def _in_flight(one: Callable[[int, Any], tuple[SweepStats, BaseException | None]],
+               batches: Iterable[Any], stats: SweepStats) -> BaseException | None:
+    """Run ``one(index, batch)`` over ``batches``, :data:`BATCHES_IN_FLIGHT` at a time, their
+    counts merged into ``stats``; once a failure is known no batch is taken up. The first
+    failure, or None. Every batch taken up is waited for and counted, whatever happens."""
+    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+    failure: BaseException | None = None
+    pending: set[Future[tuple[SweepStats, BaseException | None]]] = set()
+
+    def merge(done: Iterable[Future[tuple[SweepStats, BaseException | None]]]) -> None:
+        nonlocal failure
+        for future in done:
+            part, error = future.result()
+            stats.merge(part)
+            failure = failure or error
+
+    with ThreadPoolExecutor(BATCHES_IN_FLIGHT) as pool:
+        try:
+            for index, batch in enumerate(batches):
+                while len(pending) >= BATCHES_IN_FLIGHT:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    merge(done)
+                if failure is not None:
+                    break
+                pending.add(pool.submit(one, index, batch))
+        finally:
+            done, pending = wait(pending)
+            merge(done)
+    return failure
 
 
 def changed_since_mark(r: Any, repo: str, ns: Namespace,
