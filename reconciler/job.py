@@ -685,15 +685,26 @@ class Run:
                                    f"then --sweep-only {s.run_id}")
             return
         t0 = time.monotonic()
+        if s.timings is None:
+            s.timings = {}
+        timings = s.timings
+
+        def timed(name: str, since: float) -> float:
+            now = time.monotonic()
+            timings[name] = round(now - since, 3)
+            return now
+
         try:
             lease.check()
             with self.ui.phase("re-validate the mark (retention, fail-closed state)"):
                 refusal, parts, retained = self._revalidate(lease_id, parts)
             if refusal is None:
                 refusal = self._blast_radius(parts, retained)
+            t1 = timed("sweep_revalidate_s", t0)
             if refusal is None:
                 with self.ui.phase("cross-check the mark online before deleting"):
                     pre = self._sweep(lease_id, parts, lease, delete=False)
+                t1 = timed("sweep_precheck_s", t1)
                 s.crosscheck["marked_but_referenced_online"] = Divergence(
                     pre.skipped_live, pre.samples.get("skipped_live", []))
                 # Changed after the mark's snapshot (a copy back into a branch, a new
@@ -715,6 +726,7 @@ class Run:
             try:
                 with self.ui.phase(f"sweep {s.marked:,} marked objects"):
                     stats = self._sweep(lease_id, parts, lease)
+                timed("sweep_delete_s", t1)
             except SweepStopped as stop:
                 # Stopped part-way: the deletes the store confirmed until then are reported,
                 # every one of them (SPEC safety 6).

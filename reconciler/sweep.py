@@ -1,6 +1,7 @@
 """The sweep: bulk, parallel deletes of a successful mark, from Spark tasks.
 
-Each task reads mark parts, and for every batch of at most 1,000 keys:
+Each task reads mark parts, and for every batch of at most 1,000 keys (two batches at a time,
+so that one batch's re-check and outcome rows overlap the other's request):
 
 1. **guard** (:func:`guard`): a key outside the namespace, under a reserved prefix or not a
    plain key is refused whatever the mark says (``schemas.layout.namespace_key``);
@@ -271,34 +272,17 @@ class SweepPlan:
 
 def sweep_part(settings: Settings, plan: SweepPlan, mark_key: str,
                out_prefix: str) -> PartResult:
-    """Sweep one mark part; each batch's per-key outcomes go to ``<out_prefix>NNNNN.parquet``
-    as soon as it is done. Runs inside a task.
+    """Sweep one mark part; each batch's per-key outcomes go to ``<out_prefix>BBBBB.parquet``
+    (``BBBBB``: the batch's number in the part) as soon as it is done. Runs inside a task,
+    :data:`BATCHES_IN_FLIGHT` batches at a time.
 
-    An error stops the part, not the task: the counts so far come back with it (see the
-    module docstring). ``delete=False`` only re-checks the mark against the online state (dry
-    run) and writes nothing.
+    An error stops the part, not the task: no batch is taken up after it, the batches in
+    flight end as they would (each request re-checked right before it), and the counts so
+    far come back with it (see the module docstring). ``delete=False`` only re-checks the
+    mark against the online state (dry run) and writes nothing.
     """
     ns, delete = plan.ns, plan.delete
     stats = SweepStats()
-    out: dict[str, list[Any]] = {"key": [], "category": [], "size": [], "outcome": [],
-                                 "error": []}
-    written = 0
-
-    def record(rel: str, cat: str, size: int, outcome: str, error: str | None = None) -> None:
-        out["key"].append(rel)
-        out["category"].append(cat)
-        out["size"].append(size)
-        out["outcome"].append(outcome)
-        out["error"].append(error)
-
-    def flush() -> None:
-        nonlocal written
-        if out["key"] and delete:
-            put_parquet(s3, ns.bucket, f"{out_prefix}{written:05d}.parquet", out)
-            written += 1
-        for column in out.values():
-            column.clear()
-
     r = None
     try:
         s3 = cached_s3(settings)
@@ -306,17 +290,79 @@ def sweep_part(settings: Settings, plan: SweepPlan, mark_key: str,
         deleter = Deleter.for_settings(settings, cached_s3(settings, retries=False))
         r = redis_sync(settings) if plan.recheck else None
         rows = read_parquet_rows(s3, ns.bucket, mark_key, ["key", "category", "size", "digest"])
-        for batch in _batches(rows):
+
+        def one(index: int, batch: list[tuple[str, str, int, str | None]]
+                ) -> tuple[SweepStats, BaseException | None]:
+            part = SweepStats()
+            out: dict[str, list[Any]] = {"key": [], "category": [], "size": [],
+                                         "outcome": [], "error": []}
+
+            def record(rel: str, cat: str, size: int, outcome: str,
+                       error: str | None = None) -> None:
+                out["key"].append(rel)
+                out["category"].append(cat)
+                out["size"].append(size)
+                out["outcome"].append(outcome)
+                out["error"].append(error)
+
+            failure: BaseException | None = None
             try:
-                _sweep_batch(deleter, r, plan, batch, stats, record)
-            finally:
-                flush()  # the batch's rows, also when it stopped the sweep
+                _sweep_batch(deleter, r, plan, batch, part, record)
+            except Exception as exc:
+                failure = exc
+            if out["key"] and delete:
+                try:  # the batch's rows, also when it stopped the sweep
+                    put_parquet(s3, ns.bucket, f"{out_prefix}{index:05d}.parquet", out)
+                except Exception as exc:
+                    failure = failure or exc
+            return part, failure
+
+        failure = _in_flight(one, _batches(rows), stats)
     except Exception as exc:
         return PartResult(stats, f"{type(exc).__name__}: {exc}")
     finally:
         if r is not None:
             r.close()
+    if failure is not None:
+        return PartResult(stats, f"{type(failure).__name__}: {failure}")
     return PartResult(stats)
+
+
+# Batches one task sweeps at a time: one batch's re-check, confirmation and outcome rows run
+# while another's request is at the store (each request still re-checked right before it).
+BATCHES_IN_FLIGHT = 2
+
+
+def _in_flight(one: Callable[[int, Any], tuple[SweepStats, BaseException | None]],
+               batches: Iterable[Any], stats: SweepStats) -> BaseException | None:
+    """Run ``one(index, batch)`` over ``batches``, :data:`BATCHES_IN_FLIGHT` at a time, their
+    counts merged into ``stats``; once a failure is known no batch is taken up. The first
+    failure, or None. Every batch taken up is waited for and counted, whatever happens."""
+    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+    failure: BaseException | None = None
+    pending: set[Future[tuple[SweepStats, BaseException | None]]] = set()
+
+    def merge(done: Iterable[Future[tuple[SweepStats, BaseException | None]]]) -> None:
+        nonlocal failure
+        for future in done:
+            part, error = future.result()
+            stats.merge(part)
+            failure = failure or error
+
+    with ThreadPoolExecutor(BATCHES_IN_FLIGHT) as pool:
+        try:
+            for index, batch in enumerate(batches):
+                while len(pending) >= BATCHES_IN_FLIGHT:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    merge(done)
+                if failure is not None:
+                    break
+                pending.add(pool.submit(one, index, batch))
+        finally:
+            done, pending = wait(pending)
+            merge(done)
+    return failure
 
 
 def changed_since_mark(r: Any, repo: str, ns: Namespace,
@@ -354,12 +400,27 @@ def _stop(r: Any, repo: str, lease_id: str, refs: str | None) -> BaseException |
     return None
 
 
+def _judge_batch(r: Any, plan: SweepPlan, facts: RepoFacts | None, vouched: Container[str],
+                 digests: dict[str, str | None]) -> tuple[dict[str, str], set[str]]:
+    """(rel -> reason to keep now, rels whose record changed since the mark) of a batch.
+
+    Live now, the record included: a reference that came after the mark's snapshot (a copy
+    back into a branch) changed it, and only that object is skipped; the same record judged
+    live means the mark missed what was there (skipped_live: refused). A key a guard keeps
+    is not asked whether it changed."""
+    kept = judge_rels(r, plan.repo, plan.ns, list(digests), cutoff_ms=plan.cutoff_ms,
+                      now_ms=redis_time_ms(r), grace_ms=plan.grace_ms, vouched=vouched,
+                      facts=facts)
+    changed = changed_since_mark(r, plan.repo, plan.ns, {
+        rel: d for rel, d in digests.items() if kept.get(rel) not in GUARD_REASONS})
+    return kept, changed
+
+
 def _sweep_batch(deleter: Deleter, r: Any, plan: SweepPlan,
                  batch: list[tuple[str, str, int, str | None]],
                  stats: SweepStats, record: Callable[..., None]) -> None:
-    repo, lease_id, ns, cutoff_ms = plan.repo, plan.lease_id, plan.ns, plan.cutoff_ms
+    repo, lease_id, ns = plan.repo, plan.lease_id, plan.ns
     delete, refs, export_vouched = plan.delete, plan.refs, plan.export_vouched
-    grace_ms = plan.grace_ms
     info = {rel: (cat, size) for rel, cat, size, _ in batch}
     vouched = frozenset(rel for rel, cat, _, _ in batch if cat in VOUCHED_CATEGORIES) \
         if export_vouched else frozenset()
@@ -373,15 +434,12 @@ def _sweep_batch(deleter: Deleter, r: Any, plan: SweepPlan,
     # Counted once taken up: a batch the sweep stopped at its start was not (no rows).
     stats.marked += len(batch)
     stats.marked_bytes += sum(b[2] for b in batch)
-    if r is not None:
-        now_ms = redis_time_ms(r)
-        kept = judge_rels(r, repo, ns, list(info), cutoff_ms=cutoff_ms, now_ms=now_ms,
-                          grace_ms=grace_ms, vouched=vouched, facts=facts)
-        # Live now, the record included: a reference that came after the mark's snapshot
-        # (a copy back into a branch) changed it, and only that object is skipped; the same
-        # record judged live means the mark missed what was there (skipped_live: refused).
-        changed = changed_since_mark(r, repo, ns, {rel: d for rel, _, _, d in batch
-                                                   if kept.get(rel) not in GUARD_REASONS})
+    if r is not None and not delete:
+        # Only re-checking (the pre-check pass, a dry run): judged here. A deleting pass is
+        # judged by the deleter's re-check right before each request (the same judgment,
+        # below), so once, not twice, per request.
+        kept, changed = _judge_batch(r, plan, facts, vouched,
+                                     {rel: d for rel, _, _, d in batch})
     for rel, why in sorted(kept.items()):
         if rel in changed and why not in GUARD_REASONS:
             continue  # counted below, with the other changed records
@@ -404,20 +462,24 @@ def _sweep_batch(deleter: Deleter, r: Any, plan: SweepPlan,
     digests = {rel: d for rel, _, _, d in batch}
 
     def recheck(rels: list[str]) -> dict[str, str]:
-        """Right before every request, retries included: everything the batch's start
-        checked, again. A request held or throttled may be answered after the refs moved (a
-        branch at an old commit retains its data again) or a reference came and went (grace
-        restarts): the retry must see it, not only the first request."""
+        """Right before every request, retries included: the lease, the refs, the guards
+        and the record judged again, and whether it changed since the mark. A request held
+        or throttled may be answered after the refs moved (a branch at an old commit retains
+        its data again) or a reference came and went (grace restarts): the retry must see
+        it, not only the first request."""
         assert r is not None
-        why_stop = _stop(r, repo, lease_id, refs)
+        try:
+            why_stop = _stop(r, repo, lease_id, refs)
+            if why_stop is None:
+                keep, moved = _judge_batch(r, plan, facts, vouched,
+                                           {rel: digests[rel] for rel in rels})
+        except Exception as exc:  # unread evidence stops the part, as it always did
+            why_stop = exc
         if why_stop is not None:
             stop.append(why_stop)
             return dict.fromkeys(rels, STOPPED)
-        keep = recheck_for(r, repo, ns, cutoff_ms=cutoff_ms, grace_ms=grace_ms,
-                           vouched=vouched, facts=facts)(rels)
-        moved = changed_since_mark(r, repo, ns, {rel: digests[rel] for rel in rels
-                                                 if rel not in keep})
-        keep.update(dict.fromkeys(moved, CHANGED_AFTER_MARK))
+        for rel in moved:  # (a live reason too: changed since the mark is what counts)
+            keep[rel] = CHANGED_AFTER_MARK
         return keep
 
     def address_recheck(addresses: list[str]) -> dict[str, str]:

@@ -17,7 +17,12 @@ record, references ended), 30% leaked (no record). The mark must find exactly 40
   locally by a child process; manifests live on MinIO. The raw bar: one pyarrow scan of the
   same inventory files in one process.
 
-The raw bar runs in a child process before the reconcile, over the same namespace.
+The raw bar runs in a child process before the reconcile, over the same namespace. With
+``--sweep``, a second raw bar after it: as many fresh objects as the sweep confirmed, deleted
+by one boto3 ``delete_objects`` loop (1,000 keys a request, one thread, no re-check) on the
+same server; the sweep's rate is given against it (``sweep_ratio_vs_raw_delete``: the whole
+sweep, re-validation and the online pre-check included; ``delete_ratio_vs_raw_delete``: its
+deleting pass alone).
 Memory: peak RSS (``VmHWM``) of this driver Python process and of the Spark JVM (its child
 process); Spark's Python workers are children of the JVM and are sampled separately (peak of
 their summed RSS).
@@ -286,6 +291,42 @@ def raw_bar(endpoint: str, inventory_dir: str) -> dict[str, Any]:
             "objects_per_s": round(n / secs)}
 
 
+def raw_delete(endpoint: str, n: int) -> dict[str, Any]:
+    """Child process: ``n`` fresh objects PUT by obstore (not timed), then deleted by one
+    boto3 ``delete_objects`` loop, one thread, 1,000 keys a request (timed)."""
+    import asyncio
+
+    import obstore
+
+    from core.clients import s3_client
+    from core.settings import load_settings
+
+    store = _store(endpoint)
+    keys = [f"{PREFIX}rawdel/{i:010d}" for i in range(n)]
+
+    async def fill() -> None:
+        sem = asyncio.Semaphore(32)
+
+        async def put(key: str) -> None:
+            async with sem:
+                await obstore.put_async(store, key, b"x" * 100)
+
+        await asyncio.gather(*(put(k) for k in keys))
+
+    asyncio.run(fill())
+    s3 = s3_client(load_settings(env={}, s3_endpoint_url=endpoint))
+    t0 = time.monotonic()
+    deleted = 0
+    for lo in range(0, n, 1000):
+        resp = s3.delete_objects(Bucket=BUCKET, Delete={
+            "Objects": [{"Key": k} for k in keys[lo:lo + 1000]], "Quiet": False})
+        deleted += len(resp.get("Deleted", ()))
+    secs = time.monotonic() - t0
+    return {"what": "boto3 delete_objects loop, 1,000 keys a request (1 thread)",
+            "objects": deleted, "seconds": round(secs, 2),
+            "objects_per_s": round(deleted / secs) if secs else 0}
+
+
 def _child(args: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "sim.bench_reconciler", *args],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -346,6 +387,24 @@ def bench(n: int, *, inventory: bool, sweep: bool, per_slice: int, per_manifest:
         if not summary.get("success"):
             raise RuntimeError(f"the run failed: {summary.get('error')}")
         marked = summary["mark"]["marked"]
+        sweep_s = (summary.get("sweep") or {}).get("seconds")
+        confirmed = (summary.get("sweep") or {}).get("confirmed") or 0
+        timings = summary.get("timings") or {}
+        raw_del: dict[str, Any] | None = None
+        sweep_cmp: dict[str, Any] = {}
+        if sweep and confirmed:
+            # the deleter's raw limit on the same server, right after the run
+            raw_del = orjson.loads(subprocess.run(
+                [sys.executable, "-m", "sim.bench_reconciler", "_rawdel", endpoint,
+                 str(confirmed)], check=True, capture_output=True, text=True).stdout)
+            sweep_cmp = {
+                "sweep_objects_per_s": round(confirmed / sweep_s) if sweep_s else None,
+                "sweep_ratio_vs_raw_delete": round(confirmed / sweep_s
+                                                   / raw_del["objects_per_s"], 3)
+                if sweep_s else None,
+                "delete_ratio_vs_raw_delete": round(confirmed / timings["sweep_delete_s"]
+                                                    / raw_del["objects_per_s"], 3)
+                if timings.get("sweep_delete_s") else None}
         expected = sum(1 for i in range(n) if role(i) in ("unreferenced", "leaked"))
         listed = summary["mark"]["listed"]
         return {
@@ -356,7 +415,8 @@ def bench(n: int, *, inventory: bool, sweep: bool, per_slice: int, per_manifest:
             "swept_confirmed": (summary.get("sweep") or {}).get("confirmed"),
             "wall_s": round(wall, 2), "objects_per_s": round(listed / wall),
             "timings": summary.get("timings"),
-            "sweep_s": (summary.get("sweep") or {}).get("seconds"),
+            "sweep_s": sweep_s,
+            "raw_delete": raw_del, **sweep_cmp,
             "driver_peak_rss_mib": round(driver_peak, 1), "jvm_peak_rss_mib": round(jvm_peak, 1),
             "python_workers_peak_rss_mib": round(sampler.peak, 1),
             "raw": raw,
@@ -381,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv and argv[0] == "_raw":
         print(orjson.dumps(raw_bar(argv[1], argv[2] if len(argv) > 2 else "")).decode())
+        return 0
+    if argv and argv[0] == "_rawdel":
+        print(orjson.dumps(raw_delete(argv[1], int(argv[2]))).decode())
         return 0
     if argv and argv[0] == "_redis":
         fill_redis(argv[1], int(argv[2]), int(argv[3]), int(argv[4]))

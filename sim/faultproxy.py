@@ -4,7 +4,8 @@ Requests pass through to the real server; the proxy can answer the next N ``Dele
 requests with 503 SlowDown, can fail chosen keys inside a ``DeleteObjects`` request (they are
 removed from the forwarded request and reported back as per-key ``<Error>`` entries, as real S3
 does on partial failure), and can fail a seeded random share of delete requests and of the keys
-inside them (``error_share``), and can deliver chosen reads late (``late_reads``). Nothing here
+inside them (``error_share``), can deliver chosen reads late (``late_reads``), and can fail a
+listing part-way (``fail_listing``: its pages after the first, refused or cut short). Nothing here
 imitates the reaper: it exercises it.
 
 A request passes unchanged, its signature with it (the client's ``Host`` header is kept: SigV4
@@ -68,6 +69,10 @@ class Faults:
     # An unconditional GET of a key ending with this suffix is answered by the server now and
     # delivered that many seconds late (a slow reply on a loaded machine).
     late_reads: tuple[str, float] | None = None
+    # (prefix, how): every ListObjectsV2 page after the first of a listing whose prefix starts
+    # with it is refused (``denied``: 403 AccessDenied) or its body cut in half (``truncated``)
+    fail_listing: tuple[str, str] | None = None
+    listings_failed: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -141,6 +146,11 @@ class FaultProxy:
                                 f"<Message>injected</Message></Error>" for k, c in injected)
                             self._reply(200, f"<DeleteResult>{errors}</DeleteResult>".encode())
                             return
+                failing = proxy._failing_listing(self.command, self.path)
+                if failing == "denied":
+                    self._reply(403, b"<Error><Code>AccessDenied</Code>"
+                                     b"<Message>injected</Message></Error>")
+                    return
                 headers = {k: v for k, v in self.headers.items()
                            if k.lower() not in _HOP_HEADERS}
                 path = self.path
@@ -164,6 +174,8 @@ class FaultProxy:
                 if is_delete:
                     with proxy.faults.lock:
                         proxy.faults.deletes_forwarded += 1
+                if failing == "truncated":
+                    data = data[:len(data) // 2]
                 self._reply(resp.status, data, resp.getheaders())
                 conn.close()
 
@@ -206,6 +218,19 @@ class FaultProxy:
                          data=body, headers=kept)
         self._signer.add_auth(req)
         return path, dict(req.headers.items())
+
+    def _failing_listing(self, method: str, path: str) -> str | None:
+        """How this request fails (``Faults.fail_listing``), or None."""
+        rule = self.faults.fail_listing
+        if rule is None or method != "GET" or "?" not in path:
+            return None
+        params = dict(parse_qsl(path.split("?", 1)[1], keep_blank_values=True))
+        if params.get("list-type") != "2" or "continuation-token" not in params \
+                or not params.get("prefix", "").startswith(rule[0]):
+            return None
+        with self.faults.lock:
+            self.faults.listings_failed += 1
+        return rule[1]
 
     def _strip_failing(self, body: bytes) -> tuple[bytes, list[tuple[str, str]]]:
         injected: list[tuple[str, str]] = []

@@ -22,7 +22,7 @@ from reconciler.job import RunOptions, reconcile
 from reconciler.metrics import figures
 from reconciler.report import read_summary
 from reconciler.s3io import Namespace, list_keys, read_parquet_rows
-from reconciler.sweep import CONFIRMED, written_outcomes
+from reconciler.sweep import BATCHES_IN_FLIGHT, CONFIRMED, written_outcomes
 from schemas.layout import RECONCILER_LEASE
 from sim.faultproxy import FaultProxy
 from sim.model import Model as M
@@ -30,9 +30,10 @@ from sim.worlds import BUCKET, boundary, call, make
 
 pytestmark = [pytest.mark.spark]
 
-# More than two full batches: with two tasks at most two requests (<= 2,000 keys) are in
-# flight when the lease goes, so some batch always comes after it, whatever the mark's parts.
-LEAKED = 2_500
+# More than four full batches: two tasks, each with two batches in flight
+# (reconciler.sweep.BATCHES_IN_FLIGHT), have at most four requests (<= 4,000 keys) in flight
+# when the lease goes, so some batch always comes after it, whatever the mark's parts.
+LEAKED = 2 * BATCHES_IN_FLIGHT * 1_000 + 500
 
 
 @pytest.fixture
