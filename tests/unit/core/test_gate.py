@@ -13,8 +13,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 DELETER = ROOT / "core" / "deleter.py"
-# The benchmark's raw boto3 loop: the physical limit the reaper is measured against.
-NOT_A_DELETE_PATH = {ROOT / "sim" / "bench_reaper.py"}
+# The benchmarks' raw boto3 loops: the physical limit the reaper and the reconciler's sweep
+# are measured against (on the benchmark's own bucket).
+NOT_A_DELETE_PATH = {ROOT / "sim" / "bench_reaper.py", ROOT / "sim" / "bench_reconciler.py"}
 REQUESTS = {"delete_object", "delete_objects", "copy_object"}
 
 
