@@ -60,6 +60,7 @@ from sim.model import (
 )
 from sim.sequenced import SequencedService
 from sim.stack import StackError, embedded_stack
+from sim.testing import redis_now
 from tracker.daemon import Tracker
 
 if TYPE_CHECKING:
@@ -272,7 +273,7 @@ async def run_reconcile_phase(settings: Settings, service: ModelService,
             # The run's cutoff comes first: the export must be made after it to witness
             # everything staged before it (a tracker whose horizon follows the clock closely
             # could otherwise put the cutoff after an export made a moment ago).
-            cutoff_ms = await _redis_now(settings) - 1
+            cutoff_ms = await redis_now(settings) - 1
             await service.write_uncommitted_export(repo)
             with console.status(f"reconciler: mark and sweep of {repo}"):
                 summary = await asyncio.to_thread(
@@ -374,14 +375,6 @@ async def run_online_phase(settings: Settings, options: DemoOptions, service: Mo
         dead_lettered=tracker.dead_lettered,
         incidents=tracker.incidents, latency_p50_s=pct(0.5), latency_p95_s=pct(0.95),
         timed_out=timed_out)
-
-
-async def _redis_now(settings: Settings) -> int:
-    r = redis_async(settings)
-    try:
-        return await aredis_time_ms(r)
-    finally:
-        await r.aclose()
 
 
 async def _certified(r: Any, service: ModelService) -> tuple[int, int]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from core.clients import redis_async
+from core.clients import redis_async, split_s3_uri
 from core.clock import aredis_time_ms, await_horizon
 from core.registry import register_namespace
 from core.settings import Settings, load_settings
@@ -264,6 +264,22 @@ def encode_all(events: Iterable[ev.Event]) -> list[bytes]:
 
 def dumps(obj: Any) -> bytes:
     return orjson.dumps(obj)
+
+
+def put_object(s3: Any, address: str, body: bytes = b"x") -> str:
+    """Store an object at ``address`` (``s3://bucket/key``); returns the address."""
+    bucket, key = split_s3_uri(address)
+    s3.put_object(Bucket=bucket, Key=key, Body=body)
+    return address
+
+
+def object_exists(s3: Any, address: str) -> bool:
+    bucket, key = split_s3_uri(address)
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+        return True
+    except s3.exceptions.ClientError:
+        return False
 
 
 def listed(s3: Any, bucket: str) -> set[str]:

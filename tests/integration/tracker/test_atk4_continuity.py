@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
-from core.clients import redis_sync, split_s3_uri
+from core.clients import redis_sync
 from core.continuity_store import ContinuityStore
 from core.settings import Settings
 from reaper.daemon import Reaper
 from schemas import events as ev
 from schemas.outbox import Outbox
 from sim.sequenced import LossyRelay
-from sim.testing import redis_now, wait_horizon
+from sim.testing import object_exists, put_object, redis_now, wait_horizon
 from sim.worlds import boundary
 from tracker.daemon import running_tracker
 
@@ -51,16 +51,10 @@ class Service:
         return stamped
 
     def store(self, path: str) -> str:
-        address = self.namespace + path
-        self.s3.put_object(Bucket=self.bucket, Key=split_s3_uri(address)[1], Body=b"x")
-        return address
+        return put_object(self.s3, self.namespace + path)
 
     def exists(self, address: str) -> bool:
-        try:
-            self.s3.head_object(Bucket=self.bucket, Key=split_s3_uri(address)[1])
-            return True
-        except self.s3.exceptions.ClientError:
-            return False
+        return object_exists(self.s3, address)
 
 
 @asynccontextmanager

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from core.clients import redis_sync, split_s3_uri
+from core.clients import redis_sync
 from core.continuity_store import ContinuityStore
 from core.settings import Settings
 from reaper.daemon import Reaper
@@ -22,7 +22,7 @@ from schemas import events as ev
 from schemas.layout import RepoKeys
 from schemas.outbox import Outbox
 from sim.sequenced import LossyRelay
-from sim.testing import redis_now, wait_for, wait_horizon
+from sim.testing import object_exists, put_object, redis_now, wait_for, wait_horizon
 from tracker.daemon import running_tracker
 
 pytestmark = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
@@ -47,16 +47,10 @@ class TwoRepos:
             return [tx.emit(e) for e in events]
 
     def store(self, repo: str, path: str) -> str:
-        address = self.namespace(repo) + path
-        self.s3.put_object(Bucket=self.bucket, Key=split_s3_uri(address)[1], Body=b"x")
-        return address
+        return put_object(self.s3, self.namespace(repo) + path)
 
     def exists(self, address: str) -> bool:
-        try:
-            self.s3.head_object(Bucket=self.bucket, Key=split_s3_uri(address)[1])
-            return True
-        except self.s3.exceptions.ClientError:
-            return False
+        return object_exists(self.s3, address)
 
     def garbage(self, repo: str, path: str, ref: str) -> str:
         """An object written and deleted at once: unreferenced from now."""
@@ -219,7 +213,7 @@ async def test_a_service_crash_between_its_commit_and_the_publish_deletes_nothin
         svc.relays[ONE] = LossyRelay(s, svc.outboxes[ONE])  # the service is back
         async with svc.relays[ONE]:
             async def staged() -> bool:
-                return r.hget(RepoKeys(ONE).address(a), "state") == "staged"
+                return bool(r.hget(RepoKeys(ONE).address(a), "state") == "staged")
             await wait_for(staged, 30, "the committed entry to be published and applied")
             await asyncio.sleep(s.grace_seconds + 0.3)
             await wait_horizon(s, await redis_now(s))

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from core.clients import redis_sync, split_s3_uri
+from core.clients import redis_sync
 from core.continuity_store import ContinuityStore
 from core.settings import Settings
 from reaper.daemon import Reaper
@@ -28,7 +28,7 @@ from schemas import events as ev
 from schemas.layout import INCIDENTS, RepoKeys
 from schemas.outbox import Outbox
 from sim.sequenced import LossyRelay
-from sim.testing import publish, redis_now, wait_horizon
+from sim.testing import object_exists, publish, put_object, redis_now, wait_horizon
 from tracker.daemon import running_tracker
 
 pytestmark = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
@@ -53,16 +53,10 @@ class Service:
         return stamped
 
     def store(self, path: str) -> str:
-        address = self.namespace + path
-        self.s3.put_object(Bucket=self.bucket, Key=split_s3_uri(address)[1], Body=b"x")
-        return address
+        return put_object(self.s3, self.namespace + path)
 
     def exists(self, address: str) -> bool:
-        try:
-            self.s3.head_object(Bucket=self.bucket, Key=split_s3_uri(address)[1])
-            return True
-        except self.s3.exceptions.ClientError:
-            return False
+        return object_exists(self.s3, address)
 
 
 @asynccontextmanager
