@@ -126,7 +126,15 @@ class ContinuityStore:
     """The continuity ops on one synchronous Redis (or Redis Cluster) client."""
 
     def __init__(self, redis: Any) -> None:
+        self._redis = redis
         self._script = redis.register_script(OPS)
+
+    def sequenced_horizon(self, repo: str) -> tuple[bool, int | None]:
+        """(is the repository sequenced, its continuity horizon over its declared stripes)."""
+        sequenced, stripes = self._redis.hmget(RepoKeys(repo).meta, "sequenced", "stripes")
+        if sequenced is None or _text(sequenced) != "1":
+            return False, None
+        return True, self.horizon(repo, 1 if stripes is None else int(_text(stripes)))
 
     def _run(self, c: _Call) -> Any:
         try:

@@ -4,7 +4,8 @@ Order of a run (see reconciler/README.md):
 
 1. lease (one reconciler per repository) and **cutoff first**: ``min(Redis now, tracker
    watermark) - reconcile_min_age_seconds`` (or an earlier ``--cutoff``), fixed before anything
-   is listed;
+   is listed; a sequenced repository's watermark is bounded by its continuity horizon (none:
+   the run fails);
 2. export the tracker's address records (live verdicts) to the report, BEFORE reading the
    commits (seed 002: uncommitted first, so a commit landing in between is seen by one or the
    other);
@@ -34,6 +35,7 @@ from typing import Any
 
 from core.clients import redis_sync, s3_client
 from core.clock import redis_time_ms
+from core.continuity_store import ContinuityStore
 from core.errors import UserError
 from core.guards import fail_closed_reason
 from core.logs import get_logger
@@ -464,6 +466,17 @@ class Run:
 
         # 1. cutoff first
         watermark = tracker_watermark_ms(self.r)
+        # A sequenced repository is complete in the mirror only up to its continuity horizon
+        # (schemas/README.md, "Continuity"): the cutoff and the grace horizon stop there, and
+        # without one (a gap, a broken stripe, no watermark yet) nothing can be marked.
+        sequenced, certified = ContinuityStore(self.r).sequenced_horizon(o.repo)
+        if sequenced:
+            if certified is None:
+                raise ReconcileError(
+                    f"repository {o.repo!r}: its service has not certified its history (a gap "
+                    "being re-sent, a broken stripe or no watermark yet); nothing can be marked "
+                    "until it has (see `hardelete status`)")
+            watermark = certified if watermark is None else min(watermark, certified)
         cutoff_ms, source = decide_cutoff(now_ms, watermark, self.settings
                                           .reconcile_min_age_seconds, o.cutoff_ms,
                                           ignore_tracker=o.ignore_tracker_progress)

@@ -151,4 +151,6 @@ async def test_the_reconciler_keeps_an_object_the_continuity_horizon_keeps(
             REPO, cutoff_ms=cutoff, allow_large_sweep=True))
         assert svc.exists(a), (
             f"A, live at the service through the copy r2 (seq 4, never applied), was deleted "
-            f"by the reconciler: mark {res['mark']['categories']}, sweep {res.get('sweep')}")
+            f"by the reconciler: mark {res.get('mark')}, sweep {res.get('sweep')}")
+        # the mark refuses too, with the reason, rather than marking what the sweep refuses
+        assert not res["success"] and "not certified its history" in str(res["error"]), res
