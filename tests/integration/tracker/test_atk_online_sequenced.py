@@ -1,0 +1,296 @@
+"""Adversarial review of the online delete path for SEQUENCED repositories (schemas/README.md,
+"Continuity"), on the real stack: a service with a transactional outbox and its relay, the
+tracker (ticks, watermarks, re-sends), the reaper. Each test drives a sequence of events and
+faults and asserts the SAFE outcome: the live object survives. A test marked
+``xfail(strict=True)`` shows a live deletion on today's main.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from core.clients import redis_sync, split_s3_uri
+from core.continuity_store import ContinuityStore
+from core.settings import Settings
+from reaper.daemon import Reaper
+from schemas import control
+from schemas import events as ev
+from schemas.outbox import Outbox
+from sim.sequenced import LossyRelay
+from sim.testing import publish, redis_now, wait_horizon
+from tracker.daemon import running_tracker
+
+REPO = "svc"
+
+
+@dataclass
+class Service:
+    settings: Settings
+    s3: Any
+    outbox: Outbox
+    relay: LossyRelay
+    namespace: str
+    bucket: str
+    stripes: int
+    events: list[ev.ServiceEvent] = field(default_factory=list)
+
+    def emit(self, *events: ev.ServiceEvent) -> list[ev.ServiceEvent]:
+        with self.outbox.transaction() as tx:
+            stamped = [tx.emit(e, stripe=stripe(e, self.stripes)) for e in events]
+        self.events += stamped
+        return stamped
+
+    def store(self, path: str) -> str:
+        address = self.namespace + path
+        self.s3.put_object(Bucket=self.bucket, Key=split_s3_uri(address)[1], Body=b"x")
+        return address
+
+    def exists(self, address: str) -> bool:
+        try:
+            self.s3.head_object(Bucket=self.bucket, Key=split_s3_uri(address)[1])
+            return True
+        except self.s3.exceptions.ClientError:
+            return False
+
+
+def stripe(e: ev.ServiceEvent, stripes: int) -> int:
+    branch = getattr(e, "branch", None)
+    return 0 if stripes == 1 or not branch else zlib.crc32(branch.encode()) % stripes
+
+
+def branch_in_stripe(k: int, stripes: int) -> str:
+    return next(b for b in (f"b{i}" for i in range(1000))
+                if zlib.crc32(b.encode()) % stripes == k)
+
+
+@asynccontextmanager
+async def service(settings: Settings, s3: Any, tmp_path: Path, *, stripes: int = 1,
+                  branches: tuple[str, ...] = ("main",)) -> AsyncIterator[Service]:
+    bucket = f"atkon-{int(time.time() * 1000) % 10**9}"
+    with suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=bucket)
+    outbox = Outbox(tmp_path / "service.db")
+    relay = LossyRelay(settings, outbox)
+    async with relay:
+        svc = Service(settings, s3, outbox, relay, f"s3://{bucket}/{REPO}/", bucket, stripes)
+        svc.emit(ev.RepositoryCreated(repository=REPO, storage_namespace=svc.namespace,
+                                      default_branch=branches[0], default_retention_days=1.0,
+                                      stripes=stripes))
+        for b in branches:
+            svc.emit(ev.BranchCreated(repository=REPO, branch=b, staging_token=f"t-{b}",
+                                      ref_version=1))
+        try:
+            yield svc
+        finally:
+            outbox.close()
+
+
+def write(branch: str, path: str, address: str, ref: str) -> ev.ServiceEvent:
+    return ev.ObjectWritten(repository=REPO, branch=branch, staging_token=f"t-{branch}",
+                            path=path, address=address, size=1, ref_id=ref)
+
+
+def copy(branch: str, path: str, address: str, ref: str) -> ev.ServiceEvent:
+    return ev.ObjectCopied(repository=REPO, branch=branch, staging_token=f"t-{branch}",
+                           path=path, address=address, size=1, ref_id=ref,
+                           source_read_at=time.time())
+
+
+def delete(branch: str, path: str, address: str, ref: str) -> ev.ServiceEvent:
+    return ev.ObjectDeleted(repository=REPO, branch=branch, staging_token=f"t-{branch}",
+                            path=path, address=address, ref_id=ref)
+
+
+async def reap(settings: Settings, s3: Any) -> Any:
+    reaper = Reaper(settings, s3=s3)
+    try:
+        return await reaper.run_once()
+    finally:
+        await reaper.close()
+
+
+async def wait_log(settings: Settings) -> None:
+    """The tracker's horizon over the log passes now (the continuity horizon is not waited
+    for: the tests below are about what certifies it)."""
+    from core.clients import redis_async
+    from core.clock import await_horizon
+
+    r = redis_async(settings)
+    try:
+        await await_horizon(r, await redis_now(settings), 60.0)
+    finally:
+        await r.aclose()
+
+
+@asynccontextmanager
+async def control_reader(settings: Settings) -> AsyncIterator[AIOKafkaConsumer]:
+    consumer = AIOKafkaConsumer(settings.control_topic,
+                                bootstrap_servers=settings.kafka_bootstrap,
+                                auto_offset_reset="latest", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        yield consumer
+    finally:
+        await consumer.stop()
+
+
+async def next_tick(consumer: AIOKafkaConsumer, repo: str, after_ms: int,
+                    timeout: float = 30.0) -> control.Tick:
+    """The first genuine tick of the tracker for ``repo`` read past ``after_ms``: what any
+    reader of the control topic (every service's relay) sees."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for recs in (await consumer.getmany(timeout_ms=200)).values():
+            for rec in recs:
+                with suppress(control.ControlError):
+                    msg = control.decode(rec.value or b"")
+                    if isinstance(msg, control.Tick) and msg.repository == repo \
+                            and msg.tick_ms > after_ms:
+                        return msg
+    raise TimeoutError(f"no tick of {repo} past {after_ms}")
+
+
+async def until(read: Any, ok: Any, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = read()
+        if ok(v):
+            return v
+        assert time.monotonic() < deadline, v
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def fast(settings: Settings) -> Settings:
+    return settings.replace(tick_interval_seconds=0.1, resend_interval_seconds=0.3)
+
+
+# --- 1. a watermark that carries a GENUINE tick but an M the service never answered ---
+
+@pytest.mark.xfail(strict=True, reason=(
+    "atk-on 1: the tick's signature binds (repository, tick_ms, tick_id) only; the "
+    "watermark's M, stripe and incarnation are not bound to the relay, so any writer of the "
+    "events topic that reads a genuine tick on the control topic (every relay does) certifies "
+    "any M with it: the horizon passes a copy the service committed and never published, and "
+    "the reaper deletes its object (the forged_watermark check only catches a forged TIME)"))
+async def test_a_genuine_tick_replayed_with_a_forged_m_certifies_a_gap(
+        fast: Settings, s3: Any, tmp_path: Path) -> None:
+    """A is written (r1, seq 3 of stripe 0), copied (r2, seq 4: committed, its publish lost),
+    then r1 is deleted (seq 5, applied). The mirror has prefix 3 and seq 5 above it: the real
+    relay's watermarks (M = 5) would certify nothing. Another writer of the events topic (a second,
+    stale relay of the service reading a lagging replica; a bug; an attacker with produce
+    rights) takes the tracker's next genuine tick past since(A) + grace from the control
+    topic and publishes watermark(stripe 0, the outbox's incarnation, M = 3, that tick). The
+    tracker verifies the tick's signature, the prefix covers M = 3, the horizon jumps to the
+    tick, and the reaper deletes A while r2 (open token) references it at the service."""
+    async with service(fast, s3, tmp_path) as svc, running_tracker(fast), \
+            control_reader(fast) as ctl:
+        svc.relay.drop.add("watermark")  # the real relay's answers are lost: only the forgery
+        a = svc.store("data/a")
+        svc.emit(write("main", "a", a, "r1"))
+        lost = copy("main", "b", a, "r2")
+        svc.relay.drop.add(lost.event_id)
+        svc.emit(lost)
+        svc.emit(delete("main", "a", a, "r1"))
+        r = redis_sync(fast)
+        d = await until(lambda: ContinuityStore(r).read(REPO, 0),
+                        lambda d: d.prefix == 3 and d.above == {5})
+        assert d.horizon_ms is None, d
+        since = int(r.hget(f"hd:{{{REPO}}}:a:{a}", "since"))
+        tick = await next_tick(ctl, REPO, since + int(fast.grace_seconds * 1000) + 200)
+        forged = ev.Watermark(repository=REPO, stripe=0, incarnation=svc.outbox.incarnation,
+                              seq=3, tick_ms=tick.tick_ms, tick_id=tick.tick_id,
+                              tick_sig=tick.sig)
+        await publish(fast, [forged])
+        deadline = time.monotonic() + 30
+        while ContinuityStore(r).read(REPO, 0).horizon_ms is None:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        await wait_log(fast)
+        report = await reap(fast, s3)
+        assert svc.exists(a), report  # r2 (open token t-main) references A at the service
+
+
+# --- 2. stripes: a copy lost in one stripe, its source removed in another ---
+
+async def test_a_copy_lost_in_one_stripe_keeps_its_object_whatever_the_others_certify(
+        fast: Settings, s3: Any, tmp_path: Path) -> None:
+    """Two stripes; branch X in stripe 0, branch Y in stripe 1. A is written on X (r1), copied
+    into Y (r2: committed, publish lost), and r1 is deleted. Stripe 0 is complete and
+    certified past since(A) + grace; stripe 1 has a gap. The repository's horizon is the least
+    over its stripes: A is kept; once the relay re-sends the copy, A is staged."""
+    x, y = branch_in_stripe(0, 2), branch_in_stripe(1, 2)
+    async with service(fast, s3, tmp_path, stripes=2, branches=(x, y)) as svc, \
+            running_tracker(fast):
+        a = svc.store("data/a")
+        svc.emit(write(x, "a", a, "r1"))
+        lost = copy(y, "b", a, "r2")
+        svc.relay.drop.add(lost.event_id)
+        svc.emit(lost)
+        svc.emit(delete(x, "a", a, "r1"))
+        await asyncio.sleep(fast.grace_seconds + 0.5)
+        await wait_log(fast)
+        r = redis_sync(fast)
+        store = ContinuityStore(r)
+        deadline = time.monotonic() + 30
+        while (store.read(REPO, 0).horizon_ms or 0) < await redis_now(fast) - 300:
+            assert time.monotonic() < deadline, store.read(REPO, 0)
+            await asyncio.sleep(0.05)
+        report = await reap(fast, s3)
+        assert svc.exists(a), report
+        assert store.horizon(REPO, 2) is None or store.horizon(REPO, 2) < \
+            int(r.hget(f"hd:{{{REPO}}}:a:{a}", "since") or 0) + int(fast.grace_seconds * 1000)
+        svc.relay.drop.clear()
+        await wait_horizon(fast, await redis_now(fast))
+        rec = r.hgetall(f"hd:{{{REPO}}}:a:{a}")
+        assert rec["state"] == "staged" and rec["+r2"] == f"t-{y}", rec
+        await reap(fast, s3)
+        assert svc.exists(a)
+
+
+# --- 3. a genuine watermark of one stripe replayed as another stripe's ---
+
+@pytest.mark.xfail(strict=True, reason=(
+    "atk-on 3: a genuine watermark of stripe 0 (its tick signed) re-published with stripe 1 "
+    "and the M of stripe 1's prefix certifies stripe 1 past a copy lost in it: the signature "
+    "does not bind the stripe (the same hole as atk-on 1, through a copy of the relay's own "
+    "answer)"))
+async def test_a_genuine_watermark_replayed_for_another_stripe_certifies_its_gap(
+        fast: Settings, s3: Any, tmp_path: Path) -> None:
+    x, y = branch_in_stripe(0, 2), branch_in_stripe(1, 2)
+    async with service(fast, s3, tmp_path, stripes=2, branches=(x, y)) as svc, \
+            running_tracker(fast), control_reader(fast) as ctl:
+        a = svc.store("data/a")
+        svc.emit(write(x, "a", a, "r1"))
+        lost = copy(y, "b", a, "r2")
+        svc.relay.drop.add(lost.event_id)
+        svc.emit(lost)
+        svc.emit(delete(x, "a", a, "r1"))
+        r = redis_sync(fast)
+        store = ContinuityStore(r)
+        await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 4)  # created, X, w, del
+        since = int(r.hget(f"hd:{{{REPO}}}:a:{a}", "since"))
+        tick = await next_tick(ctl, REPO, since + int(fast.grace_seconds * 1000) + 200)
+        y_prefix = store.read(REPO, 1).prefix  # (branch_created of Y; the copy is missing)
+        assert y_prefix == 1, store.read(REPO, 1)
+        replayed = ev.Watermark(repository=REPO, stripe=1, incarnation=svc.outbox.incarnation,
+                                seq=y_prefix, tick_ms=tick.tick_ms, tick_id=tick.tick_id,
+                                tick_sig=tick.sig)
+        await publish(fast, [replayed])
+        deadline = time.monotonic() + 30
+        while (store.horizon(REPO, 2) or 0) < tick.tick_ms:
+            assert time.monotonic() < deadline, (store.read(REPO, 0), store.read(REPO, 1))
+            await asyncio.sleep(0.05)
+        await wait_log(fast)
+        report = await reap(fast, s3)
+        assert svc.exists(a), report
