@@ -348,3 +348,46 @@ async def test_a_slot_that_went_back_past_a_copy_keeps_its_object_until_the_copy
         assert rec["state"] == "staged" and rec["+r2"] == "t-main", rec
         await reap(fast, s3)
         assert svc.exists(a)
+
+
+# --- 5. a dead-lettered sequenced copy whose dead letter the operator resolves ---
+
+async def test_a_dead_lettered_copy_keeps_its_object_after_its_dead_letter_is_resolved(
+        fast: Settings, s3: Any, tmp_path: Path) -> None:
+    """The service commits a copy of A (r2, seq 4) whose record the tracker cannot read (a
+    field of a newer schema): dead letter, hold on A. r1 is deleted (seq 5, applied). The
+    operator judges the dead letter and resolves it without replaying a fix (its re-sends are
+    lost meanwhile): the hold goes. Nothing in the mirror keeps A any more but the gap at seq
+    4: the horizon must stay before it."""
+    from hardelete import dlq
+    from hardelete.holds import list_holds
+    from sim.testing import dead_letters
+
+    async with service(fast, s3, tmp_path) as svc, running_tracker(fast):
+        a = svc.store("data/a")
+        svc.emit(write("main", "a", a, "r1"))
+        with svc.outbox.transaction() as tx:
+            bad = tx.emit(copy("main", "b", a, "r2"))
+            raw = ev.encode(bad)
+            patched = raw[:-1] + b',"x_newer_field":1}'
+            tx.execute("UPDATE hd_outbox SET value = ? WHERE repository = ? AND stripe = 0 "
+                       "AND seq = ?", (patched, REPO, bad.seq))
+        assert bad.seq == 4
+        got = await dead_letters(fast, 1)
+        assert bad.event_id in got, got
+        svc.relay.drop.add(bad.event_id)  # its re-sends are lost from now on
+        svc.emit(delete("main", "a", a, "r1"))
+        r = redis_sync(fast)
+        store = ContinuityStore(r)
+        await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 3 and 5 in d.above)
+        assert list_holds(r, REPO, target=a), "the dead letter holds A"
+        for letter in await dlq.read(fast):
+            if letter.body is not None and letter.body.get("event_id") == bad.event_id:
+                await asyncio.to_thread(dlq.resolve, r, letter, s3=s3, wait_s=30)
+        assert not list_holds(r, REPO, target=a), list_holds(r, REPO, target=a)
+        await asyncio.sleep(fast.grace_seconds + 0.5)
+        await wait_log(fast)
+        report = await reap(fast, s3)
+        assert svc.exists(a), report  # r2 (open token) references A at the service
+        d = store.read(REPO, 0)
+        assert d.prefix == 3 and d.broken is None, d
