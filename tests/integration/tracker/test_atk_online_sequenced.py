@@ -391,3 +391,52 @@ async def test_a_dead_lettered_copy_keeps_its_object_after_its_dead_letter_is_re
         assert svc.exists(a), report  # r2 (open token) references A at the service
         d = store.read(REPO, 0)
         assert d.prefix == 3 and d.broken is None, d
+
+
+# --- 6. a second relay on a lagging copy of the service's store (a standby) ---
+
+@pytest.mark.xfail(strict=True, reason=(
+    "atk-on 6: two relays answer the ticks of one repository with the same incarnation (a "
+    "standby's relay on a replica of the service's database, the outbox and its incarnation "
+    "row copied with it); the lagging one's M certifies the tick past a copy the primary "
+    "committed and has not published yet, and the reaper deletes its object. Nothing tells "
+    "the tracker that two answers to one tick disagree (the higher M stays pending)"))
+async def test_a_standby_relay_on_a_lagging_replica_certifies_a_gap(
+        fast: Settings, s3: Any, tmp_path: Path) -> None:
+    """The service's database has a replica (a standby site), and the standby runs the same
+    relay against it: the replica holds the outbox tables and the incarnation row, so its
+    relay answers every tick for the repository, from counters that lag. A is written (r1,
+    seq 3) and replicated; then the primary commits a copy (r2, seq 4; its publish is slow:
+    lost, re-sent later) and deletes r1 (seq 5). The primary relay's watermark (M = 5) waits
+    for seq 4; the standby's (M = 3, same tick, same incarnation) is covered by the prefix."""
+    import sqlite3
+
+    from schemas.relay import Relay
+
+    async with service(fast, s3, tmp_path) as svc, running_tracker(fast):
+        a = svc.store("data/a")
+        svc.emit(write("main", "a", a, "r1"))
+        store = ContinuityStore(redis_sync(fast))
+        await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 3)
+        await until(svc.outbox.unpublished, lambda rows: not rows)
+        replica_path = tmp_path / "replica.db"
+        src = sqlite3.connect(svc.outbox.path)
+        dst = sqlite3.connect(replica_path)
+        src.backup(dst)  # the replica, as of now (it lags from here on)
+        src.close()
+        dst.close()
+        replica = Outbox(replica_path)
+        assert replica.incarnation == svc.outbox.incarnation
+        try:
+            async with Relay(fast, replica, poll_seconds=0.05):
+                lost = copy("main", "b", a, "r2")
+                svc.relay.drop.add(lost.event_id)
+                svc.emit(lost)
+                svc.emit(delete("main", "a", a, "r1"))
+                await until(lambda: store.read(REPO, 0), lambda d: 5 in d.above)
+                await asyncio.sleep(fast.grace_seconds + 0.5)
+                await wait_log(fast)
+                report = await reap(fast, s3)
+                assert svc.exists(a), report  # r2 (open token) references A at the service
+        finally:
+            replica.close()
