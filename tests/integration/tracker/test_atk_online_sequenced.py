@@ -301,13 +301,13 @@ async def test_a_genuine_watermark_replayed_for_another_stripe_certifies_its_gap
 
 # --- 4. the repository's slot goes back (a restored snapshot): records and horizon together ---
 
-def _snapshot(r: Any) -> dict[str, bytes]:
-    return {k: r.dump(k) for k in r.scan_iter(match=f"hd:{{{REPO}}}:*", count=1000)}
+def _snapshot(r: Any, pattern: str = f"hd:{{{REPO}}}:*") -> dict[str, bytes]:
+    return {k: r.dump(k) for k in r.scan_iter(match=pattern, count=1000)}
 
 
-def _restore(r: Any, snap: dict[str, bytes]) -> None:
-    """The repository's slot as it was at the snapshot (keys made since are gone)."""
-    for k in r.scan_iter(match=f"hd:{{{REPO}}}:*", count=1000):
+def _restore(r: Any, snap: dict[str, bytes], pattern: str = f"hd:{{{REPO}}}:*") -> None:
+    """The keys ``pattern`` names as they were at the snapshot (keys made since are gone)."""
+    for k in r.scan_iter(match=pattern, count=1000):
         if k not in snap:
             r.delete(k)
     for k, v in snap.items():
@@ -440,3 +440,46 @@ async def test_a_standby_relay_on_a_lagging_replica_certifies_a_gap(
                 assert svc.exists(a), report  # r2 (open token) references A at the service
         finally:
             replica.close()
+
+
+# --- 7. the break an event without a seq caused, lost with the slot ---
+
+@pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
+async def test_a_break_for_an_event_without_a_seq_lost_with_the_slot_deletes_nothing(
+        fast: Settings, s3: Any, tmp_path: Path, topology: str) -> None:
+    """A1 broken once: a copy of A (r2) published outside the outbox is applied and breaks
+    stripe 0 (nothing certifies the history any more). The break is a flag in the
+    repository's slot only; the slot goes back to before it (a failover to a lagging replica,
+    the tracker restarted meanwhile) and the copy, consumed already, is never read again. No
+    seq says it is missing: only the log forensics (hd:applied, another slot) can tell. Then
+    the service deletes r1 through its outbox: A must not be reaped while r2 references it.
+    One node: the whole dataset goes back together (hd:log with it); the cluster: only the
+    repository's node."""
+    from redis.cluster import RedisCluster
+
+    from schemas.publisher import Publisher
+
+    raw: Any = RedisCluster.from_url(fast.redis_url) if fast.redis_cluster \
+        else Redis.from_url(fast.redis_url)
+    pattern = "*" if topology == "single" else f"hd:{{{REPO}}}:*"
+    async with service(fast, s3, tmp_path) as svc:
+        store = ContinuityStore(redis_sync(fast))
+        a = svc.store("data/a")
+        async with running_tracker(fast, name="t1"):
+            svc.emit(write("main", "a", a, "r1"))
+            await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 3)
+            snap = _snapshot(raw, pattern)
+            async with Publisher(fast) as pub:
+                await pub.publish_many([copy("main", "b", a, "r2")])
+            await until(lambda: store.read(REPO, 0), lambda d: d.broken is not None)
+            await wait_log(fast)
+        _restore(raw, snap, pattern)
+        assert store.read(REPO, 0).broken is None
+        async with running_tracker(fast, name="t2"):
+            svc.emit(delete("main", "a", a, "r1"))
+            await asyncio.sleep(fast.grace_seconds + 0.5)
+            await wait_log(fast)
+            report = await reap(fast, s3)
+            assert svc.exists(a), (report, store.read(REPO, 0),
+                                   redis_sync(fast).hgetall(f"hd:{{{REPO}}}:a:{a}"))
+    raw.close()
