@@ -483,3 +483,47 @@ async def test_a_break_for_an_event_without_a_seq_lost_with_the_slot_deletes_not
             assert svc.exists(a), (report, store.read(REPO, 0),
                                    redis_sync(fast).hgetall(f"hd:{{{REPO}}}:a:{a}"))
     raw.close()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "atk-on 8: the break an event without a seq caused lives only in the repository's slot "
+    "(SPEC safety 11); the node going back loses it and the copy with it, the continuity "
+    "state then reads certified and unbroken, and only the log forensics' fail-closed flag "
+    "keeps A: once it is cleared (the operator's fail-closed clear here; the second half's "
+    "removal of hd:applied in the design) the reaper deletes A while r2 references it"))
+@pytest.mark.parametrize("topology", ["cluster"], indirect=True)
+async def test_a_lost_break_reads_as_certified_and_clearing_fail_closed_reaps_a_live_object(
+        fast: Settings, s3: Any, tmp_path: Path, topology: str) -> None:
+    from redis.cluster import RedisCluster
+
+    from hardelete.failclosed import clear
+    from schemas.publisher import Publisher
+
+    raw: Any = RedisCluster.from_url(fast.redis_url)
+    pattern = f"hd:{{{REPO}}}:*"
+    async with service(fast, s3, tmp_path) as svc:
+        r = redis_sync(fast)
+        store = ContinuityStore(r)
+        a = svc.store("data/a")
+        async with running_tracker(fast, name="t1"):
+            svc.emit(write("main", "a", a, "r1"))
+            await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 3)
+            snap = _snapshot(raw, pattern)
+            async with Publisher(fast) as pub:
+                await pub.publish_many([copy("main", "b", a, "r2")])
+            await until(lambda: store.read(REPO, 0), lambda d: d.broken is not None)
+            await wait_log(fast)
+        _restore(raw, snap, pattern)  # the repository's node fails over to a lagging replica
+        async with running_tracker(fast, name="t2"):
+            svc.emit(delete("main", "a", a, "r1"))
+            await asyncio.sleep(fast.grace_seconds + 0.5)
+            await wait_log(fast)
+            first = await reap(fast, s3)
+            assert first.repos[0].skipped == "fail_closed", first
+            d = store.read(REPO, 0)
+            assert d.broken is None and d.horizon_ms is not None, d  # reads as certified
+            assert clear(r, REPO, reason="continuity certifies the repository", who="op") == 1
+            await wait_log(fast)
+            report = await reap(fast, s3)
+            assert svc.exists(a), report  # r2 (open token) references A at the service
+    raw.close()
