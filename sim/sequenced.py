@@ -15,12 +15,14 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from core.clients import redis_async
+from core.clients import redis_async, split_s3_uri
 from core.clock import aredis_time_ms
 from core.continuity_store import AsyncContinuityStore
 from core.settings import Settings
@@ -30,6 +32,22 @@ from schemas.publisher import Publisher
 from schemas.relay import Relay
 
 _ACTIVE: dict[str, SequencedService] = {}
+
+
+def put_object(s3: Any, address: str, body: bytes = b"x") -> str:
+    """Store an object at ``address`` (``s3://bucket/key``); returns the address."""
+    bucket, key = split_s3_uri(address)
+    s3.put_object(Bucket=bucket, Key=key, Body=body)
+    return address
+
+
+def object_exists(s3: Any, address: str) -> bool:
+    bucket, key = split_s3_uri(address)
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+        return True
+    except s3.exceptions.ClientError:
+        return False
 
 
 class LossyRelay(Relay):
@@ -206,3 +224,69 @@ class SequencedService:
                     await asyncio.sleep(0.02)
         finally:
             await r.aclose()
+
+
+# ------------------------------------------------- a one-repository service for tests
+
+REPO = "svc"
+
+
+@dataclass
+class Service:
+    """A one-repository service (repository ``REPO``, branch main, token "t") with an outbox
+    and a relay that can lose chosen publishes: the attack and end-to-end tests' service."""
+
+    settings: Settings
+    s3: Any
+    outbox: Outbox
+    relay: LossyRelay
+    namespace: str
+    bucket: str
+    events: list[ev.ServiceEvent] = field(default_factory=list)
+
+    def emit(self, *events: ev.ServiceEvent) -> list[ev.ServiceEvent]:
+        with self.outbox.transaction() as tx:
+            stamped = [tx.emit(e) for e in events]
+        self.events += stamped
+        return stamped
+
+    def store(self, path: str) -> str:
+        return put_object(self.s3, self.namespace + path)
+
+    def exists(self, address: str) -> bool:
+        return object_exists(self.s3, address)
+
+
+@asynccontextmanager
+async def service(settings: Settings, s3: Any, tmp_path: Path) -> AsyncIterator[Service]:
+    """The service, its repository created, in a bucket of its own, its outbox in ``tmp_path``."""
+    bucket = f"atk4-{int(time.time() * 1000) % 10**9}"
+    with suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=bucket)
+    outbox = Outbox(tmp_path / "service.db")
+    relay = LossyRelay(settings, outbox)
+    async with relay:
+        svc = Service(settings, s3, outbox, relay, f"s3://{bucket}/{REPO}/", bucket)
+        svc.emit(ev.RepositoryCreated(repository=REPO, storage_namespace=svc.namespace,
+                                      default_branch="main", default_retention_days=1.0),
+                 ev.BranchCreated(repository=REPO, branch="main", staging_token="t",
+                                  ref_version=1))
+        try:
+            yield svc
+        finally:
+            outbox.close()
+
+
+def write(path: str, address: str, ref: str) -> ev.ServiceEvent:
+    return ev.ObjectWritten(repository=REPO, branch="main", staging_token="t", path=path,
+                            address=address, size=1, ref_id=ref)
+
+
+def copy(path: str, address: str, ref: str) -> ev.ServiceEvent:
+    return ev.ObjectCopied(repository=REPO, branch="main", staging_token="t", path=path,
+                           address=address, size=1, ref_id=ref, source_read_at=0.0)
+
+
+def delete(path: str, address: str, ref: str) -> ev.ServiceEvent:
+    return ev.ObjectDeleted(repository=REPO, branch="main", staging_token="t", path=path,
+                            address=address, ref_id=ref)

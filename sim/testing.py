@@ -24,6 +24,8 @@ from schemas import events as ev
 from schemas.layout import INCIDENTS, REFUSED, REPOS, RETIRED, AddressState, RepoKeys
 from schemas.publisher import Publisher, ensure_topics
 from sim import sequenced
+from sim.sequenced import object_exists as object_exists  # (re-exported for the tests)
+from sim.sequenced import put_object as put_object
 from tracker import codec
 from tracker.references import RefusedRepository, RepoState, World
 from tracker.state import ApplyScript
@@ -266,22 +268,6 @@ def dumps(obj: Any) -> bytes:
     return orjson.dumps(obj)
 
 
-def put_object(s3: Any, address: str, body: bytes = b"x") -> str:
-    """Store an object at ``address`` (``s3://bucket/key``); returns the address."""
-    bucket, key = split_s3_uri(address)
-    s3.put_object(Bucket=bucket, Key=key, Body=body)
-    return address
-
-
-def object_exists(s3: Any, address: str) -> bool:
-    bucket, key = split_s3_uri(address)
-    try:
-        s3.head_object(Bucket=bucket, Key=key)
-        return True
-    except s3.exceptions.ClientError:
-        return False
-
-
 def listed(s3: Any, bucket: str) -> set[str]:
     out: set[str] = set()
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
@@ -333,7 +319,6 @@ async def unreferenced_object(settings: Settings, s3: Any, repo: str, namespace:
     unreferenced, the reaper's once grace has passed; the tracker must be running."""
     from contextlib import suppress
 
-    from core.clients import split_s3_uri
 
     bucket, key = split_s3_uri(address)
     with suppress(s3.exceptions.BucketAlreadyOwnedByYou):

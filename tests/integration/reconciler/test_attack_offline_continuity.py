@@ -16,9 +16,9 @@ from core.clock import await_horizon
 from core.continuity_store import ContinuityStore
 from core.settings import Settings
 from schemas import events as ev
+from sim.sequenced import REPO, Service, service, write
 from sim.testing import redis_now, wait_horizon
 from sim.worlds import boundary
-from tests.integration.tracker.test_atk4_continuity import REPO, Service, service, write
 from tracker.daemon import running_tracker
 
 pytestmark = [pytest.mark.spark]
