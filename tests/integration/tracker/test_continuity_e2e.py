@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,66 +23,17 @@ from core.settings import Settings
 from reaper.daemon import Reaper
 from schemas import events as ev
 from schemas.layout import INCIDENTS, RepoKeys
-from schemas.outbox import Outbox
-from sim.sequenced import LossyRelay
-from sim.testing import object_exists, publish, put_object, redis_now, wait_horizon
+from sim.sequenced import REPO, Service, delete, service
+from sim.testing import publish, redis_now, wait_horizon
 from tracker.daemon import running_tracker
 
 pytestmark = pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
 
-REPO = "svc"
-
-
-@dataclass
-class Service:
-    settings: Settings
-    s3: Any
-    outbox: Outbox
-    relay: LossyRelay
-    namespace: str
-    bucket: str
-    events: list[ev.ServiceEvent] = field(default_factory=list)
-
-    def emit(self, *events: ev.ServiceEvent) -> list[ev.ServiceEvent]:
-        with self.outbox.transaction() as tx:
-            stamped = [tx.emit(e) for e in events]
-        self.events += stamped
-        return stamped
-
-    def store(self, path: str) -> str:
-        return put_object(self.s3, self.namespace + path)
-
-    def exists(self, address: str) -> bool:
-        return object_exists(self.s3, address)
-
-
-@asynccontextmanager
-async def service(settings: Settings, s3: Any, tmp_path: Path) -> AsyncIterator[Service]:
-    bucket = f"cont-{int(time.time() * 1000) % 10**9}"
-    with suppress(s3.exceptions.BucketAlreadyOwnedByYou):
-        s3.create_bucket(Bucket=bucket)
-    outbox = Outbox(tmp_path / "service.db")
-    relay = LossyRelay(settings, outbox)
-    async with relay:
-        svc = Service(settings, s3, outbox, relay, f"s3://{bucket}/{REPO}/", bucket)
-        svc.emit(ev.RepositoryCreated(repository=REPO, storage_namespace=svc.namespace,
-                                      default_branch="main", default_retention_days=1.0),
-                 ev.BranchCreated(repository=REPO, branch="main", staging_token="t",
-                                  ref_version=1))
-        try:
-            yield svc
-        finally:
-            outbox.close()
 
 
 def write(svc: Service, path: str, address: str, ref: str) -> ev.ServiceEvent:
     return ev.ObjectWritten(repository=REPO, branch="main", staging_token="t", path=path,
                             address=address, size=1, ref_id=ref)
-
-
-def delete(path: str, address: str, ref: str) -> ev.ServiceEvent:
-    return ev.ObjectDeleted(repository=REPO, branch="main", staging_token="t", path=path,
-                            address=address, ref_id=ref)
 
 
 async def certified(settings: Settings, after_ms: int, timeout: float = 30.0) -> int:
