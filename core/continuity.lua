@@ -8,7 +8,9 @@ file followed by its own body (core.continuity_store.compose), which calls
 
   local C = continuity(P)        -- P: the repository's key prefix "hd:{<id>}:" (its slot)
   C.admit(k, inc, seq)           -> 'apply' | 'duplicate' | 'refused'
-  C.certify(k, inc, M, R)        -- a watermark (its tick's signature checked by the caller)
+  C.certify(k, inc, M, R, A)     -- a watermark (its tick's signature checked by the caller);
+                                 -- A: the seq the tracker had applied at the tick (or nil)
+  C.applied_max(k)               -> the highest seq applied (the prefix or the top of above)
   C.break_domain(k, reason)
   C.stripe_horizon(k)            -> R (a number) or nil
   C.horizon(n)                   -> the repository's horizon over stripes 0..n-1, or nil
@@ -203,13 +205,20 @@ local function continuity(P)
     return 'apply'
   end
 
-  function C.certify(k, inc, m, r)
+  function C.certify(k, inc, m, r, a)
     m = int(m, 'watermark seq', 0, SEQ_MAX)
     r = int(r, 'watermark tick', 0, SEQ_MAX)
+    a = int(a or 0, 'watermark applied', 0, SEQ_MAX)
     local s = stripe(k)
     if s.broken ~= nil then return end
     bind(s, inc)
     if s.broken ~= nil then return end
+    if m < a then  -- core.continuity.lied
+      break_stripe(s, 'a watermark says seq <= ' .. fmt(m) .. ' at tick ' .. fmt(r)
+                   .. ', when seq ' .. fmt(a) .. ' was applied already: its relay read a '
+                   .. 'store that lags (a standby or a replica?)')
+      return
+    end
     if s.horizon ~= nil and r <= s.horizon then return end  -- certifies nothing new
     if m <= s.prefix then
       local kept = {}
@@ -250,6 +259,12 @@ local function continuity(P)
   end
 
   function C.stripe_horizon(k) return stripe(k).horizon end
+
+  function C.applied_max(k)
+    local s = stripe(k)
+    if s.nabove == 0 then return s.prefix end
+    return tonumber(redis.call('ZRANGE', s.above, -1, -1)[1])
+  end
 
   function C.horizon(n)
     n = int(n, 'stripes', 0, STRIPES_MAX)

@@ -42,6 +42,10 @@ class Admission(StrEnum):
 class Watermark:
     seq: int  # M: every event committed before the tick has seq <= M
     tick_ms: int  # R: the tick's Redis time, on the node that holds the domain
+    # The highest seq of the domain the tracker had applied when it read R (the tick carries
+    # it, signed). Those events were committed before the relay read M, so M below it is a
+    # watermark that lies: a relay reading a store that lags (a standby, a replica).
+    applied: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +115,14 @@ def admit(d: Domain, incarnation: str, seq: int) -> tuple[Domain, Admission]:
 def certify(d: Domain, incarnation: str, w: Watermark) -> Domain:
     """A watermark arrives (its tick's signature already verified by the caller)."""
     _check_seq(w.seq, "watermark seq")
+    _check_seq(w.applied, "watermark applied")
     if d.broken is not None:
         return d
     d = _bind(d, incarnation)
     if d.broken is not None:
         return d
+    if w.seq < w.applied:
+        return break_domain(d, lied(w))
     if d.horizon_ms is not None and w.tick_ms <= d.horizon_ms:
         return d  # certifies nothing new
     if w.seq <= d.prefix:
@@ -127,11 +134,17 @@ def certify(d: Domain, incarnation: str, w: Watermark) -> Domain:
     kept = [p for p in d.pending if not (p.seq >= w.seq and p.tick_ms <= w.tick_ms)]
     if any(p.seq <= w.seq and p.tick_ms >= w.tick_ms for p in kept):
         return d
-    kept.append(w)
+    kept.append(Watermark(w.seq, w.tick_ms))  # (applied served its check: not kept)
     kept.sort(key=lambda p: p.seq)
     if len(kept) > PENDING_MAX:
         kept = kept[: PENDING_MAX - 1] + kept[-1:]
     return replace(d, pending=tuple(kept))
+
+
+def lied(w: Watermark) -> str:
+    """Why a watermark below what the tracker had applied at its tick breaks the domain."""
+    return (f"a watermark says seq <= {w.seq} at tick {w.tick_ms}, when seq {w.applied} was "
+            "applied already: its relay read a store that lags (a standby or a replica?)")
 
 
 def break_domain(d: Domain, reason: str) -> Domain:

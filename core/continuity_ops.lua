@@ -5,7 +5,8 @@
 -- KEYS[1] any key of the repository's slot (routes the call), ARGV[1] its key prefix
 -- "hd:{<id>}:", ARGV[2] the op, then:
 --   admit   k, incarnation, seq      -> 'apply' | 'duplicate' | 'refused'
---   certify k, incarnation, M, R     -> 'ok'
+--   certify k, incarnation, M, R, A  -> 'ok'  (A: the seq applied at the tick)
+--   applied k                        -> the highest seq applied, a decimal string
 --   break   k, reason                -> 'ok'
 --   read    k                        -> {{field, value, ...}, {above seqs}, {'<M>:<R>', ...}}
 --   gaps    k, limit                 -> {a1, b1, a2, b2, ...}
@@ -15,8 +16,10 @@ local op = ARGV[2]
 if op == 'admit' then
   return C.admit(ARGV[3], ARGV[4], ARGV[5])
 elseif op == 'certify' then
-  C.certify(ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+  C.certify(ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
   return 'ok'
+elseif op == 'applied' then
+  return string.format('%.0f', C.applied_max(ARGV[3]))
 elseif op == 'break' then
   C.break_domain(ARGV[3], ARGV[4])
   return 'ok'

@@ -94,7 +94,7 @@ def _admit(repo: str, stripe: int, incarnation: str, seq: int) -> _Call:
 
 def _certify(repo: str, stripe: int, incarnation: str, w: Watermark) -> _Call:
     return _call(repo, stripe, "certify", str(stripe), incarnation, _num(w.seq),
-                 _num(w.tick_ms), parse=lambda v: None)
+                 _num(w.tick_ms), _num(w.applied), parse=lambda v: None)
 
 
 def _break(repo: str, stripe: int, reason: str) -> _Call:
@@ -152,6 +152,12 @@ class ContinuityStore:
 
     def break_domain(self, repo: str, stripe: int, reason: str) -> None:
         self._run(_break(repo, stripe, reason))
+
+    def applied_max(self, repo: str, stripe: int) -> int:
+        """The highest seq applied in the stripe (what a tick read now would carry)."""
+        result: int = self._run(_call(repo, stripe, "applied", str(stripe),
+                                      parse=lambda v: int(_text(v))))
+        return result
 
     def read(self, repo: str, stripe: int) -> Domain:
         result: Domain = self._run(_read(repo, stripe))

@@ -6,11 +6,13 @@ published to the control topic (setting ``control_topic``, ``hardelete.control``
 **keyed by repository**. The tracker publishes them; each service's relay consumes the whole
 topic and answers those of the repositories its outbox holds, on the events topic:
 
-- ``tick`` {repository, tick_ms, tick_id, sig}: ``tick_ms`` is a time on the tracker's Redis
-  clock (the node that holds the repository's records), ``tick_id`` names the tick, ``sig`` is
-  HMAC-SHA256 under the tracker's key (``reaper_auth.seal_tick``). The relay, after receiving
-  it, reads each stripe's committed counter M and publishes ``watermark`` (schemas/events.py)
-  with the tick's id and signature as received. Relays hold no key: they check the format
+- ``tick`` {repository, tick_ms, applied, tick_id, sig}: ``tick_ms`` is a time on the
+  tracker's Redis clock (the node that holds the repository's records), ``applied`` the
+  highest seq the tracker had applied in each stripe when it read that time (read in the same
+  script), ``tick_id`` names the tick, ``sig`` is HMAC-SHA256 under the tracker's key over
+  all of them (``reaper_auth.seal_tick``). The relay, after receiving it, reads each stripe's
+  committed counter M and publishes ``watermark`` (schemas/events.py) with the tick's time,
+  applied seqs, id and signature as received. Relays hold no key: they check the format
   only, and the tracker verifies the signature the watermark carries back.
 - ``resend`` {repository, stripe, incarnation, from_seq, to_seq}: publish the events of that
   range again from the outbox, or ``range_gone`` for what it no longer has.
@@ -50,6 +52,7 @@ class Tick:
     TYPE: ClassVar[str] = "tick"
     repository: str
     tick_ms: int
+    applied: list[int]  # per stripe: the highest seq applied when tick_ms was read
     tick_id: str
     sig: str
 
@@ -76,11 +79,14 @@ ControlMessage = Tick | Resend
 CONTROL_TYPES: dict[str, type[Tick] | type[Resend]] = {Tick.TYPE: Tick, Resend.TYPE: Resend}
 
 
-def signed_tick(key: bytes, repository: str, tick_ms: int, tick_id: str | None = None) -> Tick:
-    """A tick the tracker publishes: ``tick_ms`` read from the repository's Redis node."""
+def signed_tick(key: bytes, repository: str, tick_ms: int, applied: list[int] | None = None,
+                tick_id: str | None = None) -> Tick:
+    """A tick the tracker publishes: ``tick_ms`` and ``applied`` (per stripe) read together
+    from the repository's Redis node."""
     tick_id = tick_id or uuid.uuid4().hex
-    return Tick(repository=repository, tick_ms=tick_ms, tick_id=tick_id,
-                sig=seal_tick(key, repository, tick_ms, tick_id))
+    applied = list(applied or [0])
+    return Tick(repository=repository, tick_ms=tick_ms, applied=applied, tick_id=tick_id,
+                sig=seal_tick(key, repository, tick_ms, tick_id, applied))
 
 
 def encode(message: ControlMessage) -> bytes:

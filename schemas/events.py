@@ -250,12 +250,14 @@ class Watermark(Event):
         "Published by the service's relay, never with a change: its answer to the tracker's "
         "tick. Read after the tick was received, from committed state: every event of the "
         "domain (repository, stripe) committed before tick_ms has seq <= this seq (0: none). "
-        "tick_id and tick_sig are the tick's, as received (the tracker verifies them)."
+        "tick_applied, tick_id and tick_sig are the tick's, as received (the tracker verifies "
+        "them; a seq below tick_applied[stripe] is a watermark from a store that lags)."
     )
     stripe: int
     incarnation: str
     seq: int
     tick_ms: int
+    tick_applied: list[int]
     tick_id: str
     tick_sig: str
 

@@ -93,27 +93,32 @@ def problem(key: bytes | None, body: dict[str, Any]) -> str | None:
 
 
 # --- ticks ----------------------------------------------------------------------------------
-# The tracker's tick (schemas/control.py) names a time on its own Redis clock; the service's
-# watermark answering it carries the tick's id and signature back. Only the tracker may say
-# when a tick happened: a forged tick could certify a horizon that never came.
+# The tracker's tick (schemas/control.py) names a time on its own Redis clock and the seq it
+# had applied in each stripe then; the service's watermark answering it carries them, the
+# tick's id and signature back. Only the tracker may say when a tick happened (a forged tick
+# could certify a horizon that never came) and what it had applied (a lower figure would hide
+# a relay that lags).
 
-def tick_message(repository: str, tick_ms: int, tick_id: str) -> bytes:
-    return domain_message(TICK, [repository, str(tick_ms), tick_id])
+def tick_message(repository: str, tick_ms: int, tick_id: str,
+                 applied: Sequence[int] = ()) -> bytes:
+    return domain_message(TICK, [repository, str(tick_ms), tick_id,
+                                 ",".join(str(a) for a in applied)])
 
 
-def seal_tick(key: bytes, repository: str, tick_ms: int, tick_id: str) -> str:
-    return _mac(key, tick_message(repository, tick_ms, tick_id))
+def seal_tick(key: bytes, repository: str, tick_ms: int, tick_id: str,
+              applied: Sequence[int] = ()) -> str:
+    return _mac(key, tick_message(repository, tick_ms, tick_id, applied))
 
 
 def tick_problem(key: bytes | None, repository: str, tick_ms: int, tick_id: str,
-                 signature: str | None) -> str | None:
+                 signature: str | None, applied: Sequence[int] = ()) -> str | None:
     """Why this tick (or the watermark carrying it back) is not one the tracker signed under
     ``key`` (one line), or None."""
     if not signature:
         return "the tick carries no signature"
     if not key:
         return "no tracker key to verify the tick with"
-    if not hmac.compare_digest(signature, seal_tick(key, repository, tick_ms, tick_id)):
+    if not hmac.compare_digest(signature, seal_tick(key, repository, tick_ms, tick_id, applied)):
         return "the tick's signature does not verify (forged, or signed under another key)"
     return None
 

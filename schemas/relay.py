@@ -167,7 +167,8 @@ class Relay:
         await self.publish_pending()
         marks = [Watermark(repository=tick.repository, stripe=k,
                            incarnation=counters.incarnation, seq=m, tick_ms=tick.tick_ms,
-                           tick_id=tick.tick_id, tick_sig=tick.sig, emitted_at=time.time())
+                           tick_applied=tick.applied, tick_id=tick.tick_id, tick_sig=tick.sig,
+                           emitted_at=time.time())
                  for k, m in enumerate(counters.seqs)]
         await self._send([(encode(w), w.key) for w in marks])
         self.stats.watermarks += len(marks)

@@ -143,7 +143,7 @@ async def relay_run(path: Path) -> tuple[float, int, float]:
             target = "wl-r0"
             counters = outbox.counters(target)
             assert counters is not None
-            tick = control.signed_tick(b"bench", target, 1, "bench")
+            tick = control.signed_tick(b"bench", target, 1, tick_id="bench")
             t1 = time.perf_counter()
             await producer.send_and_wait(s.control_topic, control.encode(tick), key=tick.key)
             seen = 0

@@ -26,7 +26,7 @@ ARGV[7..8]                      refused ("hardelete: log record moved") unless t
 Continuity (schemas/README.md, "Continuity"; core/continuity.lua is prepended to this script):
 a sequenced event comes as two entries with its offset, op 14 {stripe, incarnation, seq} and
 then the event itself, which is applied only if its (stripe, seq) is new (exact dedupe, any
-order); op 15 {stripe, incarnation, M, R} is a watermark whose tick the tracker verified;
+order); op 15 {stripe, incarnation, M, R, applied} is a watermark whose tick the tracker verified;
 op 16 {stripe, incarnation, from, to, reason} a range the service's relay says is gone, which
 breaks the stripe unless it is applied already. A repository that ever carried a seq is
 `sequenced` (hd:{R}:repo); an event without one after that breaks its stripe 0 (the service
@@ -450,9 +450,9 @@ for i = 1, #events do
       C.break_domain(0, 'an event without a seq (op ' .. fmt(op) .. ') in a sequenced '
                      .. 'repository')
     end
-    if op == 15 then -- watermark: stripe, incarnation, M, R (its tick verified by the tracker)
+    if op == 15 then -- watermark: stripe, incarnation, M, R, applied at R (tick verified)
       set_sequenced()
-      if not undeclared(e[3]) then C.certify(e[3], e[4], e[5], e[6]) end
+      if not undeclared(e[3]) then C.certify(e[3], e[4], e[5], e[6], e[7]) end
     elseif op == 16 then -- range gone: stripe, incarnation, from, to, reason
       set_sequenced()
       local ck = P .. 'cont:' .. fmt(e[3])

@@ -54,6 +54,7 @@ _BAD = {
     "float": "type(x) is not int and (type(x) is not float or not _isfinite(x))",
     "list_str": "not _list_str(x)",
     "list_addr": "not _list_addr(x)",
+    "list_int": "not _list_int(x)",
     "dict_float": "not _dict_float(x)",
 }
 
@@ -64,6 +65,10 @@ def _list_str(v: Any) -> bool:
 
 def _list_addr(v: Any) -> bool:
     return type(v) is list and all(type(x) is str and x.startswith("s3://") for x in v)
+
+
+def _list_int(v: Any) -> bool:  # (the events' default integer range)
+    return type(v) is list and all(type(x) is int and 0 <= x <= ev.MAX_EXACT_INT for x in v)
 
 
 def _dict_float(v: Any) -> bool:
@@ -77,6 +82,8 @@ def _kind(name: str, tp: Any) -> tuple[str, bool]:
     if origin in (typing.Union, types.UnionType):
         inner = next(a for a in typing.get_args(tp) if a is not type(None))
         return _kind(name, inner)[0], True
+    if origin is list and typing.get_args(tp) == (int,):
+        return "list_int", False
     if origin is list:
         return ("list_addr" if name in ADDRESS_FIELDS else "list_str"), False
     if origin is dict:
@@ -160,7 +167,8 @@ def _compile(t: str, cls: type[ev.Event]) -> Callable[[dict[str, Any]], dict[str
     scope: dict[str, Any] = {
         "_MISSING": _MISSING, "_ALLOWED": allowed, "_isfinite": math.isfinite,
         "_new_id": ev.new_id, "_semantics": _SEMANTICS.get(t), "_list_str": _list_str,
-        "_list_addr": _list_addr, "_dict_float": _dict_float}
+        "_list_addr": _list_addr, "_list_int": _list_int,
+        "_dict_float": _dict_float}
     exec(compile("\n".join(lines), f"<fast_body {t}>", "exec"), scope)  # generated from the types
     fn: Callable[[dict[str, Any]], dict[str, Any] | None] = scope[f"fast_{t}"]
     return fn
@@ -273,8 +281,9 @@ def compact(body: dict[str, Any], offset: int) -> list[Any]:
                 repr(body["default_retention_days"]),
                 orjson.dumps(body["branch_retention_days"]).decode(), body.get("stripes", 1)]
     if t == "watermark":
+        applied = body["tick_applied"]  # (a stripe the tick did not know: nothing applied)
         return [offset, OP_WATERMARK, body["stripe"], body["incarnation"], body["seq"],
-                body["tick_ms"]]
+                body["tick_ms"], applied[body["stripe"]] if body["stripe"] < len(applied) else 0]
     if t == "range_gone":
         return [offset, OP_GONE, body["stripe"], body["incarnation"], body["from_seq"],
                 body["to_seq"], body["reason"]]

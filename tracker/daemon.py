@@ -611,7 +611,8 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
 
     async def _tick_signed(self, batch: _Batch, body: dict[str, Any]) -> bool:
         """A watermark certifies a time only if it answers a tick this tracker's key signed."""
-        args = (body["repository"], body["tick_ms"], body["tick_id"], body["tick_sig"])
+        args = (body["repository"], body["tick_ms"], body["tick_id"], body["tick_sig"],
+                body["tick_applied"])
         if reaper_auth.tick_problem(self._reap_key, *args) is None:
             return True
         self._reap_key = await self._retrying(  # minted or rotated since we read it?

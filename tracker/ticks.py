@@ -1,12 +1,12 @@
 """The tracker's side of continuity (schemas/README.md, "Continuity"): ticks and re-sends.
 
 Every ``tick_interval_seconds`` the :class:`Ticker` reads, for each sequenced repository, the
-Redis time on the node that holds its records (a script in its slot), signs it and publishes a
-``tick`` on the control topic; the service's relay answers with a ``watermark`` per stripe,
-which the apply path certifies (``apply.lua``). It also asks again for every range of seqs a
-stripe is missing (``resend``), at most once per ``resend_interval_seconds`` per range, so a
-lost or not yet published event is fetched from the service's outbox instead of holding the
-horizon back for ever.
+Redis time on the node that holds its records and, in the same script, the highest seq applied
+in each stripe; signs both and publishes a ``tick`` on the control topic; the service's relay
+answers with a ``watermark`` per stripe, which the apply path certifies (``apply.lua``). It
+also asks again for every range of seqs a stripe is missing (``resend``), at most once per
+``resend_interval_seconds`` per range, so a lost or not yet published event is fetched from
+the service's outbox instead of holding the horizon back for ever.
 
 The Ticker owns its state (what it asked for, and when); it shares the tracker's Redis client
 and producer. Safety does not depend on it: a tick that is lost certifies nothing, a re-send
@@ -24,13 +24,21 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from core.continuity import gaps
-from core.continuity_store import AsyncContinuityStore
+from core.continuity_store import AsyncContinuityStore, compose
 from core.settings import Settings
 from schemas import control
 from schemas.layout import REPOS, RepoKeys
 from tracker.metrics import TrackerMetrics
 
-_SLOT_TIME = "local t = redis.call('TIME') return {t[1], t[2]}"
+# The time and what was applied then, read atomically: every seq applied before the time
+# committed before the relay reads M, so a watermark below it is from a store that lags.
+_TICK = compose("""
+local C = continuity(ARGV[1])
+local t = redis.call('TIME')
+local out = {t[1], t[2]}
+for k = 0, tonumber(ARGV[2]) - 1 do out[#out + 1] = string.format('%.0f', C.applied_max(k)) end
+return out
+""")
 
 
 @dataclass
@@ -51,7 +59,7 @@ class Ticker:
         self.metrics = metrics
         self.log = log
         self.store = AsyncContinuityStore(redis)
-        self._slot_time = redis.register_script(_SLOT_TIME)
+        self._tick = redis.register_script(_TICK)
         self._asked: dict[tuple[str, int, str, int, int], float] = {}  # range -> monotonic
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -84,8 +92,11 @@ class Ticker:
         done = TickRound()
         topic = self.settings.control_topic
         for repo, stripes in (await self.sequenced()).items():
-            sec, usec = await self._slot_time(keys=[RepoKeys(repo).meta])
-            tick = control.signed_tick(self.key, repo, int(sec) * 1000 + int(usec) // 1000)
+            keys = RepoKeys(repo)
+            sec, usec, *applied = await self._tick(keys=[keys.meta],
+                                                   args=[keys.tag + ":", stripes])
+            tick = control.signed_tick(self.key, repo, int(sec) * 1000 + int(usec) // 1000,
+                                       [int(a) for a in applied])
             await self.producer.send(topic, control.encode(tick), key=tick.key)
             done.ticks += 1
             for k in range(stripes):

@@ -58,6 +58,7 @@ class Certify:
     inc: str
     seq: int
     tick: int
+    applied: int = 0  # the seq applied at the tick: above seq, the watermark lies
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,9 @@ def histories(draw: st.DrawFn) -> tuple[int, list[Step]]:
             order = draw(st.permutations(range(a, a + n)))
             steps.extend(Admit(k, "i1", seq) for seq in order)
         elif kind == "certify":
-            steps.append(Certify(draw(stripe), draw(INCS), draw(mark), draw(tick)))
+            m = draw(mark)
+            applied = draw(st.sampled_from([0, 0, 0, m, max(m - 1, 0), m + 1]))
+            steps.append(Certify(draw(stripe), draw(INCS), m, draw(tick), min(applied, SEQ_MAX)))
         elif kind == "ladder":  # more watermarks pending than PENDING_MAX keeps
             k, m, t = draw(stripe), draw(st.integers(0, 6)), draw(st.integers(1, 40))
             n = draw(st.integers(PENDING_MAX - 2, PENDING_MAX + 4))
@@ -111,7 +114,7 @@ def _pure(d: Domain, s: Step) -> tuple[Domain, Admission | None]:
     if isinstance(s, Admit):
         return admit(d, s.inc, s.seq)
     if isinstance(s, Certify):
-        return certify(d, s.inc, Watermark(s.seq, s.tick)), None
+        return certify(d, s.inc, Watermark(s.seq, s.tick, s.applied)), None
     return break_domain(d, s.reason), None
 
 
@@ -119,7 +122,7 @@ def _lua(store: ContinuityStore, repo: str, s: Step) -> Admission | None:
     if isinstance(s, Admit):
         return store.admit(repo, s.stripe, s.inc, s.seq)
     if isinstance(s, Certify):
-        store.certify(repo, s.stripe, s.inc, Watermark(s.seq, s.tick))
+        store.certify(repo, s.stripe, s.inc, Watermark(s.seq, s.tick, s.applied))
     else:
         store.break_domain(repo, s.stripe, s.reason)
     return None
@@ -140,6 +143,7 @@ def test_lua_agrees_with_the_pure_machine(settings, redis_client, history, limit
         assert store.read(repo, s.stripe) == model[s.stripe], where
         assert store.gaps(repo, s.stripe, limit) == gaps(model[s.stripe], limit), where
         assert store.horizon(repo, stripes) == horizon(model.values()), where
+        assert store.applied_max(repo, s.stripe) == model[s.stripe].applied_max, where
     for k in range(stripes):  # the stripes no step touched last
         assert store.read(repo, k) == model[k]
 
@@ -233,7 +237,7 @@ local steps = cjson.decode(ARGV[2])
 local out = {}
 for _, s in ipairs(steps) do
   if s[1] == 'a' then out[#out + 1] = C.admit(s[2], s[3], s[4])
-  elseif s[1] == 'c' then C.certify(s[2], s[3], s[4], s[5]); out[#out + 1] = ''
+  elseif s[1] == 'c' then C.certify(s[2], s[3], s[4], s[5], s[6]); out[#out + 1] = ''
   else C.break_domain(s[2], s[3]); out[#out + 1] = '' end
 end
 return out
@@ -256,7 +260,7 @@ def test_a_whole_history_in_one_script_agrees_with_the_pure_machine(settings, re
         if isinstance(s, Admit):
             wire.append(["a", s.stripe, s.inc, str(s.seq)])
         elif isinstance(s, Certify):
-            wire.append(["c", s.stripe, s.inc, str(s.seq), str(s.tick)])
+            wire.append(["c", s.stripe, s.inc, str(s.seq), str(s.tick), str(s.applied)])
         else:
             wire.append(["b", s.stripe, s.reason])
     script = redis_client.register_script(compose(_BATCH))

@@ -81,13 +81,15 @@ async def test_a_tick_is_answered_with_the_counters_committed_when_it_arrived(
         for i in range(3):
             tx.emit(tag("r", i), stripe=i % 2)
     async with Relay(settings, outbox) as relay, Log(settings) as log:
-        first = control.signed_tick(KEY, "r", 1000, "t1")
+        first = control.signed_tick(KEY, "r", 1000, [2, 1], tick_id="t1")
         await send_control(settings, first)
         got = marks(await log.until(lambda es: len(marks(es, "t1")) == 2), "t1")
         assert {k: w.seq for k, w in got.items()} == {0: 3, 1: 1}
         w = got[0]
         assert w.incarnation == outbox.incarnation and w.tick_ms == 1000
-        assert reaper_auth.tick_problem(KEY, "r", w.tick_ms, w.tick_id, w.tick_sig) is None
+        assert w.tick_applied == [2, 1]  # carried back as received
+        assert reaper_auth.tick_problem(KEY, "r", w.tick_ms, w.tick_id, w.tick_sig,
+                                        w.tick_applied) is None
         # in the repository's partition every event up to M comes before its watermark
         before = log.events[:log.events.index(w)]
         assert sorted(e.seq for e in before if isinstance(e, ev.ServiceEvent)
@@ -96,7 +98,7 @@ async def test_a_tick_is_answered_with_the_counters_committed_when_it_arrived(
         with outbox.transaction() as tx:
             tx.emit(tag("r", 7), stripe=1)
             tx.emit(tag("r", 8), stripe=1)
-        await send_control(settings, control.signed_tick(KEY, "r", 2000, "t2"))
+        await send_control(settings, control.signed_tick(KEY, "r", 2000, tick_id="t2"))
         got = marks(await log.until(lambda es: len(marks(es, "t2")) == 2), "t2")
         assert {k: w.seq for k, w in got.items()} == {0: 3, 1: 3}
         # a tick for a repository this outbox never held is another service's

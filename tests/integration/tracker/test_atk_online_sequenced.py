@@ -178,14 +178,8 @@ def fast(settings: Settings) -> Settings:
 
 # --- 1. a watermark that carries a GENUINE tick but an M the service never answered ---
 
-@pytest.mark.xfail(strict=True, reason=(
-    "atk-on 1: the tick's signature binds (repository, tick_ms, tick_id) only; the "
-    "watermark's M, stripe and incarnation are not bound to the relay, so any writer of the "
-    "events topic that reads a genuine tick on the control topic (every relay does) certifies "
-    "any M with it: the horizon passes a copy the service committed and never published, and "
-    "the reaper deletes its object (the forged_watermark check only catches a forged TIME)"))
 @pytest.mark.parametrize("topology", ["single", "cluster"], indirect=True)
-async def test_a_genuine_tick_replayed_with_a_forged_m_certifies_a_gap(
+async def test_a_genuine_tick_answered_with_an_m_below_its_applied_seq_breaks_the_stripe(
         fast: Settings, s3: Any, tmp_path: Path) -> None:
     """A is written (r1, seq 3 of stripe 0), copied (r2, seq 4: committed, its publish lost),
     then r1 is deleted (seq 5, applied). The mirror has prefix 3 and seq 5 above it: the real
@@ -211,13 +205,14 @@ async def test_a_genuine_tick_replayed_with_a_forged_m_certifies_a_gap(
         since = int(r.hget(f"hd:{{{REPO}}}:a:{a}", "since"))
         tick = await next_tick(ctl, REPO, since + int(fast.grace_seconds * 1000) + 200)
         forged = ev.Watermark(repository=REPO, stripe=0, incarnation=svc.outbox.incarnation,
-                              seq=3, tick_ms=tick.tick_ms, tick_id=tick.tick_id,
+                              seq=3, tick_ms=tick.tick_ms,
+                              tick_applied=tick.applied, tick_id=tick.tick_id,
                               tick_sig=tick.sig)
+        assert tick.applied == [5], tick
         await publish(fast, [forged])
-        deadline = time.monotonic() + 30
-        while ContinuityStore(r).read(REPO, 0).horizon_ms is None:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        d = await until(lambda: ContinuityStore(r).read(REPO, 0),
+                        lambda d: d.horizon_ms is not None or d.broken is not None)
+        assert d.broken is not None and "lags" in d.broken, d
         await wait_log(fast)
         report = await reap(fast, s3)
         assert svc.exists(a), report  # r2 (open token t-main) references A at the service
@@ -265,9 +260,11 @@ async def test_a_copy_lost_in_one_stripe_keeps_its_object_whatever_the_others_ce
 
 @pytest.mark.xfail(strict=True, reason=(
     "atk-on 3: a genuine watermark of stripe 0 (its tick signed) re-published with stripe 1 "
-    "and the M of stripe 1's prefix certifies stripe 1 past a copy lost in it: the signature "
-    "does not bind the stripe (the same hole as atk-on 1, through a copy of the relay's own "
-    "answer)"))
+    "and the M of stripe 1's prefix certifies stripe 1 past a copy lost in it (the copy is "
+    "the last event of stripe 1, so the tick's applied seqs cannot show the lie): nothing "
+    "binds the stripe and M to the relay. A writer of the events topic that lies is outside "
+    "A6 (it could as well publish a false object_deleted); closing it needs the relay's "
+    "events and watermarks authenticated (a relay key)"))
 async def test_a_genuine_watermark_replayed_for_another_stripe_certifies_its_gap(
         fast: Settings, s3: Any, tmp_path: Path) -> None:
     x, y = branch_in_stripe(0, 2), branch_in_stripe(1, 2)
@@ -287,7 +284,8 @@ async def test_a_genuine_watermark_replayed_for_another_stripe_certifies_its_gap
         y_prefix = store.read(REPO, 1).prefix  # (branch_created of Y; the copy is missing)
         assert y_prefix == 1, store.read(REPO, 1)
         replayed = ev.Watermark(repository=REPO, stripe=1, incarnation=svc.outbox.incarnation,
-                                seq=y_prefix, tick_ms=tick.tick_ms, tick_id=tick.tick_id,
+                                seq=y_prefix, tick_ms=tick.tick_ms,
+                              tick_applied=tick.applied, tick_id=tick.tick_id,
                                 tick_sig=tick.sig)
         await publish(fast, [replayed])
         deadline = time.monotonic() + 30
@@ -396,20 +394,16 @@ async def test_a_dead_lettered_copy_keeps_its_object_after_its_dead_letter_is_re
 
 # --- 6. a second relay on a lagging copy of the service's store (a standby) ---
 
-@pytest.mark.xfail(strict=True, reason=(
-    "atk-on 6: two relays answer the ticks of one repository with the same incarnation (a "
-    "standby's relay on a replica of the service's database, the outbox and its incarnation "
-    "row copied with it); the lagging one's M certifies the tick past a copy the primary "
-    "committed and has not published yet, and the reaper deletes its object. Nothing tells "
-    "the tracker that two answers to one tick disagree (the higher M stays pending)"))
-async def test_a_standby_relay_on_a_lagging_replica_certifies_a_gap(
+async def test_a_standby_relay_on_a_lagging_replica_breaks_the_stripe(
         fast: Settings, s3: Any, tmp_path: Path) -> None:
     """The service's database has a replica (a standby site), and the standby runs the same
     relay against it: the replica holds the outbox tables and the incarnation row, so its
     relay answers every tick for the repository, from counters that lag. A is written (r1,
     seq 3) and replicated; then the primary commits a copy (r2, seq 4; its publish is slow:
     lost, re-sent later) and deletes r1 (seq 5). The primary relay's watermark (M = 5) waits
-    for seq 4; the standby's (M = 3, same tick, same incarnation) is covered by the prefix."""
+    for seq 4; the standby's (M = 3, same tick, same incarnation) is covered by the prefix, but
+    its tick says seq 5 was applied when it was read: the standby's answer lies, and the
+    stripe breaks instead of certifying."""
     import sqlite3
 
     from schemas.relay import Relay
@@ -439,6 +433,8 @@ async def test_a_standby_relay_on_a_lagging_replica_certifies_a_gap(
                 await wait_log(fast)
                 report = await reap(fast, s3)
                 assert svc.exists(a), report  # r2 (open token) references A at the service
+                d = store.read(REPO, 0)
+                assert d.broken is not None and "lags" in d.broken, d
         finally:
             replica.close()
 

@@ -123,7 +123,8 @@ async def test_a_watermark_that_answers_no_tick_of_the_tracker_certifies_nothing
         a = svc.store("data/a")
         svc.emit(write(svc, "a", a, "r1"), delete("a", a, "r1"))
         forged = ev.Watermark(repository=REPO, stripe=0, incarnation=svc.outbox.incarnation,
-                              seq=4, tick_ms=await redis_now(fast) + 10**9, tick_id="x",
+                              seq=4, tick_ms=await redis_now(fast) + 10**9,
+                     tick_applied=[0], tick_id="x",
                               tick_sig="0" * 64)
         await wait_horizon(fast, await publish(fast, [forged]))
         r = redis_sync(fast)

@@ -20,14 +20,14 @@ async def test_watermark_and_range_gone_are_applied_as_nothing(settings: Setting
         ev.RepositoryCreated(repository="r", storage_namespace=NS, default_branch="main",
                              default_retention_days=7, stripes=2, seq=1, incarnation="i1"),
         ev.Watermark(repository="r", stripe=0, incarnation="i1", seq=1, tick_ms=1,
-                     tick_id="t1", tick_sig="00"),
+                     tick_applied=[0], tick_id="t1", tick_sig="00"),
         ev.ObjectWritten(repository="r", branch="main", staging_token="t", path="p", address=x,
                          size=3, ref_id="a", seq=1, incarnation="i1", stripe=1),
         ev.RangeGone(repository="r", stripe=1, incarnation="i0", from_seq=1, to_seq=4,
                      reason="trimmed"),
         # of a repository the tracker does not know: still nothing (not "unknown repository")
         ev.Watermark(repository="other", stripe=0, incarnation="i1", seq=0, tick_ms=1,
-                     tick_id="t1", tick_sig="00"),
+                     tick_applied=[0], tick_id="t1", tick_sig="00"),
     ]
     await ensure_topics(settings)
     async with Publisher(settings) as pub:

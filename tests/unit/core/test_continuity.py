@@ -148,6 +148,28 @@ def test_a_second_incarnation_breaks_the_domain() -> None:
     assert gaps(d3) == []
 
 
+def test_a_watermark_below_what_was_applied_at_its_tick_breaks_the_domain() -> None:
+    """Seq 5 was applied before the tick was read, so it committed before the relay read M:
+    M = 3 comes from a store that lags (a standby's relay on a replica). Certifying it would
+    pass the missing seq 4; the domain breaks instead."""
+    d = run([Ev(1), Ev(2), Ev(3), Ev(5)])
+    lagging = certify(d, INC, Watermark(3, 50, applied=5))
+    assert lagging.broken and "lags" in lagging.broken and lagging.horizon_ms is None
+    assert certify(d, INC, Watermark(5, 50, applied=5)).broken is None  # the truth: pending
+    assert certify(d, INC, Watermark(3, 50, applied=3)).horizon_ms == 50  # seq 5 came later
+
+
+@given(st.integers(0, 20), st.integers(0, 20), st.integers(1, 99))
+def test_no_horizon_comes_from_a_watermark_below_its_ticks_applied_seq(
+        m: int, applied: int, tick: int) -> None:
+    d = Domain()
+    for s in range(1, 21):
+        d, _ = admit(d, INC, s)
+    after = certify(d, INC, Watermark(m, tick, applied))
+    assert (after.horizon_ms == tick) == (m >= applied)
+    assert (after.broken is not None) == (m < applied)
+
+
 def test_a_broken_domain_stays_broken_with_its_first_reason() -> None:
     d = break_domain(Domain(), "range 3-9 gone")
     assert break_domain(d, "other").broken == "range 3-9 gone"

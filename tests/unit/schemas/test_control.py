@@ -14,7 +14,8 @@ from schemas import control, reaper_auth
 from schemas.control import ControlError, Resend, Tick
 
 KEY = b"k" * 32
-TICK = {"type": "tick", "v": 1, "repository": "r", "tick_ms": 5, "tick_id": "t1", "sig": "ab"}
+TICK = {"type": "tick", "v": 1, "repository": "r", "tick_ms": 5, "applied": [3], "tick_id": "t1",
+        "sig": "ab"}
 RESEND = {"type": "resend", "v": 1, "repository": "r", "stripe": 2, "incarnation": "i1",
           "from_seq": 3, "to_seq": 9}
 
@@ -61,8 +62,8 @@ def test_garbage_is_refused(data: bytes) -> None:
 
 
 def test_only_the_trackers_key_signs_a_tick() -> None:
-    tick = control.signed_tick(KEY, "r", 1000, "t1")
-    assert reaper_auth.tick_problem(KEY, "r", 1000, "t1", tick.sig) is None
+    tick = control.signed_tick(KEY, "r", 1000, tick_id="t1")
+    assert reaper_auth.tick_problem(KEY, "r", 1000, "t1", tick.sig, [0]) is None
     # any field changed, another key, another domain's signature, none: refused
     assert reaper_auth.tick_problem(KEY, "r", 1001, "t1", tick.sig)
     assert reaper_auth.tick_problem(KEY, "r2", 1000, "t1", tick.sig)
@@ -72,6 +73,11 @@ def test_only_the_trackers_key_signs_a_tick() -> None:
     assert reaper_auth.tick_problem(KEY, "r", 1000, "t1", "")
     reaped = reaper_auth.sign(KEY, "r", "1000", "t1", [])
     assert reaper_auth.tick_problem(KEY, "r", 1000, "t1", reaped)
+    # the applied seqs are signed: a lower figure would hide a relay that lags
+    two = control.signed_tick(KEY, "r", 1000, [5, 2], tick_id="t1")
+    assert reaper_auth.tick_problem(KEY, "r", 1000, "t1", two.sig, [5, 2]) is None
+    assert reaper_auth.tick_problem(KEY, "r", 1000, "t1", two.sig, [3, 2])
+    assert reaper_auth.tick_problem(KEY, "r", 1000, "t1", two.sig, [52])
     # length-prefixed fields: ("r1", 0) and ("r", 10) are different messages
     assert reaper_auth.tick_message("r1", 0, "t") != reaper_auth.tick_message("r", 10, "t")
     assert isinstance(tick, Tick)

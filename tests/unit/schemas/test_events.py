@@ -33,6 +33,8 @@ def _sample_value(name: str, tp: Any) -> Any:
         return 7
     if tp is float:
         return 1.5
+    if get_origin(tp) is list and get_args(tp) == (int,):
+        return [7, 8]
     if get_origin(tp) is list:
         return [f"{name}-1", f"{name}-2"]
     if get_origin(tp) is dict:

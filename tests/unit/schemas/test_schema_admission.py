@@ -47,6 +47,8 @@ def _valid_value(name: str, tp: Any, draw: Any, etype: str = "") -> Any:
     if origin is list and name in ev.ADDRESS_FIELDS:
         return draw(st.lists(st.sampled_from(["s3://b/r/data/x", "s3://b/r/data/y"]),
                              min_size=1, max_size=3))
+    if origin is list and typing.get_args(tp) == (int,):
+        return draw(st.lists(st.integers(0, ev.MAX_EXACT_INT), max_size=3))
     if origin is list:
         return draw(st.lists(st.sampled_from(["t1", "t2", "c1"]), max_size=3))
     if origin is dict:
@@ -199,7 +201,7 @@ def test_out_of_range_numbers_are_refused_with_the_range(field: str, value: floa
 
 _TAG = {"type": "tag_deleted", "v": 1, "repository": "r", "tag": "v1", "ref_version": 2}
 _MARK = {"type": "watermark", "v": 1, "repository": "r", "stripe": 0, "incarnation": "i1",
-         "seq": 0, "tick_ms": 1, "tick_id": "t", "tick_sig": "s"}
+         "seq": 0, "tick_ms": 1, "tick_applied": [0], "tick_id": "t", "tick_sig": "s"}
 _GONE = {"type": "range_gone", "v": 1, "repository": "r", "stripe": 3, "incarnation": "i1",
          "from_seq": 4, "to_seq": 9, "reason": "trimmed"}
 
