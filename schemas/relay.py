@@ -9,10 +9,11 @@ It does three things, each at least once:
   tracker drops the duplicate by its ``(domain, seq)``);
 - **answers the tracker's ticks** (control topic, ``schemas/control.py``): *after* receiving a
   tick it reads each stripe's committed counter M and publishes ``watermark(repository, stripe,
-  incarnation, M, tick_ms, tick_id, tick_sig)`` on the events topic, keyed by repository. Every
-  event committed before the tick's time was committed before that read, so its seq is <= M.
-  It first publishes what is pending, so that in the partition the events up to M precede their
-  watermark (liveness only: the tracker waits for a prefix >= M whatever the order);
+  incarnation, M, tick_ms, tick_applied, tick_id, tick_sig)`` on the events topic, keyed by
+  repository. Every event committed before the tick's time was committed before that read, so
+  its seq is <= M. It first publishes what is pending, so that in the partition the events up
+  to M precede their watermark (liveness only: the tracker waits for a prefix >= M whatever
+  the order);
 - **re-sends** a range on request (``resend``) from the outbox, the same bytes as first
   published, and says ``range_gone`` for the seqs the outbox no longer holds (trimmed, or of an
   incarnation the store left behind when it was restored).
