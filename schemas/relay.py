@@ -15,7 +15,10 @@ It does three things, each at least once:
   watermark (liveness only: the tracker waits for a prefix >= M whatever the order);
 - **re-sends** a range on request (``resend``) from the outbox, the same bytes as first
   published, and says ``range_gone`` for the seqs the outbox no longer holds (trimmed, or of an
-  incarnation the store left behind when it was restored).
+  incarnation the store left behind when it was restored);
+- **keeps a stripe's break** (``broken``): records it in the outbox's database
+  (``Outbox.record_break``, the current incarnation only), and from then on every watermark of
+  that stripe carries it (``broken``), so the tracker's Redis going back cannot un-break it.
 
 A relay holds no key: it checks a tick's format, never its signature, which the watermark
 carries back to the tracker. Ticks and re-sends of repositories the outbox has never held are
@@ -38,7 +41,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas import control
 from schemas.events import RangeGone, Watermark, encode
-from schemas.outbox import Outbox, Row
+from schemas.outbox import Counters, Outbox, Row
 from schemas.publisher import Topics, ensure_topics
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,7 @@ class RelayStats:
     resent: int = 0  # rows published again on request
     gone: int = 0  # range_gone answers
     refused: int = 0  # control messages that did not decode
+    breaks: int = 0  # broken messages recorded (a repeat counts again)
 
 
 def gone_ranges(lo: int, hi: int, held: Iterable[int]) -> list[tuple[int, int]]:
@@ -71,6 +75,16 @@ def gone_ranges(lo: int, hi: int, held: Iterable[int]) -> list[tuple[int, int]]:
     if start <= hi:
         out.append((start, hi))
     return out
+
+
+def watermarks(tick: control.Tick, counters: Counters, emitted_at: float) -> list[Watermark]:
+    """The answer to ``tick``: one watermark per stripe from ``counters`` (read after the tick
+    was received), each carrying the break recorded for its stripe, if any."""
+    broken = counters.broken or (None,) * counters.stripes
+    return [Watermark(repository=tick.repository, stripe=k, incarnation=counters.incarnation,
+                      seq=m, tick_ms=tick.tick_ms, tick_id=tick.tick_id, tick_sig=tick.sig,
+                      broken=broken[k], emitted_at=emitted_at)
+            for k, m in enumerate(counters.seqs)]
 
 
 class Relay:
@@ -158,6 +172,8 @@ class Relay:
         repository is not this outbox's)."""
         if isinstance(message, control.Tick):
             return await self._tick(message)
+        if isinstance(message, control.Broken):
+            return await self._broken(message)
         return await self._resend(message)
 
     async def _tick(self, tick: control.Tick) -> int:
@@ -165,13 +181,17 @@ class Relay:
         if counters is None:
             return 0  # another service's repository
         await self.publish_pending()
-        marks = [Watermark(repository=tick.repository, stripe=k,
-                           incarnation=counters.incarnation, seq=m, tick_ms=tick.tick_ms,
-                           tick_id=tick.tick_id, tick_sig=tick.sig, emitted_at=time.time())
-                 for k, m in enumerate(counters.seqs)]
+        marks = watermarks(tick, counters, time.time())
         await self._send([(encode(w), w.key) for w in marks])
         self.stats.watermarks += len(marks)
         return len(marks)
+
+    async def _broken(self, msg: control.Broken) -> int:
+        recorded = await asyncio.to_thread(self.outbox.record_break, msg.repository, msg.stripe,
+                                           msg.incarnation, msg.reason)
+        if recorded:
+            self.stats.breaks += 1
+        return 0  # (it publishes nothing: the next watermarks carry it)
 
     async def _resend(self, req: control.Resend) -> int:
         counters = await asyncio.to_thread(self.outbox.counters, req.repository)

@@ -274,7 +274,7 @@ def compact(body: dict[str, Any], offset: int) -> list[Any]:
                 orjson.dumps(body["branch_retention_days"]).decode(), body.get("stripes", 1)]
     if t == "watermark":
         return [offset, OP_WATERMARK, body["stripe"], body["incarnation"], body["seq"],
-                body["tick_ms"]]
+                body["tick_ms"], body.get("broken") or ""]
     if t == "range_gone":
         return [offset, OP_GONE, body["stripe"], body["incarnation"], body["from_seq"],
                 body["to_seq"], body["reason"]]
