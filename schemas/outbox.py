@@ -31,6 +31,11 @@ horizon covers them), and :meth:`Outbox.expire` drops published rows older than 
 (the relay calls it). A row never published is never dropped. A re-send of a dropped range is
 answered with ``range_gone``: that domain is rebuilt, nothing is lost silently.
 
+**Breaks**: the tracker reports each stripe it reads as broken (control ``broken``); the
+relay keeps it with :meth:`Outbox.record_break` (per repository, stripe and incarnation), and
+:meth:`Outbox.counters` returns it with the counters, so every watermark of that stripe
+carries it and a tracker's Redis that went back to before the break breaks it again.
+
 Durability: ``synchronous=FULL`` (the default) makes a commit durable when it returns. With
 less, a power failure could take back a commit whose row the relay already published: the
 store would go back without a new incarnation, and the next change would reuse a seq the

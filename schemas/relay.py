@@ -32,10 +32,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -45,6 +45,7 @@ from schemas.outbox import Counters, Outbox, Row
 from schemas.publisher import Topics, ensure_topics
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class RelayTopics(Topics, Protocol):
@@ -109,6 +110,7 @@ class Relay:
         self._wake = asyncio.Event()
         self._flush = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._inflight: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle --
 
@@ -140,6 +142,8 @@ class Relay:
             with contextlib.suppress(BaseException):  # (however it ended: it is over)
                 await task
         self._tasks = []
+        if self._inflight:  # the outbox may be closed once we return
+            await asyncio.gather(*self._inflight, return_exceptions=True)
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
@@ -159,7 +163,7 @@ class Relay:
         total = 0
         async with self._flush:
             while True:
-                rows = await asyncio.to_thread(self.outbox.unpublished, self.batch)
+                rows = await self._io(self.outbox.unpublished, self.batch)
                 if not rows:
                     return total
                 await self._send([(r.value, r.repository.encode()) for r in rows])
@@ -177,7 +181,7 @@ class Relay:
         return await self._resend(message)
 
     async def _tick(self, tick: control.Tick) -> int:
-        counters = await asyncio.to_thread(self.outbox.counters, tick.repository)
+        counters = await self._io(self.outbox.counters, tick.repository)
         if counters is None:
             return 0  # another service's repository
         await self.publish_pending()
@@ -187,17 +191,17 @@ class Relay:
         return len(marks)
 
     async def _broken(self, msg: control.Broken) -> int:
-        recorded = await asyncio.to_thread(self.outbox.record_break, msg.repository, msg.stripe,
+        recorded = await self._io(self.outbox.record_break, msg.repository, msg.stripe,
                                            msg.incarnation, msg.reason)
         if recorded:
             self.stats.breaks += 1
         return 0  # (it publishes nothing: the next watermarks carry it)
 
     async def _resend(self, req: control.Resend) -> int:
-        counters = await asyncio.to_thread(self.outbox.counters, req.repository)
+        counters = await self._io(self.outbox.counters, req.repository)
         if counters is None:
             return 0
-        rows: list[Row] = await asyncio.to_thread(
+        rows: list[Row] = await self._io(
             self.outbox.rows, req.repository, req.stripe, req.incarnation, req.from_seq,
             req.to_seq, self.resend_max)
         top = req.to_seq
@@ -227,6 +231,15 @@ class Relay:
 
     # -- internals --
 
+    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` (outbox work) on a thread. A cancelled caller does not stop the
+        thread: stop() waits for it, since closing a connection under a running query crashes
+        SQLite."""
+        task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return await asyncio.shield(task)
+
     async def _send(self, records: Sequence[tuple[bytes, bytes]]) -> None:
         topic = self.settings.events_topic
         futures = [await self._producer.send(topic, value, key=key) for value, key in records]
@@ -234,7 +247,7 @@ class Relay:
             await asyncio.gather(*futures)
 
     async def _mark_published(self, ids: Sequence[int]) -> None:
-        await asyncio.to_thread(self.outbox.mark_published, ids)
+        await self._io(self.outbox.mark_published, ids)
 
     def _wake_up(self) -> None:
         # (called on the service's committing thread)
@@ -250,7 +263,7 @@ class Relay:
             try:
                 await self.publish_pending()
                 if time.monotonic() >= next_expiry:
-                    await asyncio.to_thread(self.outbox.expire)
+                    await self._io(self.outbox.expire)
                     next_expiry = time.monotonic() + self.expire_every_seconds
                 backoff = 0.1
             except Exception as exc:  # the broker or the store away: the rows wait
