@@ -16,6 +16,10 @@ topic and answers those of the repositories its outbox holds, on the events topi
   only, and the tracker verifies the signature the watermark carries back.
 - ``resend`` {repository, stripe, incarnation, from_seq, to_seq}: publish the events of that
   range again from the outbox, or ``range_gone`` for what it no longer has.
+- ``broken`` {repository, stripe, incarnation, reason}: the tracker reads that stripe as
+  broken. The relay records it in the outbox's database (for the outbox's current incarnation
+  only; idempotent) and every later watermark of that stripe and incarnation carries it, so a
+  Redis that went back to before the break breaks the stripe again.
 
 :func:`decode` raises :class:`ControlError` naming the field and the problem.
 """
@@ -75,8 +79,24 @@ class Resend:
         return self.repository.encode()
 
 
-ControlMessage = Tick | Resend
-CONTROL_TYPES: dict[str, type[Tick] | type[Resend]] = {Tick.TYPE: Tick, Resend.TYPE: Resend}
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Broken:
+    TYPE: ClassVar[str] = "broken"
+    repository: str
+    stripe: int
+    incarnation: str
+    reason: str  # (at most MAX_REASON characters: see broken())
+
+    @property
+    def key(self) -> bytes:
+        return self.repository.encode()
+
+
+MAX_REASON = 1000  # events.MAX_LENGTHS["reason"]: a watermark carries it back as ``broken``
+
+ControlMessage = Tick | Resend | Broken
+CONTROL_TYPES: dict[str, type[Tick] | type[Resend] | type[Broken]] = {
+    Tick.TYPE: Tick, Resend.TYPE: Resend, Broken.TYPE: Broken}
 
 
 def signed_tick(key: bytes, repository: str, tick_ms: int, applied: list[int] | None = None,
@@ -87,6 +107,13 @@ def signed_tick(key: bytes, repository: str, tick_ms: int, applied: list[int] | 
     applied = list(applied or [0])
     return Tick(repository=repository, tick_ms=tick_ms, applied=applied, tick_id=tick_id,
                 sig=seal_tick(key, repository, tick_ms, tick_id, applied))
+
+
+def broken(repository: str, stripe: int, incarnation: str, reason: str) -> Broken:
+    """A ``broken`` message, its reason cut to what a watermark can carry back."""
+    cut = reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1] + "\u2026"
+    return Broken(repository=repository, stripe=stripe, incarnation=incarnation,
+                  reason=cut or "(no reason)")
 
 
 def encode(message: ControlMessage) -> bytes:

@@ -251,7 +251,9 @@ class Watermark(Event):
         "tick. Read after the tick was received, from committed state: every event of the "
         "domain (repository, stripe) committed before tick_ms has seq <= this seq (0: none). "
         "tick_applied, tick_id and tick_sig are the tick's, as received (the tracker verifies "
-        "them; a seq below tick_applied[stripe] is a watermark from a store that lags)."
+        "them; a seq below tick_applied[stripe] is a watermark from a store that lags). "
+        "broken, when present, is the reason of a break of this domain the service recorded "
+        "(the tracker's broken message): the watermark then certifies nothing and breaks it."
     )
     stripe: int
     incarnation: str
@@ -260,6 +262,7 @@ class Watermark(Event):
     tick_applied: list[int]
     tick_id: str
     tick_sig: str
+    broken: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -384,8 +387,9 @@ TYPE_RANGES: dict[tuple[str, str], Range] = {
 DEFAULT_INT = Range(0, MAX_EXACT_INT)
 DEFAULT_FLOAT = Range(-1e15, 1e15)
 # Longest value of a string field (code points; others: any length).
+# (sig: a tick's, schemas/control.py; broken: a watermark's, the tracker's reason)
 MAX_LENGTHS: dict[str, int] = {"incarnation": 128, "tick_id": 128, "tick_sig": 128,
-                               "reason": 1000, "sig": 128}  # (sig: a tick's, schemas/control.py)
+                               "reason": 1000, "broken": 1000, "sig": 128}
 
 
 def field_range(name: str, tp: Any, event_type: str = "") -> Range:
@@ -418,6 +422,8 @@ def encode(event: Event) -> bytes:
                 del body["stripe"]
         if isinstance(event, RepositoryCreated) and event.stripes == 1:
             del body["stripes"]
+    elif isinstance(event, Watermark) and event.broken is None:
+        del body["broken"]  # (a watermark without a break is what it was before the field)
     return orjson.dumps(body)
 
 

@@ -31,6 +31,11 @@ horizon covers them), and :meth:`Outbox.expire` drops published rows older than 
 (the relay calls it). A row never published is never dropped. A re-send of a dropped range is
 answered with ``range_gone``: that domain is rebuilt, nothing is lost silently.
 
+**Breaks**: the tracker reports each stripe it reads as broken (control ``broken``); the
+relay keeps it with :meth:`Outbox.record_break` (per repository, stripe and incarnation), and
+:meth:`Outbox.counters` returns it with the counters, so every watermark of that stripe
+carries it and a tracker's Redis that went back to before the break breaks it again.
+
 Durability: ``synchronous=FULL`` (the default) makes a commit durable when it returns. With
 less, a power failure could take back a commit whose row the relay already published: the
 store would go back without a new incarnation, and the next change would reuse a seq the
@@ -72,6 +77,10 @@ CREATE TABLE IF NOT EXISTS hd_outbox (
     published INTEGER NOT NULL DEFAULT 0,
     UNIQUE (repository, stripe, incarnation, seq));
 CREATE INDEX IF NOT EXISTS hd_outbox_unpublished ON hd_outbox (id) WHERE published = 0;
+CREATE TABLE IF NOT EXISTS hd_outbox_breaks (
+    repository TEXT NOT NULL, stripe INTEGER NOT NULL, incarnation TEXT NOT NULL,
+    reason TEXT NOT NULL, recorded_at REAL NOT NULL,
+    PRIMARY KEY (repository, stripe, incarnation));
 """
 
 
@@ -96,6 +105,8 @@ class Counters:
     incarnation: str
     stripes: int
     seqs: tuple[int, ...]  # per stripe: the last seq allocated (0: none)
+    # per stripe: the break the tracker reported for this incarnation (record_break), or None
+    broken: tuple[str | None, ...] = ()
 
 
 class Transaction:
@@ -255,10 +266,41 @@ class Outbox:
                                (repository,)).fetchone()
             found = dict(conn.execute("SELECT stripe, seq FROM hd_outbox_counters WHERE "
                                       "repository = ?", (repository,)).fetchall())
+            breaks = dict(conn.execute("SELECT stripe, reason FROM hd_outbox_breaks WHERE "
+                                       "repository = ? AND incarnation = ?",
+                                       (repository, inc)).fetchall())
         if row is None:
             return None
         stripes = int(row[0])
-        return Counters(inc, stripes, tuple(int(found.get(k, 0)) for k in range(stripes)))
+        return Counters(inc, stripes, tuple(int(found.get(k, 0)) for k in range(stripes)),
+                        tuple(breaks.get(k) for k in range(stripes)))
+
+    def record_break(self, repository: str, stripe: int, incarnation: str, reason: str) -> bool:
+        """Keep, durably, that the tracker read the domain as broken (its ``broken`` control
+        message), so that every later watermark of the domain says so: a tracker's Redis that
+        went back to before the break breaks it again instead of certifying it. Only for a
+        repository this outbox holds, a stripe it declared and the **current** incarnation (a
+        break of an older one is moot: the new incarnation breaks the domain anyway).
+        Idempotent: the first reason stays. True when the domain is (now) recorded broken."""
+        conn = self._conn()
+        with self._write(conn):
+            if incarnation != self._incarnation(conn):
+                return False
+            row = conn.execute("SELECT stripes FROM hd_outbox_domains WHERE repository = ?",
+                               (repository,)).fetchone()
+            if row is None or not 0 <= stripe < int(row[0]):
+                return False
+            conn.execute("INSERT OR IGNORE INTO hd_outbox_breaks VALUES (?, ?, ?, ?, ?)",
+                         (repository, stripe, incarnation, reason, self.clock()))
+        return True
+
+    def breaks(self, repository: str) -> dict[tuple[int, str], str]:
+        """The breaks recorded for the repository: (stripe, incarnation) -> reason."""
+        conn = self._conn()
+        with self._read(conn):
+            rows = conn.execute("SELECT stripe, incarnation, reason FROM hd_outbox_breaks "
+                                "WHERE repository = ?", (repository,)).fetchall()
+        return {(int(k), str(inc)): str(reason) for k, inc, reason in rows}
 
     def unpublished(self, limit: int = 1000) -> list[Row]:
         """The oldest rows not yet acknowledged by the broker, in commit order."""

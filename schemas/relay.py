@@ -16,7 +16,10 @@ It does three things, each at least once:
   the order);
 - **re-sends** a range on request (``resend``) from the outbox, the same bytes as first
   published, and says ``range_gone`` for the seqs the outbox no longer holds (trimmed, or of an
-  incarnation the store left behind when it was restored).
+  incarnation the store left behind when it was restored);
+- **keeps a stripe's break** (``broken``): records it in the outbox's database
+  (``Outbox.record_break``, the current incarnation only), and from then on every watermark of
+  that stripe carries it (``broken``), so the tracker's Redis going back cannot un-break it.
 
 A relay holds no key: it checks a tick's format, never its signature, which the watermark
 carries back to the tracker. Ticks and re-sends of repositories the outbox has never held are
@@ -30,19 +33,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas import control
 from schemas.events import RangeGone, Watermark, encode
-from schemas.outbox import Outbox, Row
+from schemas.outbox import Counters, Outbox, Row
 from schemas.publisher import Topics, ensure_topics
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class RelayTopics(Topics, Protocol):
@@ -57,6 +61,7 @@ class RelayStats:
     resent: int = 0  # rows published again on request
     gone: int = 0  # range_gone answers
     refused: int = 0  # control messages that did not decode
+    breaks: int = 0  # broken messages recorded (a repeat counts again)
 
 
 def gone_ranges(lo: int, hi: int, held: Iterable[int]) -> list[tuple[int, int]]:
@@ -72,6 +77,17 @@ def gone_ranges(lo: int, hi: int, held: Iterable[int]) -> list[tuple[int, int]]:
     if start <= hi:
         out.append((start, hi))
     return out
+
+
+def watermarks(tick: control.Tick, counters: Counters, emitted_at: float) -> list[Watermark]:
+    """The answer to ``tick``: one watermark per stripe from ``counters`` (read after the tick
+    was received), each carrying the break recorded for its stripe, if any."""
+    broken = counters.broken or (None,) * counters.stripes
+    return [Watermark(repository=tick.repository, stripe=k, incarnation=counters.incarnation,
+                      seq=m, tick_ms=tick.tick_ms, tick_applied=tick.applied,
+                      tick_id=tick.tick_id, tick_sig=tick.sig, broken=broken[k],
+                      emitted_at=emitted_at)
+            for k, m in enumerate(counters.seqs)]
 
 
 class Relay:
@@ -96,6 +112,7 @@ class Relay:
         self._wake = asyncio.Event()
         self._flush = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._inflight: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle --
 
@@ -127,6 +144,8 @@ class Relay:
             with contextlib.suppress(BaseException):  # (however it ended: it is over)
                 await task
         self._tasks = []
+        if self._inflight:  # the outbox may be closed once we return
+            await asyncio.gather(*self._inflight, return_exceptions=True)
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
@@ -146,7 +165,7 @@ class Relay:
         total = 0
         async with self._flush:
             while True:
-                rows = await asyncio.to_thread(self.outbox.unpublished, self.batch)
+                rows = await self._io(self.outbox.unpublished, self.batch)
                 if not rows:
                     return total
                 await self._send([(r.value, r.repository.encode()) for r in rows])
@@ -159,27 +178,32 @@ class Relay:
         repository is not this outbox's)."""
         if isinstance(message, control.Tick):
             return await self._tick(message)
+        if isinstance(message, control.Broken):
+            return await self._broken(message)
         return await self._resend(message)
 
     async def _tick(self, tick: control.Tick) -> int:
-        counters = await asyncio.to_thread(self.outbox.counters, tick.repository)
+        counters = await self._io(self.outbox.counters, tick.repository)
         if counters is None:
             return 0  # another service's repository
         await self.publish_pending()
-        marks = [Watermark(repository=tick.repository, stripe=k,
-                           incarnation=counters.incarnation, seq=m, tick_ms=tick.tick_ms,
-                           tick_applied=tick.applied, tick_id=tick.tick_id, tick_sig=tick.sig,
-                           emitted_at=time.time())
-                 for k, m in enumerate(counters.seqs)]
+        marks = watermarks(tick, counters, time.time())
         await self._send([(encode(w), w.key) for w in marks])
         self.stats.watermarks += len(marks)
         return len(marks)
 
+    async def _broken(self, msg: control.Broken) -> int:
+        recorded = await self._io(self.outbox.record_break, msg.repository, msg.stripe,
+                                           msg.incarnation, msg.reason)
+        if recorded:
+            self.stats.breaks += 1
+        return 0  # (it publishes nothing: the next watermarks carry it)
+
     async def _resend(self, req: control.Resend) -> int:
-        counters = await asyncio.to_thread(self.outbox.counters, req.repository)
+        counters = await self._io(self.outbox.counters, req.repository)
         if counters is None:
             return 0
-        rows: list[Row] = await asyncio.to_thread(
+        rows: list[Row] = await self._io(
             self.outbox.rows, req.repository, req.stripe, req.incarnation, req.from_seq,
             req.to_seq, self.resend_max)
         top = req.to_seq
@@ -209,6 +233,15 @@ class Relay:
 
     # -- internals --
 
+    async def _io(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` (outbox work) on a thread. A cancelled caller does not stop the
+        thread: stop() waits for it, since closing a connection under a running query crashes
+        SQLite."""
+        task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return await asyncio.shield(task)
+
     async def _send(self, records: Sequence[tuple[bytes, bytes]]) -> None:
         topic = self.settings.events_topic
         futures = [await self._producer.send(topic, value, key=key) for value, key in records]
@@ -216,7 +249,7 @@ class Relay:
             await asyncio.gather(*futures)
 
     async def _mark_published(self, ids: Sequence[int]) -> None:
-        await asyncio.to_thread(self.outbox.mark_published, ids)
+        await self._io(self.outbox.mark_published, ids)
 
     def _wake_up(self) -> None:
         # (called on the service's committing thread)
@@ -232,7 +265,7 @@ class Relay:
             try:
                 await self.publish_pending()
                 if time.monotonic() >= next_expiry:
-                    await asyncio.to_thread(self.outbox.expire)
+                    await self._io(self.outbox.expire)
                     next_expiry = time.monotonic() + self.expire_every_seconds
                 backoff = 0.1
             except Exception as exc:  # the broker or the store away: the rows wait

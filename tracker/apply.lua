@@ -26,7 +26,9 @@ ARGV[7..8]                      refused ("hardelete: log record moved") unless t
 Continuity (schemas/README.md, "Continuity"; core/continuity.lua is prepended to this script):
 a sequenced event comes as two entries with its offset, op 14 {stripe, incarnation, seq} and
 then the event itself, which is applied only if its (stripe, seq) is new (exact dedupe, any
-order); op 15 {stripe, incarnation, M, R, applied} is a watermark whose tick the tracker verified;
+order); op 15 {stripe, incarnation, M, R, applied, broken} is a watermark whose tick the
+tracker verified (applied: the seq applied at R, signed in the tick; a non-empty `broken`: a
+break the service recorded, which breaks the stripe again);
 op 16 {stripe, incarnation, from, to, reason} a range the service's relay says is gone, which
 breaks the stripe unless it is applied already. A repository that ever carried a seq is
 `sequenced` (hd:{R}:repo); an event without one after that breaks its stripe 0 (the service
@@ -451,8 +453,13 @@ for i = 1, #events do
                      .. 'repository')
     end
     if op == 15 then -- watermark: stripe, incarnation, M, R, applied at R (tick verified)
+      -- broken (e[8]): the service recorded a break of the stripe; it certifies nothing
       set_sequenced()
-      if not undeclared(e[3]) then C.certify(e[3], e[4], e[5], e[6], e[7]) end
+      if e[8] ~= nil and e[8] ~= '' then
+        if not undeclared(e[3]) then
+          C.break_domain(e[3], 'the service recorded a break: ' .. e[8])
+        end
+      elseif not undeclared(e[3]) then C.certify(e[3], e[4], e[5], e[6], e[7]) end
     elseif op == 16 then -- range gone: stripe, incarnation, from, to, reason
       set_sequenced()
       local ck = P .. 'cont:' .. fmt(e[3])

@@ -6,7 +6,11 @@ in each stripe; signs both and publishes a ``tick`` on the control topic; the se
 answers with a ``watermark`` per stripe, which the apply path certifies (``apply.lua``). It
 also asks again for every range of seqs a stripe is missing (``resend``), at most once per
 ``resend_interval_seconds`` per range, so a lost or not yet published event is fetched from
-the service's outbox instead of holding the horizon back for ever.
+the service's outbox instead of holding the horizon back for ever. For every stripe it reads
+as broken it tells the relay (``broken``, at most once per ``resend_interval_seconds`` per
+stripe, for as long as it stays broken): the relay keeps the break in the service's database
+and its watermarks carry it back, so a Redis that went back to before the break breaks the
+stripe again before it certifies anything.
 
 The Ticker owns its state (what it asked for, and when); it shares the tracker's Redis client
 and producer. Safety does not depend on it: a tick that is lost certifies nothing, a re-send
@@ -23,7 +27,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from core.continuity import gaps
+from core.continuity import Domain, gaps
 from core.continuity_store import AsyncContinuityStore, compose
 from core.settings import Settings
 from schemas import control
@@ -47,6 +51,7 @@ class TickRound:
 
     ticks: int = 0
     resends: list[control.Resend] = field(default_factory=list)
+    breaks: list[control.Broken] = field(default_factory=list)
 
 
 class Ticker:
@@ -61,6 +66,7 @@ class Ticker:
         self.store = AsyncContinuityStore(redis)
         self._tick = redis.register_script(_TICK)
         self._asked: dict[tuple[str, int, str, int, int], float] = {}  # range -> monotonic
+        self._told: dict[tuple[str, int], float] = {}  # broken stripe -> monotonic
 
     async def run(self, stop: asyncio.Event) -> None:
         every = self.settings.tick_interval_seconds
@@ -99,18 +105,41 @@ class Ticker:
                                        [int(a) for a in applied])
             await self.producer.send(topic, control.encode(tick), key=tick.key)
             done.ticks += 1
-            for k in range(stripes):
-                done.resends += self._resends(repo, k, await self.store.read(repo, k))
-        for msg in done.resends:
+            domains = [await self.store.read(repo, k) for k in range(stripes)]
+            for k, d in enumerate(domains):
+                done.resends += self._resends(repo, k, d)
+            done.breaks += self._breaks(repo, domains)
+        told: list[control.ControlMessage] = [*done.breaks, *done.resends]
+        for msg in told:
             await self.producer.send(topic, control.encode(msg), key=msg.key)
         await self.producer.flush()
         self.metrics.ticks.inc(done.ticks)
         self.metrics.resends.inc(len(done.resends))
+        if done.breaks:
+            self.log.warning("told relays of broken stripes",
+                             stripes=[(m.repository, m.stripe, m.reason[:200])
+                                      for m in done.breaks[:10]])
         if done.resends:
             self.log.info("asked relays again for missing seqs",
                           ranges=[(m.repository, m.stripe, m.from_seq, m.to_seq)
                                   for m in done.resends[:10]])
         return done
+
+    def _breaks(self, repo: str, domains: list[Domain]) -> list[control.Broken]:
+        now = time.monotonic()
+        out = []
+        for k, d in enumerate(domains):
+            if d.broken is None:
+                self._told.pop((repo, k), None)
+                continue
+            if now - self._told.get((repo, k), -1e18) < self.settings.resend_interval_seconds:
+                continue
+            inc = break_incarnation(domains, k)
+            if inc is None:  # no fact of the service's bound one: nothing to tell a relay
+                continue
+            self._told[(repo, k)] = now
+            out.append(control.broken(repo, k, inc, d.broken))
+        return out
 
     def _resends(self, repo: str, stripe: int, d: Any) -> list[control.Resend]:
         if d.incarnation is None:
@@ -128,3 +157,13 @@ class Ticker:
             cutoff = now - self.settings.resend_interval_seconds
             self._asked = {k: t for k, t in self._asked.items() if t >= cutoff}
         return out
+
+
+def break_incarnation(domains: list[Domain], k: int) -> str | None:
+    """The incarnation to report stripe ``k``'s break under: its own, or (a stripe broken
+    before any fact of it bound one) the one another stripe of the repository holds: one store,
+    one incarnation. None when no stripe holds one."""
+    own = domains[k].incarnation
+    if own is not None:
+        return own
+    return next((d.incarnation for d in domains if d.incarnation is not None), None)

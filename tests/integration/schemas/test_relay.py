@@ -137,6 +137,37 @@ async def test_a_resend_publishes_the_range_again_or_says_it_is_gone(
     outbox.close()
 
 
+async def test_a_break_is_kept_and_every_later_watermark_of_its_stripe_carries_it(
+        settings: Settings, tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path / "service.db")
+    with outbox.transaction() as tx:
+        tx.emit(ev.RepositoryCreated(repository="r", storage_namespace=NS,
+                                     default_branch="main", default_retention_days=7,
+                                     stripes=2))
+    inc = outbox.incarnation
+    async with Relay(settings, outbox) as relay, Log(settings) as log:
+        stale = control.broken("r", 0, "an older incarnation", "x")
+        await send_control(settings, control.broken("r", 1, inc, "an event without a seq"),
+                           control.broken("r", 1, inc, "again"), stale,
+                           control.broken("elsewhere", 0, inc, "not this outbox's"),
+                           control.signed_tick(KEY, "r", 1000, tick_id="t1"))
+        got = marks(await log.until(lambda es: len(marks(es, "t1")) == 2), "t1")
+        # (the control topic is read in order: the breaks were kept before the tick came)
+        assert {k: w.broken for k, w in got.items()} == {0: None, 1: "an event without a seq"}
+        assert outbox.breaks("r") == {(1, inc): "an event without a seq"}
+        assert outbox.breaks("elsewhere") == {}
+        assert relay.stats.breaks == 2  # (a repeat is recorded again, idempotently)
+        await send_control(settings, control.signed_tick(KEY, "r", 2000, tick_id="t2"))
+        got = marks(await log.until(lambda es: len(marks(es, "t2")) == 2), "t2")
+        assert got[1].broken == "an event without a seq" and got[0].broken is None
+        # a restored store: the new incarnation's watermarks carry no old break
+        new = outbox.restored()
+        await send_control(settings, control.signed_tick(KEY, "r", 3000, tick_id="t3"))
+        got = marks(await log.until(lambda es: len(marks(es, "t3")) == 2), "t3")
+        assert {(w.incarnation, w.broken) for w in got.values()} == {(new, None)}
+    outbox.close()
+
+
 class _Died(BaseException):
     """The relay's process dying right after the broker acknowledged its batch."""
 

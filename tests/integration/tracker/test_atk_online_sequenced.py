@@ -82,18 +82,19 @@ async def service(settings: Settings, s3: Any, tmp_path: Path, *, stripes: int =
         s3.create_bucket(Bucket=bucket)
     outbox = Outbox(tmp_path / "service.db")
     relay = LossyRelay(settings, outbox)
-    async with relay:
-        svc = Service(settings, s3, outbox, relay, f"s3://{bucket}/{REPO}/", bucket, stripes)
-        svc.emit(ev.RepositoryCreated(repository=REPO, storage_namespace=svc.namespace,
-                                      default_branch=branches[0], default_retention_days=1.0,
-                                      stripes=stripes))
-        for b in branches:
-            svc.emit(ev.BranchCreated(repository=REPO, branch=b, staging_token=f"t-{b}",
-                                      ref_version=1))
-        try:
+    try:
+        async with relay:  # (stopped before the outbox closes under it)
+            svc = Service(settings, s3, outbox, relay, f"s3://{bucket}/{REPO}/", bucket,
+                          stripes)
+            svc.emit(ev.RepositoryCreated(repository=REPO, storage_namespace=svc.namespace,
+                                          default_branch=branches[0],
+                                          default_retention_days=1.0, stripes=stripes))
+            for b in branches:
+                svc.emit(ev.BranchCreated(repository=REPO, branch=b, staging_token=f"t-{b}",
+                                          ref_version=1))
             yield svc
-        finally:
-            outbox.close()
+    finally:
+        outbox.close()
 
 
 def write(branch: str, path: str, address: str, ref: str) -> ev.ServiceEvent:
@@ -445,10 +446,11 @@ async def test_a_standby_relay_on_a_lagging_replica_breaks_the_stripe(
 async def test_a_break_for_an_event_without_a_seq_lost_with_the_slot_deletes_nothing(
         fast: Settings, s3: Any, tmp_path: Path, topology: str) -> None:
     """A1 broken once: a copy of A (r2) published outside the outbox is applied and breaks
-    stripe 0 (nothing certifies the history any more). The break is a flag in the
-    repository's slot only; the slot goes back to before it (a failover to a lagging replica,
-    the tracker restarted meanwhile) and the copy, consumed already, is never read again. No
-    seq says it is missing: only the log forensics (hd:applied, another slot) can tell. Then
+    stripe 0 (nothing certifies the history any more). The slot goes back to before the break
+    (a failover to a lagging replica, the tracker restarted meanwhile), whether or not the
+    service kept it yet (the next test waits for that), and the copy, consumed already, is
+    never read again. No seq says it is missing: only the log forensics (hd:applied, another
+    slot) and the service's copy of the break can tell. Then
     the service deletes r1 through its outbox: A must not be reaped while r2 references it.
     One node: the whole dataset goes back together (hd:log with it); the cluster: only the
     repository's node."""
@@ -482,15 +484,16 @@ async def test_a_break_for_an_event_without_a_seq_lost_with_the_slot_deletes_not
     raw.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "atk-on 8: the break an event without a seq caused lives only in the repository's slot "
-    "(SPEC safety 11); the node going back loses it and the copy with it, the continuity "
-    "state then reads certified and unbroken, and only the log forensics' fail-closed flag "
-    "keeps A: once it is cleared (the operator's fail-closed clear here; the second half's "
-    "removal of hd:applied in the design) the reaper deletes A while r2 references it"))
 @pytest.mark.parametrize("topology", ["cluster"], indirect=True)
 async def test_a_lost_break_reads_as_certified_and_clearing_fail_closed_reaps_a_live_object(
         fast: Settings, s3: Any, tmp_path: Path, topology: str) -> None:
+    """As above, on the cluster, where only the repository's node goes back: the log
+    forensics' fail-closed flag keeps A at first; the operator clears it. The break is
+    durable at the service (schemas/README.md, "Continuity"): the tracker reported it, the
+    outbox kept it, and the relay's first watermark after the node went back breaks the stripe
+    again, so nothing of the repository is certified and A stays. (Before the service kept
+    breaks, the node going back lost the break and the copy with it, continuity read
+    certified, and the reaper deleted A once the flag was cleared.)"""
     from redis.cluster import RedisCluster
 
     from hardelete.failclosed import clear
@@ -508,19 +511,28 @@ async def test_a_lost_break_reads_as_certified_and_clearing_fail_closed_reaps_a_
             snap = _snapshot(raw, pattern)
             async with Publisher(fast) as pub:
                 await pub.publish_many([copy("main", "b", a, "r2")])
-            await until(lambda: store.read(REPO, 0), lambda d: d.broken is not None)
+            broken = await until(lambda: store.read(REPO, 0), lambda d: d.broken is not None)
+            # the contract: the break is the service's once its outbox holds it
+            kept = await until(lambda: svc.outbox.breaks(REPO), bool)
+            assert kept == {(0, svc.outbox.incarnation): broken.broken}, kept
             await wait_log(fast)
         _restore(raw, snap, pattern)  # the repository's node fails over to a lagging replica
+        assert store.read(REPO, 0).broken is None
+        restored_ms = await redis_now(fast)
         async with running_tracker(fast, name="t2"):
             svc.emit(delete("main", "a", a, "r1"))
+            # a watermark answering a tick past the restore: it breaks the stripe again (it
+            # would certify it if the break lived in the slot only)
+            d = await until(lambda: store.read(REPO, 0),
+                            lambda d: d.broken is not None or (d.horizon_ms or 0) > restored_ms)
             await asyncio.sleep(fast.grace_seconds + 0.5)
             await wait_log(fast)
             first = await reap(fast, s3)
             assert first.repos[0].skipped == "fail_closed", first
-            d = store.read(REPO, 0)
-            assert d.broken is None and d.horizon_ms is not None, d  # reads as certified
             assert clear(r, REPO, reason="continuity certifies the repository", who="op") == 1
             await wait_log(fast)
             report = await reap(fast, s3)
-            assert svc.exists(a), report  # r2 (open token) references A at the service
+            assert svc.exists(a), (report, d)  # r2 (open token) references A at the service
+            assert d.broken == f"the service recorded a break: {broken.broken}", d
+            assert store.read(REPO, 0).horizon_ms is None
     raw.close()

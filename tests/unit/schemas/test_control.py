@@ -11,13 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import control, reaper_auth
-from schemas.control import ControlError, Resend, Tick
+from schemas.control import Broken, ControlError, Resend, Tick
 
 KEY = b"k" * 32
 TICK = {"type": "tick", "v": 1, "repository": "r", "tick_ms": 5, "applied": [3], "tick_id": "t1",
         "sig": "ab"}
 RESEND = {"type": "resend", "v": 1, "repository": "r", "stripe": 2, "incarnation": "i1",
           "from_seq": 3, "to_seq": 9}
+BROKEN = {"type": "broken", "v": 1, "repository": "r", "stripe": 1, "incarnation": "i1",
+          "reason": "an event without a seq"}
 
 
 @given(repo=st.text(min_size=1, max_size=8), tick_ms=st.integers(0, 2**53 - 1),
@@ -47,6 +49,12 @@ def test_round_trip(repo: str, tick_ms: int, stripe: int, a: int, b: int) -> Non
     ({**RESEND, "from_seq": 10}, "from_seq"),
     ({**RESEND, "incarnation": "i" * 129}, "incarnation"),
     ({**RESEND, "repository": None}, "repository"),
+    ({**BROKEN, "reason": ""}, "reason"),
+    ({**BROKEN, "reason": "r" * 1001}, "reason"),
+    ({k: v for k, v in BROKEN.items() if k != "reason"}, "reason"),
+    ({k: v for k, v in BROKEN.items() if k != "incarnation"}, "incarnation"),
+    ({**BROKEN, "stripe": -1}, "stripe"),
+    ({**BROKEN, "seq": 1}, "seq"),
 ])
 def test_bad_fields_are_named(body: dict[str, Any], culprit: str) -> None:
     with pytest.raises(ControlError) as info:
@@ -81,3 +89,18 @@ def test_only_the_trackers_key_signs_a_tick() -> None:
     # length-prefixed fields: ("r1", 0) and ("r", 10) are different messages
     assert reaper_auth.tick_message("r1", 0, "t") != reaper_auth.tick_message("r", 10, "t")
     assert isinstance(tick, Tick)
+
+
+@given(repo=st.text(min_size=1, max_size=8), stripe=st.integers(0, 63),
+       reason=st.text(max_size=3000))
+@settings(max_examples=100, deadline=None)
+def test_a_break_round_trips_with_its_reason_cut_to_what_a_watermark_carries(
+        repo: str, stripe: int, reason: str) -> None:
+    msg = control.broken(repo, stripe, "i", reason)
+    assert isinstance(msg, Broken) and msg.key == repo.encode()
+    assert control.decode(control.encode(msg)) == msg
+    assert 1 <= len(msg.reason) <= control.MAX_REASON
+    if 0 < len(reason) <= control.MAX_REASON:
+        assert msg.reason == reason
+    assert control.decode(orjson.dumps(BROKEN)) == Broken(
+        repository="r", stripe=1, incarnation="i1", reason="an event without a seq")

@@ -312,3 +312,21 @@ def test_named_addresses_of_an_event_and_of_its_body_agree() -> None:
         body = orjson.loads(encode(e))
         assert ev.named_addresses(body.get) == want
         assert ev.named_addresses(lambda n, e=e: getattr(e, n, None)) == want
+
+
+def test_a_watermark_without_a_break_is_what_it_was_before_the_field() -> None:
+    plain = ev.Watermark(repository="r", stripe=0, incarnation="i", seq=3, tick_ms=5,
+                         tick_applied=[3], tick_id="t", tick_sig="s", event_id="e",
+                         emitted_at=1.0)
+    assert b"broken" not in encode(plain)
+    assert decode(encode(plain)) == plain
+    broken = ev.Watermark(repository="r", stripe=0, incarnation="i", seq=3, tick_ms=5,
+                          tick_applied=[3], tick_id="t", tick_sig="s", broken="why",
+                          event_id="e")
+    assert decode(encode(broken)) == broken
+    body = orjson.loads(encode(broken))
+    for bad, problem in (("", "must not be empty"), ("x" * 1001, "at most 1000"),
+                         (5, "expected string")):
+        with pytest.raises(EventError, match=problem) as info:
+            decode(orjson.dumps({**body, "broken": bad}))
+        assert info.value.field == "broken"

@@ -221,3 +221,57 @@ def test_gone_ranges_are_exactly_what_is_not_held(lo: int, span: int, held: set[
     covered = [s for a, b in out for s in range(a, b + 1)]
     assert covered == [s for s in range(lo, hi + 1) if s not in held]  # in order, no overlap
     assert all(b + 1 < c for (_, b), (c, _) in itertools.pairwise(out))  # maximal
+
+
+def test_a_break_is_kept_once_for_the_current_incarnation_of_a_held_domain(
+        outbox: Outbox) -> None:
+    with outbox.transaction() as tx:
+        tx.emit(created("r", stripes=2))
+        tx.emit(tag("r", 1), stripe=1)
+    inc = outbox.incarnation
+    c = outbox.counters("r")
+    assert c is not None and c.broken == (None, None)
+    assert outbox.record_break("r", 1, inc, "an event without a seq")
+    assert outbox.record_break("r", 1, inc, "another reason")  # idempotent: the first stays
+    assert outbox.breaks("r") == {(1, inc): "an event without a seq"}
+    c = outbox.counters("r")
+    assert c is not None and c.broken == (None, "an event without a seq") and c.seqs == (1, 1)
+    # not this outbox's repository, a stripe not declared, another incarnation: nothing kept
+    assert not outbox.record_break("elsewhere", 0, inc, "x")
+    assert not outbox.record_break("r", 2, inc, "x")
+    assert not outbox.record_break("r", 0, "old", "x")
+    assert outbox.breaks("r") == {(1, inc): "an event without a seq"}
+    assert outbox.breaks("elsewhere") == {}
+
+
+def test_a_break_outlives_the_process_and_a_restore_leaves_it_behind(tmp_path: Path) -> None:
+    path = tmp_path / "service.db"
+    with Outbox(path, **FAST) as box:
+        with box.transaction() as tx:
+            tx.emit(tag("r", 1))
+        inc = box.incarnation
+        assert box.record_break("r", 0, inc, "gone")
+    with Outbox(path, **FAST) as box:  # (a relay restarted)
+        c = box.counters("r")
+        assert c is not None and c.broken == ("gone",)
+        new = box.restored()
+        c = box.counters("r")
+        assert c is not None and c.broken == (None,)  # the new incarnation breaks it anyway
+        assert box.breaks("r") == {(0, inc): "gone"}
+        assert box.record_break("r", 0, new, "again")
+        c = box.counters("r")
+        assert c is not None and c.broken == ("again",)
+
+
+def test_every_watermark_of_a_broken_stripe_carries_its_break() -> None:
+    from schemas import control
+    from schemas.outbox import Counters
+    from schemas.relay import watermarks
+
+    tick = control.Tick(repository="r", tick_ms=50, applied=[4, 0, 6], tick_id="t", sig="s")
+    marks = watermarks(tick, Counters("i", 3, (4, 0, 7), (None, "lost", None)), 1.0)
+    assert [(w.stripe, w.seq, w.broken) for w in marks] == [(0, 4, None), (1, 0, "lost"),
+                                                            (2, 7, None)]
+    assert all((w.repository, w.incarnation, w.tick_ms, w.tick_applied, w.tick_id, w.tick_sig)
+               == ("r", "i", 50, [4, 0, 6], "t", "s") for w in marks)
+    assert [w.broken for w in watermarks(tick, Counters("i", 2, (1, 1)), 1.0)] == [None, None]

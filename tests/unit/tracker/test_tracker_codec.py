@@ -89,10 +89,12 @@ SEQUENCED = [
     ev.RepositoryCreated(repository="r", storage_namespace="s3://b/r/", default_branch="m",
                          default_retention_days=1.0, stripes=4, seq=1, incarnation="i"),
     ev.Watermark(repository="r", stripe=1, incarnation="i", seq=0, tick_ms=5,
-                     tick_applied=[0], tick_id="t",
-                 tick_sig="s"),
+                 tick_applied=[0], tick_id="t", tick_sig="s"),
     ev.RangeGone(repository="r", stripe=0, incarnation="i", from_seq=2, to_seq=2,
                  reason="trimmed"),
+    ev.Watermark(repository="r", stripe=2, incarnation="i", seq=3, tick_ms=5,
+                 tick_applied=[0, 0, 3], tick_id="t", tick_sig="s",
+                 broken="an event without a seq"),
 ]
 
 
@@ -100,6 +102,21 @@ SEQUENCED = [
 def test_continuity_fields_take_the_fast_path(event):
     assert fast(ev.encode(event)) == codec.event_body(event)
     assert codec.parse(ev.encode(event)) == codec.event_body(event)
+
+
+def test_a_watermark_carries_its_stripes_applied_seq_and_the_services_break_last():
+    plain, broken = SEQUENCED[3], SEQUENCED[5]
+    assert codec.compact(codec.parse(ev.encode(plain)), 9) == [
+        9, codec.OP_WATERMARK, 1, "i", 0, 5, 0, ""]
+    assert codec.compact(codec.parse(ev.encode(broken)), 9)[-2:] == [3, "an event without a seq"]
+    beyond = {**codec.event_body(plain), "stripe": 3}  # a stripe the tick did not know
+    assert codec.compact(beyond, 9)[6] == 0
+    # too long a reason, or an empty one, is not a watermark the fast path admits
+    for bad in ("", "x" * 1001):
+        body = {**codec.event_body(broken), "broken": bad}
+        assert codec.fast_body(body) is None
+        with pytest.raises(ev.EventError, match="broken"):
+            ev.decode(orjson.dumps(body))
 
 
 def test_empty_record_is_an_error():
