@@ -11,6 +11,7 @@ file followed by its own body (core.continuity_store.compose), which calls
   C.certify(k, inc, M, R, A)     -- a watermark (its tick's signature checked by the caller);
                                  -- A: the seq the tracker had applied at the tick (or nil)
   C.applied_max(k)               -> the highest seq applied (the prefix or the top of above)
+  C.prefix(k)                    -> every seq up to it is applied
   C.break_domain(k, reason)
   C.stripe_horizon(k)            -> R (a number) or nil
   C.horizon(n)                   -> the repository's horizon over stripes 0..n-1, or nil
@@ -259,6 +260,8 @@ local function continuity(P)
   end
 
   function C.stripe_horizon(k) return stripe(k).horizon end
+
+  function C.prefix(k) return stripe(k).prefix end
 
   function C.applied_max(k)
     local s = stripe(k)

@@ -73,10 +73,17 @@ class ContinuityView:
     horizon_ms: int | None
     broken: str | None = None  # "stripe k: reason"
     missing: tuple[tuple[int, int, int], ...] = ()  # (stripe, from, to)
+    # missing seqs that were dead-lettered: (stripe, seq, dead letter "p:o", its reason)
+    dead: tuple[tuple[int, int, str, str], ...] = ()
 
     def text(self, now_ms: int) -> str:
         if self.broken:
             return f"broken ({self.broken})"
+        if self.dead:
+            k, seq, where, why = self.dead[0]
+            more = f" and {len(self.dead) - 1} more" if len(self.dead) > 1 else ""
+            return (f"waiting for seq {seq} of stripe {k}{more}: dead-lettered ({where}: "
+                    f"{why}); replay it fixed (`hardelete dlq replay`) to go on")
         if self.missing:
             k, a, b = self.missing[0]
             more = f" and {len(self.missing) - 1} more" if len(self.missing) > 1 else ""
@@ -94,7 +101,20 @@ def continuity_view(r: Any, repo: str, stripes: int) -> ContinuityView:
     domains = [store.read(repo, k) for k in range(stripes)]
     broken = next((f"stripe {k}: {d.broken}" for k, d in enumerate(domains) if d.broken), None)
     missing = tuple((k, a, b) for k, d in enumerate(domains) for a, b in gaps(d, limit=3))
-    return ContinuityView(stripes, horizon(domains), broken, missing)
+    dead = []
+    for name, raw in sorted(r.hgetall(RepoKeys(repo).dead_seqs).items()):
+        k_text, _, seq_text = str(name).partition(":")
+        if not (k_text.isdigit() and seq_text.isdigit()):
+            continue
+        k, seq = int(k_text), int(seq_text)
+        if k < stripes and not domains[k].is_applied(seq):
+            try:
+                note = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                note = {}
+            note = note if isinstance(note, dict) else {}
+            dead.append((k, seq, str(note.get("dlq", "?")), str(note.get("reason", "?"))))
+    return ContinuityView(stripes, horizon(domains), broken, missing, tuple(dead[:10]))
 
 
 @dataclass

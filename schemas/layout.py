@@ -295,6 +295,14 @@ class RepoKeys:
         return f"{self.tag}:wm:{_stripe(stripe)}"
 
     @property
+    def dead_seqs(self) -> str:
+        """hash: ``'<k>:<seq>'`` -> JSON {dlq, reason, event_id}: a sequenced event of stripe
+        k the tracker dead-lettered, so its seq stays missing (status says which dead letter
+        holds the horizon). Informational; the Ticker drops an entry once the prefix passes
+        its seq."""
+        return f"{self.tag}:deadseq"
+
+    @property
     def address_prefix(self) -> str:
         return f"{self.tag}:a:"
 

@@ -19,10 +19,11 @@ import orjson
 from aiokafka.errors import MessageSizeTooLargeError
 
 from core.clients import redis_sync, s3_client
+from core.continuity import SEQ_MAX
 from core.facts import HOLD_ADD, RepoFacts
 from core.registry import arepo_namespace
 from schemas.holds import aadd_claims, claims_of
-from schemas.layout import RepoKeys
+from schemas.layout import STRIPES_MAX, RepoKeys
 from schemas.reaper_auth import DeadLetterFields, key_id, record_digest, seal_dead_letter
 from tracker.shared import TrackerShared
 
@@ -53,6 +54,24 @@ def event_id_of(value: bytes | None) -> str:
         return ""
     eid = body.get("event_id") if type(body) is dict else None
     return eid[:200] if type(eid) is str else ""
+
+
+def sequenced_of(value: bytes | None) -> tuple[str, int, int] | None:
+    """(repository, stripe, seq) of a dead-lettered record that carries a seq, read leniently
+    (the record was refused: only these three fields are trusted, for status to say which
+    dead letter a missing seq waits on)."""
+    try:
+        body = orjson.loads(value or b"")
+    except orjson.JSONDecodeError:
+        return None
+    if type(body) is not dict:
+        return None
+    repo, seq, stripe = body.get("repository"), body.get("seq"), body.get("stripe", 0)
+    if type(repo) is not str or not repo or type(seq) is not int or type(stripe) is not int:
+        return None
+    if not (1 <= seq <= SEQ_MAX and 0 <= stripe < STRIPES_MAX):
+        return None
+    return repo, stripe, seq
 
 
 @dataclass(frozen=True)
@@ -105,6 +124,29 @@ class DeadLetters(TrackerShared):
         await asyncio.gather(*(self._dead_letter_one(rec, reason, (claims or {}).get(id(rec)))
                                for rec, reason in items))
         self.dead_lettered += len(items)
+        await self._note_dead_seqs(items)
+
+    async def _note_dead_seqs(self, items: list[tuple[Any, str]]) -> None:
+        """A dead-lettered event with a seq leaves that seq missing, so its repository's
+        horizon waits (safe): note which dead letter it is, for ``status`` (informational;
+        only for repositories this tracker tracks)."""
+        notes = []
+        for rec, reason in items:
+            seqd = sequenced_of(rec.value)
+            if seqd is not None and seqd[0] in self.gate.namespaces:
+                repo, stripe, seq = seqd
+                notes.append((RepoKeys(repo).dead_seqs, f"{stripe}:{seq}", orjson.dumps({
+                    "dlq": f"{rec.partition}:{rec.offset}", "reason": reason[:200],
+                    "event_id": event_id_of(rec.value)}).decode()))
+        if not notes:
+            return
+
+        async def write() -> None:
+            pipe = self._redis.pipeline(transaction=False)
+            for key, field, value in notes:
+                pipe.hset(key, field, value)
+            await pipe.execute()
+        await self._retrying(write)
 
     async def _dead_letter_one(self, rec: Any, reason: str,
                                claim: DeadLetterClaim | None = None) -> None:

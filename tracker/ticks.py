@@ -36,11 +36,20 @@ from tracker.metrics import TrackerMetrics
 
 # The time and what was applied then, read atomically: every seq applied before the time
 # committed before the relay reads M, so a watermark below it is from a store that lags.
+# (It also forgets the notes of dead-lettered seqs the prefix has passed: a fixed replay or a
+# re-send applied them.)
 _TICK = compose("""
 local C = continuity(ARGV[1])
 local t = redis.call('TIME')
 local out = {t[1], t[2]}
 for k = 0, tonumber(ARGV[2]) - 1 do out[#out + 1] = string.format('%.0f', C.applied_max(k)) end
+local dead = ARGV[1] .. 'deadseq'
+for _, f in ipairs(redis.call('HKEYS', dead)) do
+  local k, seq = string.match(f, '^(%d+):(%d+)$')
+  if k == nil or tonumber(k) >= tonumber(ARGV[2]) or tonumber(seq) <= C.prefix(tonumber(k)) then
+    redis.call('HDEL', dead, f)
+  end
+end
 return out
 """)
 

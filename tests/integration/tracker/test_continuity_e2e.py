@@ -182,3 +182,42 @@ async def test_a_range_the_service_lost_breaks_the_stripe(
         await wait_horizon(fast, await redis_now(fast))
         await reap(fast, s3)
         assert svc.exists(a)
+
+
+async def test_a_dead_lettered_seq_is_named_by_status_until_its_fixed_replay_is_applied(
+        fast: Settings, s3: Any, tmp_path: Path) -> None:
+    """The service commits an event the tracker cannot read (a field of a newer schema): it is
+    dead-lettered, its seq stays missing and the horizon waits (safe). ``status`` says which
+    dead letter the seq waits on and what to do; once the operator replays it fixed, the seq
+    is applied and the note goes."""
+    from hardelete import dlq
+    from hardelete.status import continuity_view
+    from sim.sequenced import copy
+    from sim.testing import dead_letters
+
+    async with service(fast, s3, tmp_path) as svc, running_tracker(fast):
+        a = svc.store("data/a")
+        svc.emit(write(svc, "a", a, "r1"))
+        with svc.outbox.transaction() as tx:
+            bad = tx.emit(copy("b", a, "r2"))
+            good = ev.encode(bad)
+            tx.execute("UPDATE hd_outbox SET value = ? WHERE repository = ? AND stripe = 0 "
+                       "AND seq = ?", (good[:-1] + b',"x_newer_field":1}', REPO, bad.seq))
+        assert bad.event_id in await dead_letters(fast, 1)
+        r = redis_sync(fast)
+        deadline = time.monotonic() + 30
+        while not (view := continuity_view(r, REPO, 1)).dead:
+            assert time.monotonic() < deadline, (view, r.hgetall(RepoKeys(REPO).dead_seqs))
+            await asyncio.sleep(0.05)
+        assert view.dead[0][:2] == (0, bad.seq), view
+        text = view.text(await redis_now(fast))
+        assert f"seq {bad.seq} of stripe 0" in text and "dead-lettered" in text, text
+        assert "dlq replay" in text, text
+        await dlq.publish_fixed(fast, good)
+        await certified(fast, await redis_now(fast))
+        deadline = time.monotonic() + 30
+        while r.hlen(RepoKeys(REPO).dead_seqs):  # the Ticker forgets it once applied
+            assert time.monotonic() < deadline, r.hgetall(RepoKeys(REPO).dead_seqs)
+            await asyncio.sleep(0.05)
+        assert not continuity_view(r, REPO, 1).dead
+        assert r.hget(f"hd:{{{REPO}}}:a:{a}", "+r2") == "t"

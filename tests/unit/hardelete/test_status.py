@@ -64,3 +64,15 @@ def test_a_broken_continuity_needs_a_person_and_a_gap_is_shown() -> None:
     assert waiting.continuity.text(2_000) == "waiting for seqs 4..6 of stripe 1 and 1 more"
     assert fine.continuity.text(3_000) == "certified to 2.0s ago"
     assert ContinuityView(1, None).text(0) == "no watermark yet"
+
+
+def test_a_dead_lettered_seq_is_named_before_the_missing_range() -> None:
+    from hardelete.status import ContinuityView
+
+    view = ContinuityView(1, None, missing=((0, 4, 4),),
+                          dead=((0, 4, "2:17", "field 'x': unknown"),))
+    text = view.text(0)
+    assert text.startswith("waiting for seq 4 of stripe 0: dead-lettered (2:17: field 'x'")
+    assert "dlq replay" in text
+    assert ContinuityView(1, None, missing=((0, 4, 4),)).text(0) == \
+        "waiting for seqs 4..4 of stripe 0"
