@@ -13,6 +13,8 @@ file followed by its own body (core.continuity_store.compose), which calls
   C.applied_max(k)               -> the highest seq applied (the prefix or the top of above)
   C.prefix(k)                    -> every seq up to it is applied
   C.break_domain(k, reason)
+  C.rebuild(k, inc, counter)     -- core.continuity.rebuilt: the export's incarnation and
+                                 -- counter start the stripe again
   C.stripe_horizon(k)            -> R (a number) or nil
   C.horizon(n)                   -> the repository's horizon over stripes 0..n-1, or nil
   C.gaps(k, limit)               -> {a1, b1, a2, b2, ...}: the ranges to ask again for
@@ -24,7 +26,8 @@ gives 1e+15 notation). Bad input raises an error starting 'hardelete continuity:
 anything is written.
 
 Keys of stripe k (schemas/layout.py RepoKeys.continuity*), all in P's slot:
-  P..'cont:'..k    hash  inc, prefix, horizon, broken (absent: None; prefix absent: 0)
+  P..'cont:'..k    hash  inc, prefix, horizon, broken (absent: None; prefix absent: 0),
+                         retired (a JSON array of incarnations, sorted; absent: none)
   P..'above:'..k   zset  member = score = a seq applied above the prefix
   P..'wm:'..k      zset  member '<M>:<R>', score M: the pending watermarks (M and R both
                          strictly increasing, at most PENDING_MAX)
@@ -37,6 +40,7 @@ must not write these keys themselves.
 local function continuity(P)
   local SEQ_MAX = 9007199254740991  -- core.continuity.SEQ_MAX (2^53 - 1)
   local PENDING_MAX = 32            -- core.continuity.PENDING_MAX
+  local RETIRED_MAX = 8             -- core.continuity.RETIRED_MAX
   local STRIPES_MAX = 64
   local RUN = 128                   -- seqs read at a time when the prefix advances
 
@@ -93,11 +97,12 @@ local function continuity(P)
     if s then return s end
     local name = fmt(k)
     s = {hash = P .. 'cont:' .. name, above = P .. 'above:' .. name, wm = P .. 'wm:' .. name}
-    local h = redis.call('HMGET', s.hash, 'inc', 'prefix', 'horizon', 'broken')
+    local h = redis.call('HMGET', s.hash, 'inc', 'prefix', 'horizon', 'broken', 'retired')
     s.inc = h[1] or nil
     s.prefix = h[2] and tonumber(h[2]) or 0
     s.horizon = h[3] and tonumber(h[3]) or nil
     s.broken = h[4] or nil  -- '' is a reason too
+    s.retired = h[5] and cjson.decode(h[5]) or {}
     s.nabove = redis.call('ZCARD', s.above)  -- (kept by this script: in-order seqs skip it)
     local pending = {}
     local raw = redis.call('ZRANGE', s.wm, 0, -1)
@@ -184,13 +189,20 @@ local function continuity(P)
     end
   end
 
+  local function retired(s, inc)
+    for _, r in ipairs(s.retired) do
+      if r == inc then return true end
+    end
+    return false
+  end
+
   local C = {}
 
   function C.admit(k, inc, seq)
     seq = int(seq, 'seq', 0, SEQ_MAX)
     if seq == 0 then fail('seq starts at 1') end
     local s = stripe(k)
-    if s.broken ~= nil then return 'refused' end
+    if s.broken ~= nil or retired(s, inc) then return 'refused' end
     bind(s, inc)
     if s.broken ~= nil then return 'refused' end
     if seq <= s.prefix then return 'duplicate' end
@@ -211,7 +223,7 @@ local function continuity(P)
     r = int(r, 'watermark tick', 0, SEQ_MAX)
     a = int(a or 0, 'watermark applied', 0, SEQ_MAX)
     local s = stripe(k)
-    if s.broken ~= nil then return end
+    if s.broken ~= nil or retired(s, inc) then return end
     bind(s, inc)
     if s.broken ~= nil then return end
     if m < a then  -- core.continuity.lied
@@ -257,6 +269,26 @@ local function continuity(P)
   function C.break_domain(k, reason)
     if type(reason) ~= 'string' then fail('reason must be a string') end
     break_stripe(stripe(k), reason)
+  end
+
+  function C.rebuild(k, inc, counter)
+    counter = int(counter, 'counter', 0, SEQ_MAX)
+    if type(inc) ~= 'string' or inc == '' then fail('incarnation must be a non-empty string') end
+    local s = stripe(k)
+    local set = {}
+    for _, r in ipairs(s.retired) do set[r] = true end
+    if s.inc ~= nil then set[s.inc] = true end
+    set[inc] = nil
+    local list = {}
+    for r in pairs(set) do list[#list + 1] = r end
+    table.sort(list)  -- (byte order, as Python sorts str of these: code point order in UTF-8)
+    local keep = {}
+    for j = math.max(1, #list - RETIRED_MAX + 1), #list do keep[#keep + 1] = list[j] end
+    redis.call('DEL', s.hash, s.above, s.wm)
+    redis.call('HSET', s.hash, 'inc', inc, 'prefix', fmt(counter))
+    if #keep > 0 then redis.call('HSET', s.hash, 'retired', cjson.encode(keep)) end
+    s.inc, s.prefix, s.horizon, s.broken = inc, counter, nil, nil
+    s.nabove, s.pending, s.retired = 0, {}, keep
   end
 
   function C.stripe_horizon(k) return stripe(k).horizon end
@@ -323,6 +355,7 @@ local function continuity(P)
     put('prefix', fmt(s.prefix))
     if s.horizon ~= nil then put('horizon', fmt(s.horizon)) end
     put('broken', s.broken)
+    if #s.retired > 0 then put('retired', cjson.encode(s.retired)) end
     local pending = {}
     for _, w in ipairs(s.pending) do pending[#pending + 1] = w.member end
     return fields, redis.call('ZRANGE', s.above, 0, -1), pending

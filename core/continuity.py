@@ -19,7 +19,9 @@ it certifies (``core/continuity.lua``, tested against these functions): Redis go
 takes records and horizon back together, to an older but consistent state.
 
 A second incarnation, or a range the service says is gone, **breaks** the domain: it applies
-nothing and has no horizon until it is rebuilt from the service's export.
+nothing and has no horizon until it is rebuilt from the service's export (:func:`rebuilt`:
+the export's incarnation and counter start the domain again; the incarnations it leaves behind
+are **retired**, so their late events are stale, not a new break).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from enum import StrEnum
 
 SEQ_MAX = 2**53 - 1  # exact in JSON and in Lua's doubles
 PENDING_MAX = 32  # watermarks kept above the prefix (more only delays the horizon)
+RETIRED_MAX = 8  # incarnations a rebuild left behind that are remembered (the newest by name)
 
 
 class Admission(StrEnum):
@@ -56,6 +59,7 @@ class Domain:
     pending: tuple[Watermark, ...] = ()  # M > prefix; M and R both strictly increasing
     horizon_ms: int | None = None
     broken: str | None = None
+    retired: frozenset[str] = frozenset()  # left behind by a rebuild: their events are stale
 
     @property
     def applied_max(self) -> int:
@@ -102,7 +106,7 @@ def admit(d: Domain, incarnation: str, seq: int) -> tuple[Domain, Admission]:
     _check_seq(seq)
     if seq == 0:
         raise ValueError("seq starts at 1")
-    if d.broken is not None:
+    if d.broken is not None or incarnation in d.retired:
         return d, Admission.REFUSED
     d = _bind(d, incarnation)
     if d.broken is not None:
@@ -116,7 +120,7 @@ def certify(d: Domain, incarnation: str, w: Watermark) -> Domain:
     """A watermark arrives (its tick's signature already verified by the caller)."""
     _check_seq(w.seq, "watermark seq")
     _check_seq(w.applied, "watermark applied")
-    if d.broken is not None:
+    if d.broken is not None or incarnation in d.retired:
         return d
     d = _bind(d, incarnation)
     if d.broken is not None:
@@ -152,6 +156,26 @@ def break_domain(d: Domain, reason: str) -> Domain:
     if d.broken is not None:
         return d
     return replace(d, broken=reason, horizon_ms=None, pending=())
+
+
+def rebuilt(d: Domain, incarnation: str, counter: int) -> Domain:
+    """The domain after a rebuild from the service's export, which was read (in the service's
+    store, in one transaction with the state it exports) with this ``incarnation`` and
+    ``counter``: every event of the domain up to ``counter`` is in the export, so the prefix
+    starts there. Nothing above it is kept (applied again when re-sent: the fold is
+    idempotent, and an event the export predates must not stay shadowed by the export's
+    state), nor any watermark or horizon: the next watermark certifies again. The domain's
+    previous incarnation is retired (its late events, a restored store's unpublished rows,
+    are stale: the export holds their effect)."""
+    _check_seq(counter, "counter")
+    if not incarnation:
+        raise ValueError("incarnation must be a non-empty string")
+    retired = set(d.retired)
+    if d.incarnation is not None:
+        retired.add(d.incarnation)
+    retired.discard(incarnation)
+    return Domain(incarnation=incarnation, prefix=counter,
+                  retired=frozenset(sorted(retired)[-RETIRED_MAX:]))
 
 
 def gaps(d: Domain, limit: int = 16) -> list[tuple[int, int]]:

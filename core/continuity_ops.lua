@@ -8,6 +8,7 @@
 --   certify k, incarnation, M, R, A  -> 'ok'  (A: the seq applied at the tick)
 --   applied k                        -> the highest seq applied, a decimal string
 --   break   k, reason                -> 'ok'
+--   rebuild k, incarnation, counter  -> 'ok'
 --   read    k                        -> {{field, value, ...}, {above seqs}, {'<M>:<R>', ...}}
 --   gaps    k, limit                 -> {a1, b1, a2, b2, ...}
 --   horizon n (stripes)              -> R as a decimal string, or '' (none)
@@ -22,6 +23,9 @@ elseif op == 'applied' then
   return string.format('%.0f', C.applied_max(ARGV[3]))
 elseif op == 'break' then
   C.break_domain(ARGV[3], ARGV[4])
+  return 'ok'
+elseif op == 'rebuild' then
+  C.rebuild(ARGV[3], ARGV[4], ARGV[5])
   return 'ok'
 elseif op == 'read' then
   local fields, above, pending = C.read(ARGV[3])

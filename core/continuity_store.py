@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 from redis.exceptions import ResponseError
 
 from core.continuity import Admission, Domain, Watermark
@@ -62,6 +63,7 @@ def _domain(raw: Any) -> Domain:
         pending=tuple(marks),
         horizon_ms=int(f["horizon"]) if "horizon" in f else None,
         broken=f.get("broken"),
+        retired=frozenset(orjson.loads(f["retired"])) if "retired" in f else frozenset(),
     )
 
 
@@ -99,6 +101,11 @@ def _certify(repo: str, stripe: int, incarnation: str, w: Watermark) -> _Call:
 
 def _break(repo: str, stripe: int, reason: str) -> _Call:
     return _call(repo, stripe, "break", str(stripe), reason, parse=lambda v: None)
+
+
+def _rebuild(repo: str, stripe: int, incarnation: str, counter: int) -> _Call:
+    return _call(repo, stripe, "rebuild", str(stripe), incarnation, _num(counter),
+                 parse=lambda v: None)
 
 
 def _read(repo: str, stripe: int) -> _Call:
@@ -152,6 +159,9 @@ class ContinuityStore:
 
     def break_domain(self, repo: str, stripe: int, reason: str) -> None:
         self._run(_break(repo, stripe, reason))
+
+    def rebuild(self, repo: str, stripe: int, incarnation: str, counter: int) -> None:
+        self._run(_rebuild(repo, stripe, incarnation, counter))
 
     def applied_max(self, repo: str, stripe: int) -> int:
         """The highest seq applied in the stripe (what a tick read now would carry)."""

@@ -32,6 +32,7 @@ from core.continuity import (
     certify,
     gaps,
     horizon,
+    rebuilt,
 )
 from core.continuity_store import AsyncContinuityStore, ContinuityStore, compose
 from schemas.layout import RepoKeys
@@ -67,7 +68,14 @@ class Break:
     reason: str
 
 
-Step = Admit | Certify | Break
+@dataclass(frozen=True)
+class Rebuild:
+    stripe: int
+    inc: str
+    counter: int
+
+
+Step = Admit | Certify | Break | Rebuild
 
 BIG = st.integers(SEQ_MAX - 3, SEQ_MAX)  # no digit may be lost on the way
 INCS = st.sampled_from(["i1"] * 15 + ["i2"])  # a second incarnation now and then
@@ -83,7 +91,7 @@ def histories(draw: st.DrawFn) -> tuple[int, list[Step]]:
     ladder = True  # at most one per history: it is 30-odd steps
     for _ in range(draw(st.integers(1, 40))):
         kind = draw(st.sampled_from(["admit"] * 6 + ["run"] * 2 + ["certify"] * 5
-                                    + ["big", "ladder", "break"]))
+                                    + ["big", "ladder", "break", "rebuild"]))
         if kind == "ladder" and not ladder:
             continue
         if kind == "admit":
@@ -104,6 +112,9 @@ def histories(draw: st.DrawFn) -> tuple[int, list[Step]]:
             dm, dt = draw(st.integers(1, 3)), draw(st.integers(1, 3))
             steps.extend(Certify(k, "i1", m + i * dm, t + i * dt) for i in range(n))
             ladder = False
+        elif kind == "rebuild":
+            steps.append(Rebuild(draw(stripe), draw(st.sampled_from(["i1", "i2", "i3", "é"])),
+                                 draw(st.integers(0, 12))))
         else:
             steps.append(Break(draw(stripe), draw(st.text(st.characters(codec="utf-8"),
                                                           max_size=4))))
@@ -115,6 +126,8 @@ def _pure(d: Domain, s: Step) -> tuple[Domain, Admission | None]:
         return admit(d, s.inc, s.seq)
     if isinstance(s, Certify):
         return certify(d, s.inc, Watermark(s.seq, s.tick, s.applied)), None
+    if isinstance(s, Rebuild):
+        return rebuilt(d, s.inc, s.counter), None
     return break_domain(d, s.reason), None
 
 
@@ -123,6 +136,8 @@ def _lua(store: ContinuityStore, repo: str, s: Step) -> Admission | None:
         return store.admit(repo, s.stripe, s.inc, s.seq)
     if isinstance(s, Certify):
         store.certify(repo, s.stripe, s.inc, Watermark(s.seq, s.tick, s.applied))
+    elif isinstance(s, Rebuild):
+        store.rebuild(repo, s.stripe, s.inc, s.counter)
     else:
         store.break_domain(repo, s.stripe, s.reason)
     return None
@@ -238,6 +253,7 @@ local out = {}
 for _, s in ipairs(steps) do
   if s[1] == 'a' then out[#out + 1] = C.admit(s[2], s[3], s[4])
   elseif s[1] == 'c' then C.certify(s[2], s[3], s[4], s[5], s[6]); out[#out + 1] = ''
+  elseif s[1] == 'r' then C.rebuild(s[2], s[3], s[4]); out[#out + 1] = ''
   else C.break_domain(s[2], s[3]); out[#out + 1] = '' end
 end
 return out
@@ -261,6 +277,8 @@ def test_a_whole_history_in_one_script_agrees_with_the_pure_machine(settings, re
             wire.append(["a", s.stripe, s.inc, str(s.seq)])
         elif isinstance(s, Certify):
             wire.append(["c", s.stripe, s.inc, str(s.seq), str(s.tick), str(s.applied)])
+        elif isinstance(s, Rebuild):
+            wire.append(["r", s.stripe, s.inc, str(s.counter)])
         else:
             wire.append(["b", s.stripe, s.reason])
     script = redis_client.register_script(compose(_BATCH))

@@ -201,3 +201,28 @@ def test_seq_out_of_range_is_refused(bad: object) -> None:
         admit(Domain(), INC, 0)
     with pytest.raises(ValueError):
         admit(Domain(), "", 1)
+
+
+def test_a_rebuild_starts_the_domain_at_the_exports_counter_and_retires_the_old_incarnation(
+) -> None:
+    from core.continuity import RETIRED_MAX, rebuilt
+
+    d = run([Ev(1), Ev(2), Ev(5), Wm(2, 10)])
+    d = break_domain(d, "an event without a seq")
+    d2 = rebuilt(d, "i2", 7)
+    assert d2 == Domain(incarnation="i2", prefix=7, retired=frozenset({INC}))
+    # a late event of the retired incarnation is stale: refused, and nothing breaks
+    d3, verdict = admit(d2, INC, 8)
+    assert verdict is Admission.REFUSED and d3 == d2
+    assert certify(d2, INC, Watermark(0, 50)) == d2
+    # the new incarnation goes on from the counter; a third one still breaks
+    d4, verdict = admit(d2, "i2", 8)
+    assert verdict is Admission.APPLY and d4.prefix == 8
+    assert admit(d4, "i3", 9)[0].broken
+    # a rebuild in the same incarnation retires nothing; the list is bounded (newest names)
+    assert rebuilt(d2, "i2", 9).retired == frozenset({INC})
+    many = Domain(incarnation="z", retired=frozenset(f"r{i:02d}" for i in range(20)))
+    assert rebuilt(many, "n", 0).retired == frozenset(
+        sorted({*many.retired, "z"})[-RETIRED_MAX:])
+    with pytest.raises(ValueError):
+        rebuilt(d, "", 1)
