@@ -14,7 +14,8 @@ file followed by its own body (core.continuity_store.compose), which calls
   C.prefix(k)                    -> every seq up to it is applied
   C.break_domain(k, reason)
   C.rebuild(k, inc, counter)     -- core.continuity.rebuilt: the export's incarnation and
-                                 -- counter start the stripe again
+                                 -- counter start the stripe again (its epoch + 1)
+  C.epoch(k)                     -> the stripe's rebuilds so far
   C.stripe_horizon(k)            -> R (a number) or nil
   C.horizon(n)                   -> the repository's horizon over stripes 0..n-1, or nil
   C.gaps(k, limit)               -> {a1, b1, a2, b2, ...}: the ranges to ask again for
@@ -27,7 +28,8 @@ anything is written.
 
 Keys of stripe k (schemas/layout.py RepoKeys.continuity*), all in P's slot:
   P..'cont:'..k    hash  inc, prefix, horizon, broken (absent: None; prefix absent: 0),
-                         retired (a JSON array of incarnations, sorted; absent: none)
+                         retired (a JSON array of incarnations, sorted; absent: none),
+                         epoch (rebuilds so far; absent: 0)
   P..'above:'..k   zset  member = score = a seq applied above the prefix
   P..'wm:'..k      zset  member '<M>:<R>', score M: the pending watermarks (M and R both
                          strictly increasing, at most PENDING_MAX)
@@ -97,12 +99,14 @@ local function continuity(P)
     if s then return s end
     local name = fmt(k)
     s = {hash = P .. 'cont:' .. name, above = P .. 'above:' .. name, wm = P .. 'wm:' .. name}
-    local h = redis.call('HMGET', s.hash, 'inc', 'prefix', 'horizon', 'broken', 'retired')
+    local h = redis.call('HMGET', s.hash, 'inc', 'prefix', 'horizon', 'broken', 'retired',
+                         'epoch')
     s.inc = h[1] or nil
     s.prefix = h[2] and tonumber(h[2]) or 0
     s.horizon = h[3] and tonumber(h[3]) or nil
     s.broken = h[4] or nil  -- '' is a reason too
     s.retired = h[5] and cjson.decode(h[5]) or {}
+    s.epoch = h[6] and tonumber(h[6]) or 0
     s.nabove = redis.call('ZCARD', s.above)  -- (kept by this script: in-order seqs skip it)
     local pending = {}
     local raw = redis.call('ZRANGE', s.wm, 0, -1)
@@ -285,11 +289,13 @@ local function continuity(P)
     local keep = {}
     for j = math.max(1, #list - RETIRED_MAX + 1), #list do keep[#keep + 1] = list[j] end
     redis.call('DEL', s.hash, s.above, s.wm)
-    redis.call('HSET', s.hash, 'inc', inc, 'prefix', fmt(counter))
+    redis.call('HSET', s.hash, 'inc', inc, 'prefix', fmt(counter), 'epoch', fmt(s.epoch + 1))
     if #keep > 0 then redis.call('HSET', s.hash, 'retired', cjson.encode(keep)) end
     s.inc, s.prefix, s.horizon, s.broken = inc, counter, nil, nil
-    s.nabove, s.pending, s.retired = 0, {}, keep
+    s.nabove, s.pending, s.retired, s.epoch = 0, {}, keep, s.epoch + 1
   end
+
+  function C.epoch(k) return stripe(k).epoch end
 
   function C.stripe_horizon(k) return stripe(k).horizon end
 
@@ -356,6 +362,7 @@ local function continuity(P)
     if s.horizon ~= nil then put('horizon', fmt(s.horizon)) end
     put('broken', s.broken)
     if #s.retired > 0 then put('retired', cjson.encode(s.retired)) end
+    if s.epoch > 0 then put('epoch', fmt(s.epoch)) end
     local pending = {}
     for _, w in ipairs(s.pending) do pending[#pending + 1] = w.member end
     return fields, redis.call('ZRANGE', s.above, 0, -1), pending

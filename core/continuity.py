@@ -60,6 +60,8 @@ class Domain:
     horizon_ms: int | None = None
     broken: str | None = None
     retired: frozenset[str] = frozenset()  # left behind by a rebuild: their events are stale
+    # Rebuilds so far: a break the service kept from before the last rebuild is superseded.
+    epoch: int = 0
 
     @property
     def applied_max(self) -> int:
@@ -175,7 +177,7 @@ def rebuilt(d: Domain, incarnation: str, counter: int) -> Domain:
         retired.add(d.incarnation)
     retired.discard(incarnation)
     return Domain(incarnation=incarnation, prefix=counter,
-                  retired=frozenset(sorted(retired)[-RETIRED_MAX:]))
+                  retired=frozenset(sorted(retired)[-RETIRED_MAX:]), epoch=d.epoch + 1)
 
 
 def gaps(d: Domain, limit: int = 16) -> list[tuple[int, int]]:

@@ -64,6 +64,7 @@ def _domain(raw: Any) -> Domain:
         horizon_ms=int(f["horizon"]) if "horizon" in f else None,
         broken=f.get("broken"),
         retired=frozenset(orjson.loads(f["retired"])) if "retired" in f else frozenset(),
+        epoch=int(f.get("epoch", "0")),
     )
 
 

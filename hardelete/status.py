@@ -131,12 +131,14 @@ class Status:
     fail_closed_all: str | None = None  # every repository is fail-closed: why
 
 
-def rebuild_needs(repo: str, nonce: str | None) -> str:
-    """What a fail-closed repository needs to delete again (tracker/rebuild.py)."""
+def rebuild_needs(repo: str, nonce: str | None, sequenced: bool = False) -> str:
+    """What a fail-closed (or broken sequenced) repository needs to delete again
+    (tracker/rebuild.py)."""
     if not nonce:
         return (f"a rebuild: `hardelete rebuild prepare {repo}` (or the tracker, with "
                 "rebuild_interval_seconds > 0), then the service's state export")
-    return (f"the service's whole-state export with rebuild_nonce {nonce} (format 2, "
+    counters = " with its counters (\"continuity\")" if sequenced else ""
+    return (f"the service's whole-state export{counters} with rebuild_nonce {nonce} (format 2, "
             "schemas/README.md), under the namespace's _hardelete/exports/ (applied by the "
             f"tracker when rebuild_interval_seconds > 0) or `hardelete rebuild apply {repo} "
             "--export LOCATION`")
@@ -161,12 +163,13 @@ def collect_status(r: Any, retired_retention_days: float = 7.0) -> Status:
         pipe.hmget(k.meta, ["sequenced", "stripes"])
         ns, queued, claims, tomb, inc, stats, nonce, (seqd, stripes) = pipe.execute()
         closed = None if repo not in flags else flags[repo].get("reason") or "fail-closed"
+        view = continuity_view(r, repo, int(stripes or 1)) if seqd == "1" else None
+        rebuilds = closed is not None or (view is not None and view.broken is not None)
         repos.append(RepoStatus(repo, ns or "?", queued, claims, tomb, inc,
                                 {f: int(float(v)) for f, v in (stats or {}).items()}, closed,
-                                rebuild_needs(repo, nonce) if closed else None,
-                                nonce if closed else None,
-                                continuity_view(r, repo, int(stripes or 1)) if seqd == "1"
-                                else None))
+                                rebuild_needs(repo, nonce, view is not None)
+                                if rebuilds else None,
+                                nonce if rebuilds else None, view))
     lag = {p: max(0.0, (now - int(v)) / 1000) for p, v in sorted(progress.items())}
     incidents = [orjson.loads(j) for j in r.lrange(INCIDENTS, -100, -1)]
     retired = {}
@@ -213,9 +216,8 @@ def attention(st: Status, ops: Operations, stale_s: float) -> list[Attention]:
         if r.continuity is not None and r.continuity.broken:
             out.append(Attention("continuity broken",
                                  f"continuity broken: {r.repository} ({r.continuity.broken}): "
-                                 "nothing of it is deleted online until its stripe is rebuilt "
-                                 "from the service's export (not yet automatic); the "
-                                 "reconciler still serves it"))
+                                 "nothing of it is deleted, online or by the reconciler, until "
+                                 f"it is rebuilt: needs {r.needs}"))
     for repo, why in sorted(ops.frozen.items()):
         out.append(Attention("frozen", f"frozen: {repo}: a dead letter holds its whole "
                                        f"namespace, nothing of it is deleted ({why[0]}): "

@@ -86,6 +86,7 @@ class Broken:
     stripe: int
     incarnation: str
     reason: str  # (at most MAX_REASON characters: see broken())
+    epoch: int = 0  # the stripe's rebuilds when it was read broken (a later rebuild supersedes)
 
     @property
     def key(self) -> bytes:
@@ -109,11 +110,12 @@ def signed_tick(key: bytes, repository: str, tick_ms: int, applied: list[int] | 
                 sig=seal_tick(key, repository, tick_ms, tick_id, applied))
 
 
-def broken(repository: str, stripe: int, incarnation: str, reason: str) -> Broken:
+def broken(repository: str, stripe: int, incarnation: str, reason: str,
+           epoch: int = 0) -> Broken:
     """A ``broken`` message, its reason cut to what a watermark can carry back."""
     cut = reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1] + "\u2026"
     return Broken(repository=repository, stripe=stripe, incarnation=incarnation,
-                  reason=cut or "(no reason)")
+                  reason=cut or "(no reason)", epoch=epoch)
 
 
 def encode(message: ControlMessage) -> bytes:

@@ -253,7 +253,8 @@ class Watermark(Event):
         "tick_applied, tick_id and tick_sig are the tick's, as received (the tracker verifies "
         "them; a seq below tick_applied[stripe] is a watermark from a store that lags). "
         "broken, when present, is the reason of a break of this domain the service recorded "
-        "(the tracker's broken message): the watermark then certifies nothing and breaks it."
+        "(the tracker's broken message, with its broken_epoch): the watermark then certifies "
+        "nothing and breaks it, unless the stripe was rebuilt since that epoch."
     )
     stripe: int
     incarnation: str
@@ -263,6 +264,9 @@ class Watermark(Event):
     tick_id: str
     tick_sig: str
     broken: str | None = None
+    # the tracker's rebuild epoch of the stripe when it reported that break (absent: 0): a
+    # break from before a later rebuild is superseded
+    broken_epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -422,8 +426,12 @@ def encode(event: Event) -> bytes:
                 del body["stripe"]
         if isinstance(event, RepositoryCreated) and event.stripes == 1:
             del body["stripes"]
-    elif isinstance(event, Watermark) and event.broken is None:
-        del body["broken"]  # (a watermark without a break is what it was before the field)
+    elif isinstance(event, Watermark):
+        # (a watermark without a break is what it was before the fields)
+        if event.broken is None:
+            del body["broken"]
+        if event.broken_epoch is None:
+            del body["broken_epoch"]
     return orjson.dumps(body)
 
 

@@ -79,7 +79,7 @@ CREATE TABLE IF NOT EXISTS hd_outbox (
 CREATE INDEX IF NOT EXISTS hd_outbox_unpublished ON hd_outbox (id) WHERE published = 0;
 CREATE TABLE IF NOT EXISTS hd_outbox_breaks (
     repository TEXT NOT NULL, stripe INTEGER NOT NULL, incarnation TEXT NOT NULL,
-    reason TEXT NOT NULL, recorded_at REAL NOT NULL,
+    reason TEXT NOT NULL, recorded_at REAL NOT NULL, epoch INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (repository, stripe, incarnation));
 """
 
@@ -107,6 +107,7 @@ class Counters:
     seqs: tuple[int, ...]  # per stripe: the last seq allocated (0: none)
     # per stripe: the break the tracker reported for this incarnation (record_break), or None
     broken: tuple[str | None, ...] = ()
+    broken_epochs: tuple[int, ...] = ()  # per stripe: the tracker's epoch of that break
 
 
 class Transaction:
@@ -266,22 +267,25 @@ class Outbox:
                                (repository,)).fetchone()
             found = dict(conn.execute("SELECT stripe, seq FROM hd_outbox_counters WHERE "
                                       "repository = ?", (repository,)).fetchall())
-            breaks = dict(conn.execute("SELECT stripe, reason FROM hd_outbox_breaks WHERE "
-                                       "repository = ? AND incarnation = ?",
-                                       (repository, inc)).fetchall())
+            breaks = {int(k): (str(why), int(ep)) for k, why, ep in conn.execute(
+                "SELECT stripe, reason, epoch FROM hd_outbox_breaks WHERE repository = ? AND "
+                "incarnation = ?", (repository, inc)).fetchall()}
         if row is None:
             return None
         stripes = int(row[0])
         return Counters(inc, stripes, tuple(int(found.get(k, 0)) for k in range(stripes)),
-                        tuple(breaks.get(k) for k in range(stripes)))
+                        tuple(breaks[k][0] if k in breaks else None for k in range(stripes)),
+                        tuple(breaks[k][1] if k in breaks else 0 for k in range(stripes)))
 
-    def record_break(self, repository: str, stripe: int, incarnation: str, reason: str) -> bool:
+    def record_break(self, repository: str, stripe: int, incarnation: str, reason: str,
+                     epoch: int = 0) -> bool:
         """Keep, durably, that the tracker read the domain as broken (its ``broken`` control
         message), so that every later watermark of the domain says so: a tracker's Redis that
         went back to before the break breaks it again instead of certifying it. Only for a
         repository this outbox holds, a stripe it declared and the **current** incarnation (a
         break of an older one is moot: the new incarnation breaks the domain anyway).
-        Idempotent: the first reason stays. True when the domain is (now) recorded broken."""
+        Idempotent: the first reason of an epoch stays; a break of a later epoch (the tracker
+        rebuilt the stripe since) replaces it. True when the domain is (now) recorded broken."""
         conn = self._conn()
         with self._write(conn):
             if incarnation != self._incarnation(conn):
@@ -290,8 +294,12 @@ class Outbox:
                                (repository,)).fetchone()
             if row is None or not 0 <= stripe < int(row[0]):
                 return False
-            conn.execute("INSERT OR IGNORE INTO hd_outbox_breaks VALUES (?, ?, ?, ?, ?)",
-                         (repository, stripe, incarnation, reason, self.clock()))
+            conn.execute(
+                "INSERT INTO hd_outbox_breaks VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT "
+                "(repository, stripe, incarnation) DO UPDATE SET reason = excluded.reason, "
+                "recorded_at = excluded.recorded_at, epoch = excluded.epoch "
+                "WHERE excluded.epoch > hd_outbox_breaks.epoch",
+                (repository, stripe, incarnation, reason, self.clock(), epoch))
         return True
 
     def breaks(self, repository: str) -> dict[tuple[int, str], str]:

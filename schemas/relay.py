@@ -83,9 +83,11 @@ def watermarks(tick: control.Tick, counters: Counters, emitted_at: float) -> lis
     """The answer to ``tick``: one watermark per stripe from ``counters`` (read after the tick
     was received), each carrying the break recorded for its stripe, if any."""
     broken = counters.broken or (None,) * counters.stripes
+    epochs = counters.broken_epochs or (0,) * counters.stripes
     return [Watermark(repository=tick.repository, stripe=k, incarnation=counters.incarnation,
                       seq=m, tick_ms=tick.tick_ms, tick_applied=tick.applied,
                       tick_id=tick.tick_id, tick_sig=tick.sig, broken=broken[k],
+                      broken_epoch=epochs[k] if broken[k] is not None and epochs[k] else None,
                       emitted_at=emitted_at)
             for k, m in enumerate(counters.seqs)]
 
@@ -194,7 +196,7 @@ class Relay:
 
     async def _broken(self, msg: control.Broken) -> int:
         recorded = await self._io(self.outbox.record_break, msg.repository, msg.stripe,
-                                           msg.incarnation, msg.reason)
+                                  msg.incarnation, msg.reason, msg.epoch)
         if recorded:
             self.stats.breaks += 1
         return 0  # (it publishes nothing: the next watermarks carry it)

@@ -35,7 +35,7 @@ import uuid
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec
 
@@ -1546,9 +1546,16 @@ class ModelService:
                                  location: str | None = None) -> str:
         """Write the service's whole-state export (tracker/rebuild.py) for a prepared rebuild:
         by default a new folder under the namespace's ``_hardelete/exports/``. Returns it."""
-        from tracker.rebuild import write_export
+        from tracker.rebuild import ExportContinuity, write_export
 
         export = self.model.state_export(repo, nonce)
+        if self.model.outbox is not None:
+            # The counters with the state, no step between them (one thread): every event
+            # they count is in the export.
+            counters = self.model.outbox.counters(repo)
+            if counters is not None:
+                export = replace(export, continuity=ExportContinuity(counters.incarnation,
+                                                                     counters.seqs))
         if location is None:
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(export.exported_at_ms / 1000))
             location = (f"{self.model.repository(repo).storage_namespace}_hardelete/exports/"

@@ -26,9 +26,10 @@ ARGV[7..8]                      refused ("hardelete: log record moved") unless t
 Continuity (schemas/README.md, "Continuity"; core/continuity.lua is prepended to this script):
 a sequenced event comes as two entries with its offset, op 14 {stripe, incarnation, seq} and
 then the event itself, which is applied only if its (stripe, seq) is new (exact dedupe, any
-order); op 15 {stripe, incarnation, M, R, applied, broken} is a watermark whose tick the
-tracker verified (applied: the seq applied at R, signed in the tick; a non-empty `broken`: a
-break the service recorded, which breaks the stripe again);
+order); op 15 {stripe, incarnation, M, R, applied, broken, epoch} is a watermark whose tick
+the tracker verified (applied: the seq applied at R, signed in the tick; a non-empty `broken`:
+a break the service recorded at that rebuild epoch, which breaks the stripe again unless it
+was rebuilt since);
 op 16 {stripe, incarnation, from, to, reason} a range the service's relay says is gone, which
 breaks the stripe unless it is applied already. A repository that ever carried a seq is
 `sequenced` (hd:{R}:repo); an event without one after that breaks its stripe 0 (the service
@@ -455,11 +456,11 @@ for i = 1, #events do
     if op == 15 then -- watermark: stripe, incarnation, M, R, applied at R (tick verified)
       -- broken (e[8]): the service recorded a break of the stripe; it certifies nothing
       set_sequenced()
-      if e[8] ~= nil and e[8] ~= '' then
-        if not undeclared(e[3]) then
-          C.break_domain(e[3], 'the service recorded a break: ' .. e[8])
-        end
-      elseif not undeclared(e[3]) then C.certify(e[3], e[4], e[5], e[6], e[7]) end
+      -- (e[9]: the epoch of that break; one from before the stripe's last rebuild is moot)
+      if undeclared(e[3]) then
+      elseif e[8] ~= nil and e[8] ~= '' and (e[9] or 0) >= C.epoch(e[3]) then
+        C.break_domain(e[3], 'the service recorded a break: ' .. e[8])
+      else C.certify(e[3], e[4], e[5], e[6], e[7]) end
     elseif op == 16 then -- range gone: stripe, incarnation, from, to, reason
       set_sequenced()
       local ck = P .. 'cont:' .. fmt(e[3])
@@ -538,6 +539,8 @@ for i = 1, #events do
         local f, k = 't:', K_TAGS
         if kind == 'branch_deleted' then f, k = 'b:', K_BRANCHES end
         if newer(f .. e[4], e[5]) then redis.call('HDEL', k, e[4]) end
+      elseif kind == 'cont' then -- stripe, incarnation, counter: the export's (last chunk)
+        C.rebuild(e[4], e[5], e[6])
       elseif kind == 'chunk' then -- the count this chunk brings (written after the flush)
         chunk_done = {e[4], e[5]}
       elseif kind == 'lift' then -- incident json: the rebuilt mirror is proven; the flag lifts

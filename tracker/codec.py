@@ -284,7 +284,7 @@ def compact(body: dict[str, Any], offset: int) -> list[Any]:
         applied = body["tick_applied"]  # (a stripe the tick did not know: nothing applied)
         return [offset, OP_WATERMARK, body["stripe"], body["incarnation"], body["seq"],
                 body["tick_ms"], applied[body["stripe"]] if body["stripe"] < len(applied) else 0,
-                body.get("broken") or ""]
+                body.get("broken") or "", body.get("broken_epoch") or 0]
     if t == "range_gone":
         return [offset, OP_GONE, body["stripe"], body["incarnation"], body["from_seq"],
                 body["to_seq"], body["reason"]]

@@ -189,18 +189,42 @@ def pending(r: Any, repo: str) -> dict[str, str]:
     return dict(r.hgetall(RepoKeys(repo).rebuild) or {})
 
 
+def broken_stripes(r: Any, repo: str) -> dict[int, str]:
+    """The broken stripes of a sequenced repository (stripe -> reason); {} for any other."""
+    from core.continuity_store import ContinuityStore
+
+    stripes = sequenced_stripes(r, repo)
+    if not stripes:
+        return {}
+    store = ContinuityStore(r)
+    out = {}
+    for k in range(stripes):
+        reason = store.read(repo, k).broken
+        if reason is not None:
+            out[k] = reason
+    return out
+
+
+def sequenced_stripes(r: Any, repo: str) -> int:
+    """The declared stripes of a sequenced repository; 0 for a repository without seqs."""
+    seqd, stripes = r.hmget(RepoKeys(repo).meta, ["sequenced", "stripes"])
+    return int(stripes or 1) if seqd in ("1", b"1") else 0
+
+
 def _flag_losses(r: Any, repo: str) -> str:
+    """The fail-closed flag's loss counter ("" for a repository rebuilt because a stripe of
+    its continuity broke); RebuildError when there is nothing to rebuild."""
     if r.exists(FAIL_CLOSED):
         raise RebuildError("every repository is fail-closed (hd:failclosed: Redis lost its "
                            "whole state); a rebuild lifts one repository's flag, not that one")
     flag = r.hgetall(RepoKeys(repo).fail_closed)
-    if not flag:
-        raise RebuildError(f"{repo} is not fail-closed: nothing to rebuild")
+    if not flag and not broken_stripes(r, repo):
+        raise RebuildError(f"{repo} is neither fail-closed nor broken: nothing to rebuild")
     conflict = conflict_standing(r, repo)
     if conflict is not None:  # a rebuild lifts the flag; the overlap would still stand
         raise RebuildError(f"{repo}: {conflict.reason().split('; ')[0]}: a rebuild does not "
                            "resolve it (schemas/README.md, Registry conflicts)")
-    return str(flag.get("losses", ""))
+    return str(flag.get("losses", "")) if flag else ""
 
 
 # --- the export (format 2) ---------------------------------------------------------------------
@@ -211,6 +235,15 @@ class ExportEntry:
     address: str
     ref_id: str
     size: int
+
+
+@dataclass(frozen=True)
+class ExportContinuity:
+    """A sequenced repository's counters, read in the same transaction of the service's store
+    as the state it exports: every event of stripe k with seq <= ``seqs[k]`` is in it."""
+
+    incarnation: str
+    seqs: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -238,9 +271,16 @@ class StateExport:
     # letter) is then stale, and cannot bring the ref back with the commits it retains.
     deleted_branches: dict[str, int] = field(default_factory=dict)
     deleted_tags: dict[str, int] = field(default_factory=dict)
+    # A sequenced repository's counters (required to rebuild one: schemas/README.md,
+    # "Continuity"); None for a service without seqs.
+    continuity: ExportContinuity | None = None
 
     def to_json(self) -> bytes:
-        return orjson.dumps({
+        extra: dict[str, Any] = {}
+        if self.continuity is not None:
+            extra["continuity"] = {"incarnation": self.continuity.incarnation,
+                                   "seqs": list(self.continuity.seqs)}
+        return orjson.dumps({**extra,
             "format": FORMAT, "repository": self.repository,
             "exported_at": self.exported_at_ms, "rebuild_nonce": self.nonce,
             "branches": {b: {"head": v.head, "staging_token": v.staging_token,
@@ -326,12 +366,24 @@ def parse_export(raw: bytes, namespace: str, repo: str, where: str) -> StateExpo
                 raise fail(f"{what} {both[:3]} are listed both live and deleted")
         exported_at = int(d["exported_at"])
         nonce = str(d["rebuild_nonce"])
+        continuity = None
+        if d.get("continuity") is not None:
+            c = d["continuity"]
+            inc, seqs = c["incarnation"], c["seqs"]
+            if type(inc) is not str or not inc or len(inc) > 128:
+                raise fail(f"continuity: incarnation {inc!r} is not a string of 1 to 128 "
+                           "characters")
+            if type(seqs) is not list or not 1 <= len(seqs) <= 64 or any(
+                    type(s) is not int or not 0 <= s <= 2 ** 53 - 1 for s in seqs):
+                raise fail(f"continuity: seqs {seqs!r} is not a list of 1 to 64 integers "
+                           "from 0 to 2^53-1")
+            continuity = ExportContinuity(inc, tuple(seqs))
     except RebuildError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise fail(f"malformed ({type(exc).__name__}: {exc})") from None
     return StateExport(repo, exported_at, nonce, branches, tags, tokens, commits, issued, where,
-                       ended, deleted["branches"], deleted["tags"])
+                       ended, deleted["branches"], deleted["tags"], continuity)
 
 
 def read_export(s3: Any, location: str, namespace: str, repo: str) -> StateExport:
@@ -565,6 +617,12 @@ def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
         raise RebuildError(f"state export {location}: exported "
                            f"{(now - export.exported_at_ms) / 1000:.0f} s ago, older than "
                            f"{max_age_ms / 1000:.0f} s")
+    stripes = sequenced_stripes(r, repo)
+    cont = export.continuity
+    if stripes and (cont is None or len(cont.seqs) != stripes):
+        raise RebuildError(f"state export {location}: {repo} is sequenced ({stripes} "
+                           f"stripe(s)): the export must carry the counters of every stripe, "
+                           "read with the state (\"continuity\": {\"incarnation\", \"seqs\"})")
     raw = r.get(k.rebuild_snapshot)
     if raw is None:
         raise RebuildError(f"{repo}: the prepared snapshot is gone (Redis went back?); "
@@ -586,6 +644,11 @@ def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
         events = [[13, "guard", prepared["nonce"], losses, run, str(n)], *chunk,
                   [13, "chunk", run, str(n + 1)]]
         if n == len(chunks) - 1:
+            # Continuity starts again at the export's counters (core.continuity.rebuilt), in
+            # the chunk that lifts: the records and their history are proven together.
+            if stripes and cont is not None:
+                events += [[13, "cont", k, cont.incarnation, seq]
+                           for k, seq in enumerate(cont.seqs)]
             record = orjson.dumps({"repository": repo, "address": "", "event_id": "",
                                    "type": "rebuilt", "ref_id": "", "at_ms": now, "by": by,
                                    "export": location, "exported_at_ms": export.exported_at_ms,
@@ -654,18 +717,24 @@ class Healed:
 
 
 def heal(r: Any, s3: Any, *, max_age_ms: int, by: str) -> Healed:
-    """One round of self-healing: prepare a rebuild for every fail-closed repository that
-    has none current, and apply a state export that carries its nonce when the service has
-    written one. What cannot go on is returned per repository (it stays fail-closed)."""
+    """One round of self-healing: prepare a rebuild for every fail-closed repository, and
+    every sequenced one with a broken stripe, that has none current, and apply a state export
+    that carries its nonce when the service has written one. What cannot go on is returned
+    per repository (it stays fail-closed, or broken)."""
     from core.guards import fail_closed_repos
+    from schemas.layout import REPOS
 
     prepared: list[str] = []
     rebuilt: list[RebuildReport] = []
     problems: dict[str, str] = {}
-    flags = fail_closed_repos(r)
+    flags: dict[str, Any] = dict(fail_closed_repos(r))
     if "*" in flags:
         return Healed([], [], {"*": "every repository is fail-closed (hd:failclosed): "
                                     "a rebuild does not lift that flag"})
+    for repo in sorted(r.smembers(REPOS)):
+        repo = repo.decode() if isinstance(repo, bytes) else repo
+        if repo not in flags and broken_stripes(r, repo):
+            flags[repo] = {}
     for repo, flag in sorted(flags.items()):
         try:
             p = pending(r, repo)

@@ -147,7 +147,7 @@ class Ticker:
             if inc is None:  # no fact of the service's bound one: nothing to tell a relay
                 continue
             self._told[(repo, k)] = now
-            out.append(control.broken(repo, k, inc, d.broken))
+            out.append(control.broken(repo, k, inc, d.broken, d.epoch))
         return out
 
     def _resends(self, repo: str, stripe: int, d: Any) -> list[control.Resend]:

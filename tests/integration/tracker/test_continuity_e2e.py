@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +222,71 @@ async def test_a_dead_lettered_seq_is_named_by_status_until_its_fixed_replay_is_
             await asyncio.sleep(0.05)
         assert not continuity_view(r, REPO, 1).dead
         assert r.hget(f"hd:{{{REPO}}}:a:{a}", "+r2") == "t"
+
+
+async def test_a_broken_stripe_is_rebuilt_from_the_services_export_and_reaps_again(
+        fast: Settings, s3: Any, tmp_path: Path) -> None:
+    """An event without a seq breaks stripe 0 (the service keeps the break: every watermark
+    carries it). The service exports its state with its counters, read together; the rebuild
+    starts the stripe again at them (its epoch moves on, so the break the service kept from
+    before is moot), the horizon comes back, garbage made since is reaped, and the live object
+    stays."""
+    from schemas.publisher import Publisher
+    from schemas.records import BranchRecord
+    from tracker.rebuild import (
+        ExportContinuity,
+        ExportEntry,
+        RebuildError,
+        StateExport,
+        prepare,
+        rebuild,
+        write_export,
+    )
+
+    async with service(fast, s3, tmp_path) as svc, running_tracker(fast):
+        r = redis_sync(fast)
+        store = ContinuityStore(r)
+        a = svc.store("data/a")
+        svc.emit(write(svc, "a", a, "r1"))
+        deadline = time.monotonic() + 30
+        while store.read(REPO, 0).prefix < 3:  # (created, main, the write: all applied)
+            assert time.monotonic() < deadline, store.read(REPO, 0)
+            await asyncio.sleep(0.05)
+        async with Publisher(fast) as pub:  # outside the outbox: A1 broken once
+            await pub.publish_many([write(svc, "x", svc.store("data/x"), "rx")])
+        deadline = time.monotonic() + 30
+        while (d := store.read(REPO, 0)).broken is None:
+            assert time.monotonic() < deadline, d
+            await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 30
+        while not svc.outbox.breaks(REPO):  # the service keeps it (the Ticker told it)
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        prepared = prepare(r, s3, REPO)
+        counters = svc.outbox.counters(REPO)
+        assert counters is not None
+        export = StateExport(
+            REPO, await redis_now(fast), prepared.nonce,
+            branches={"main": (BranchRecord(None, "t", ()), 1)}, tags={},
+            tokens={"t": ("open", (ExportEntry(a, "r1", 1),))}, commits={}, issued={},
+            continuity=ExportContinuity(counters.incarnation, counters.seqs))
+        bare = write_export(s3, f"{svc.namespace}_hardelete/exports/state-0/",
+                            replace(export, continuity=None))
+        with pytest.raises(RebuildError, match="must carry the counters"):
+            rebuild(r, s3, REPO, bare, max_age_ms=60_000, by="test")
+        assert store.read(REPO, 0).broken is not None  # (nothing lifted)
+        location = write_export(s3, f"{svc.namespace}_hardelete/exports/state-1/", export)
+        rebuild(r, s3, REPO, location, max_age_ms=60_000, by="test")
+        d = store.read(REPO, 0)
+        assert d.broken is None and d.epoch == 1 and d.prefix == counters.seqs[0], d
+        # garbage made after the rebuild is reaped once certified; the live object stays
+        g = svc.store("data/g")
+        svc.emit(write(svc, "g", g, "rg"), delete("g", g, "rg"))
+        await certified(fast, await redis_now(fast))
+        await asyncio.sleep(fast.grace_seconds + 0.2)
+        await certified(fast, await redis_now(fast))
+        await wait_horizon(fast, await redis_now(fast))
+        report = await reap(fast, s3)
+        assert not svc.exists(g), (report, store.read(REPO, 0))
+        assert svc.exists(a), report
+        assert store.read(REPO, 0).broken is None  # the break kept from epoch 0 is moot

@@ -210,7 +210,7 @@ def test_a_rebuild_starts_the_domain_at_the_exports_counter_and_retires_the_old_
     d = run([Ev(1), Ev(2), Ev(5), Wm(2, 10)])
     d = break_domain(d, "an event without a seq")
     d2 = rebuilt(d, "i2", 7)
-    assert d2 == Domain(incarnation="i2", prefix=7, retired=frozenset({INC}))
+    assert d2 == Domain(incarnation="i2", prefix=7, retired=frozenset({INC}), epoch=1)
     # a late event of the retired incarnation is stale: refused, and nothing breaks
     d3, verdict = admit(d2, INC, 8)
     assert verdict is Admission.REFUSED and d3 == d2

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schemas import control
 from schemas import events as ev
 from schemas.outbox import Outbox, OutboxError
 
@@ -275,3 +276,22 @@ def test_every_watermark_of_a_broken_stripe_carries_its_break() -> None:
     assert all((w.repository, w.incarnation, w.tick_ms, w.tick_applied, w.tick_id, w.tick_sig)
                == ("r", "i", 50, [4, 0, 6], "t", "s") for w in marks)
     assert [w.broken for w in watermarks(tick, Counters("i", 2, (1, 1)), 1.0)] == [None, None]
+
+
+def test_a_break_of_a_later_rebuild_epoch_replaces_the_one_kept() -> None:
+    import tempfile
+
+    from schemas.relay import watermarks
+
+    with tempfile.TemporaryDirectory() as d, Outbox(Path(d) / "s.db", **FAST) as box:
+        with box.transaction() as tx:
+            tx.emit(created("r"))
+        inc = box.incarnation
+        assert box.record_break("r", 0, inc, "first", 0)
+        assert box.record_break("r", 0, inc, "after the rebuild", 1)
+        assert box.record_break("r", 0, inc, "an older report, late", 0)
+        c = box.counters("r")
+        assert c is not None and c.broken == ("after the rebuild",) and c.broken_epochs == (1,)
+        tick = control.Tick(repository="r", tick_ms=5, applied=[0], tick_id="t", sig="s")
+        (w,) = watermarks(tick, c, 1.0)
+        assert (w.broken, w.broken_epoch) == ("after the rebuild", 1)

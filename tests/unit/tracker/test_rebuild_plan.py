@@ -120,3 +120,26 @@ def test_the_deleted_refs_are_read_and_checked() -> None:
     d["branches"]["main"]["ref_version"] = 1.5
     with pytest.raises(RebuildError, match="branch 'main': ref version"):
         parse_export(orjson.dumps(d), NS, "r", "x")
+
+
+def test_a_sequenced_repositorys_counters_are_read_and_checked() -> None:
+    import orjson
+
+    from tracker.rebuild import ExportContinuity, parse_export
+
+    good = StateExport("r", 1_000, "n", {}, {}, {}, {}, {},
+                       continuity=ExportContinuity("inc-1", (4, 0, 9)))
+    assert parse_export(good.to_json(), NS, "r", "x").continuity == good.continuity
+    plain = StateExport("r", 1_000, "n", {}, {}, {}, {}, {})
+    assert b"continuity" not in plain.to_json()  # (an export without seqs: as before)
+    assert parse_export(plain.to_json(), NS, "r", "x").continuity is None
+    d = orjson.loads(good.to_json())
+    for bad, says in (({"incarnation": "", "seqs": [1]}, "incarnation"),
+                      ({"incarnation": "i", "seqs": []}, "1 to 64 integers"),
+                      ({"incarnation": "i", "seqs": [1, -1]}, "1 to 64 integers"),
+                      ({"incarnation": "i", "seqs": [True]}, "1 to 64 integers"),
+                      ({"incarnation": "i", "seqs": [2 ** 53]}, "1 to 64 integers"),
+                      ({"incarnation": "i"}, "malformed")):
+        d["continuity"] = bad
+        with pytest.raises(RebuildError, match=says):
+            parse_export(orjson.dumps(d), NS, "r", "x")

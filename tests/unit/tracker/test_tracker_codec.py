@@ -107,8 +107,9 @@ def test_continuity_fields_take_the_fast_path(event):
 def test_a_watermark_carries_its_stripes_applied_seq_and_the_services_break_last():
     plain, broken = SEQUENCED[3], SEQUENCED[5]
     assert codec.compact(codec.parse(ev.encode(plain)), 9) == [
-        9, codec.OP_WATERMARK, 1, "i", 0, 5, 0, ""]
-    assert codec.compact(codec.parse(ev.encode(broken)), 9)[-2:] == [3, "an event without a seq"]
+        9, codec.OP_WATERMARK, 1, "i", 0, 5, 0, "", 0]
+    assert codec.compact(codec.parse(ev.encode(broken)), 9)[-3:] == [
+        3, "an event without a seq", 0]
     beyond = {**codec.event_body(plain), "stripe": 3}  # a stripe the tick did not know
     assert codec.compact(beyond, 9)[6] == 0
     # too long a reason, or an empty one, is not a watermark the fast path admits
