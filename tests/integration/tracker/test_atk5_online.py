@@ -17,7 +17,8 @@ import shutil
 import struct
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,14 @@ from core.clients import redis_sync
 from core.continuity_store import ContinuityStore
 from core.settings import Settings
 from reaper.daemon import Reaper
-from sim.sequenced import REPO, copy, delete, service, write
+from schemas import events as ev
+from schemas.outbox import Outbox
+from schemas.publisher import Publisher
+from sim.sequenced import REPO, LossyRelay, Service, copy, delete, service, write
 from sim.stack import Server, redis_server
 from sim.testing import redis_now
 from tracker.daemon import running_tracker
+from tracker.ticks import Ticker
 
 # A wall-clock shift for one server: gettimeofday, clock_gettime(CLOCK_REALTIME*) and time()
 # add the microseconds held in the file named by CLOCK_SHIFT_FILE (read through a shared
@@ -247,3 +252,155 @@ async def test_a_clock_stepping_back_under_a_certified_horizon_keeps_a_copys_obj
         report = await reap(skewed, s3)
         since = r.hget(f"hd:{{{REPO}}}:a:{a}", "since")
         assert svc.exists(a), (report, store.read(REPO, 0), since)  # r2 references A
+
+
+# --- 3. a tick the tracker read while the stripe was broken, answered before the relay kept it --
+
+class HoldingRelay(LossyRelay):
+    """A relay whose watermark publishes are held back while ``hold`` is set (then sent by
+    :meth:`release`): the same records, reaching the tracker late, as when the tracker lags
+    behind the events topic (a failover of its Redis node stalls it meanwhile)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hold = False
+        self.held: list[tuple[bytes, bytes]] = []
+
+    async def _send(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+        if self.hold:
+            marks = [(v, k) for v, k in records if b'"type":"watermark"' in v]
+            self.held += marks
+            records = [rec for rec in records if rec not in marks]
+        await super()._send(records)
+
+    async def release(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+        async with Publisher(self.settings) as pub:
+            for value, key in records:
+                await pub._producer.send_and_wait(self.settings.events_topic, value, key=key)
+
+
+@asynccontextmanager
+async def holding_service(settings: Settings, s3: Any, tmp_path: Path
+                          ) -> AsyncIterator[tuple[Service, HoldingRelay]]:
+    bucket = f"atk5-{int(time.time() * 1000) % 10**9}"
+    with suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=bucket)
+    outbox = Outbox(tmp_path / "service.db")
+    relay = HoldingRelay(settings, outbox)
+    await relay.start()
+    try:
+        svc = Service(settings, s3, outbox, relay, f"s3://{bucket}/{REPO}/", bucket)
+        svc.emit(ev.RepositoryCreated(repository=REPO, storage_namespace=svc.namespace,
+                                      default_branch="main", default_retention_days=1.0),
+                 ev.BranchCreated(repository=REPO, branch="main", staging_token="t",
+                                  ref_version=1))
+        yield svc, relay
+    finally:
+        await relay.stop()  # (idempotent: the test may have stopped it)
+        outbox.close()
+
+
+@asynccontextmanager
+async def manual_ticker(settings: Settings) -> AsyncIterator[Ticker]:
+    """The tracker's Ticker (its key, its producer), run one round at a time by the test, so
+    that a tick is read at a known moment (the tracker's own ticks once, when it starts)."""
+    from aiokafka import AIOKafkaProducer
+
+    from core.clients import redis_async
+    from core.logs import get_logger
+    from schemas import reaper_auth
+    from tracker.metrics import TrackerMetrics
+
+    r = redis_async(settings)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        key = await reaper_auth.aload_key(r, settings.reaper_secret)
+        yield Ticker(settings, r, producer, key, TrackerMetrics(), get_logger("atk5"))
+    finally:
+        await producer.stop()
+        await r.aclose()
+
+
+def _snapshot(r: Any, pattern: str) -> dict[Any, bytes]:
+    return {k: r.dump(k) for k in r.scan_iter(match=pattern, count=1000)}
+
+
+def _restore(r: Any, snap: dict[Any, bytes], pattern: str) -> None:
+    for k in r.scan_iter(match=pattern, count=1000):
+        if k not in snap:
+            r.delete(k)
+    for k, v in snap.items():
+        r.restore(k, 0, v, replace=True)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "atk5 3: the Ticker signs ticks for a stripe it reads as broken, and sends the tick before "
+    "its `broken` message: the relay answers that tick without the break; applied after the "
+    "slot went back to before the break (the tracker lagging over a failover), that answer "
+    "is the first watermark the restored slot sees and it certifies a time past the break"))
+@pytest.mark.parametrize("topology", ["cluster"], indirect=True)
+async def test_a_tick_read_on_a_broken_stripe_certifies_nothing_once_the_slot_went_back(
+        settings: Settings, s3: Any, tmp_path: Path, topology: str) -> None:
+    """The claim of schemas/README.md ("A break is durable at the service"): once the outbox
+    holds the break, a slot that goes back breaks the stripe again with the first watermark it
+    applies, before any watermark can certify it.
+
+    A is written (r1, seq 3) and certified; a copy of A reads r1; r1 is deleted (seq 4): A is
+    unreferenced since s, no watermark certifies past s yet. The copy (r2) was committed
+    within grace but is published late and outside the outbox (A1 broken, as in
+    test_atk_online_sequenced's lost-break tests): applied past s + grace, it breaks stripe 0.
+    The Ticker's next round reads its tick R1 (> the break: the tracker KNEW the stripe was
+    broken when it signed R1) and then tells the relay of the break; the relay answers R1
+    first (watermark M = 4, no break: it has not read the `broken` message yet), then keeps
+    the break, then goes down. The tracker is behind the events topic (its node fails over
+    meanwhile, to a replica that lacks the break); the answer to R1 is the first watermark the
+    restored slot applies: the prefix covers M = 4 and the horizon jumps to R1 >= s + grace.
+    The log forensics' flag is cleared by the operator, as in that test; A must survive."""
+    from redis.cluster import RedisCluster
+
+    from hardelete.failclosed import clear
+
+    s = settings.replace(tick_interval_seconds=3600.0, resend_interval_seconds=0.3)
+    raw: Any = RedisCluster.from_url(s.redis_url)
+    pattern = f"hd:{{{REPO}}}:*"
+    async with holding_service(s, s3, tmp_path) as (svc, relay), manual_ticker(s) as ticker:
+        r = redis_sync(s)
+        store = ContinuityStore(r)
+        a = svc.store("data/a")
+        async with running_tracker(s, name="t1"):
+            svc.emit(write("a", a, "r1"))
+            await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 3)
+            await ticker.round()
+            await until(lambda: store.read(REPO, 0), lambda d: d.horizon_ms is not None)
+            svc.emit(delete("a", a, "r1"))  # (the copy read r1 before this)
+            await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 4)
+            since = int(r.hget(f"hd:{{{REPO}}}:a:{a}", "since"))
+            await asyncio.sleep(s.grace_seconds + 0.5)
+            await wait_log(s)
+            snap = _snapshot(raw, pattern)  # the replica the node will fail over to
+            async with Publisher(s) as pub:  # the copy, late and without a seq
+                await pub.publish_many([copy("b", a, "r2")])
+            await until(lambda: store.read(REPO, 0), lambda d: d.broken is not None)
+            broken_at = await redis_now(s)
+            relay.hold = True  # (from here the tracker lags behind the relay's watermarks)
+            done = await ticker.round()  # tick R1, then `broken`
+            assert done.breaks and done.ticks == 1, done
+            await until(lambda: svc.outbox.breaks(REPO), bool)  # the service keeps the break
+            await relay.stop()  # ... and goes down
+            answers = [ev.decode(v) for v, _ in relay.held]
+            first = [w for w in answers if isinstance(w, ev.Watermark) and w.broken is None
+                     and w.tick_ms > broken_at]
+            assert first and first[0].tick_ms >= since + int(s.grace_seconds * 1000), answers
+            await wait_log(s)
+        _restore(raw, snap, pattern)  # the repository's node fails over to a lagging replica
+        assert store.read(REPO, 0).broken is None
+        async with running_tracker(s, name="t2"):
+            await relay.release(relay.held)  # the tracker reaches the relay's answers
+            d = await until(lambda: store.read(REPO, 0),
+                            lambda d: d.broken is not None or (d.horizon_ms or 0) > since)
+            await wait_log(s)
+            clear(r, REPO, reason="continuity certifies the repository", who="op")
+            report = await reap(s, s3)
+            assert svc.exists(a), (report, d)  # r2 (open token) references A at the service
+    raw.close()
