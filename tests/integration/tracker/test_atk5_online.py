@@ -146,7 +146,8 @@ def skewed(settings: Settings, shifted_redis: ShiftedRedis) -> Iterator[Settings
 
 
 GRACE_S = 5.0
-SHIFT_S = 12.0  # > grace: the test needs no race with the clock (any shift opens a window)
+STEP_S = 2.5  # a forward step smaller than grace
+SHIFT_S = 12.0  # a backward step: more than grace
 
 
 async def reap(settings: Settings, s3: Any) -> Any:
@@ -190,14 +191,14 @@ async def test_a_clock_stepping_forward_between_since_and_the_tick_keeps_a_copys
         skewed: Settings, s3: Any, tmp_path: Path, shifted_redis: ShiftedRedis) -> None:
     """A is written (r1, seq 3). The service starts a copy of A into b: it reads r1 (time
     ``read``). r1 is deleted (seq 4): the mirror holds A unreferenced since s, on the node's
-    clock. The node's clock then steps forward by SHIFT_S. The next tick reads R = s + SHIFT_S
-    + a little; the relay, honestly, answers M = 4 (everything committed so far); the prefix
-    covers it and the horizon is R. The copy then commits (r2, seq 5), well within grace of its
-    read (A4), its publish slow (lost for now, re-sends too). Every assumption A1-A6 holds; the
-    relay's promise holds in real time; but R - grace >= s on the node's clock, so the reaper
-    claims A and deletes it while r2 (open token) references it at the service. Any forward
-    step D > 0 opens the same window for a copy slow enough (its read up to D before R -
-    grace); SHIFT_S > grace only makes the test need no race."""
+    clock. The copy is slow (within A4: it commits less than grace after its read). About
+    grace - STEP_S after s the node's clock steps forward by STEP_S (< grace). The next tick
+    reads R >= s + grace; the relay, honestly, answers M = 4 (everything committed so far);
+    the prefix covers it and the horizon is R. The copy then commits (r2, seq 5), its publish
+    slow (lost for now, re-sends too). Every assumption A1-A6 holds and the relay's promise
+    holds in real time; but R - grace >= s on the node's clock, so the reaper claims A and
+    deletes it while r2 (open token) references it at the service. Any forward step D > 0
+    opens such a window, D wide, for a copy slow enough."""
     async with service(skewed, s3, tmp_path) as svc, running_tracker(skewed):
         r = redis_sync(skewed)
         store = ContinuityStore(r)
@@ -208,9 +209,12 @@ async def test_a_clock_stepping_forward_between_since_and_the_tick_keeps_a_copys
         svc.emit(delete("a", a, "r1"))
         await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 4)
         since = int(r.hget(f"hd:{{{REPO}}}:a:{a}", "since"))
-        shifted_redis.shift(SHIFT_S)  # the node's clock steps forward
+        grace_ms, step_ms = int(GRACE_S * 1000), int(STEP_S * 1000)
+        while await redis_now(skewed) < since + grace_ms - step_ms + 200:
+            await asyncio.sleep(0.05)
+        shifted_redis.shift(STEP_S)  # the node's clock steps forward
         await until(lambda: store.read(REPO, 0).horizon_ms or 0,
-                    lambda h: h >= since + int(SHIFT_S * 1000))
+                    lambda h: h >= since + grace_ms)
         lost = copy("b", a, "r2")
         svc.relay.drop.add(lost.event_id)
         svc.emit(lost)  # committed after the relay read M = 4
