@@ -408,3 +408,66 @@ async def test_a_tick_read_on_a_broken_stripe_certifies_nothing_once_the_slot_we
             report = await reap(s, s3)
             assert svc.exists(a), (report, d)  # r2 (open token) references A at the service
     raw.close()
+
+
+# --- held: a break the restored store refuses (an older incarnation's) is made again ---------
+
+@pytest.mark.parametrize("topology", ["cluster"], indirect=True)
+async def test_a_break_kept_for_no_incarnation_is_made_again_by_the_restored_stores_watermark(
+        settings: Settings, s3: Any, tmp_path: Path, topology: str) -> None:
+    """A is written (r1, seq 3); the service's store is backed up; r1 is deleted (seq 4): A
+    unreferenced since s in the mirror. The store is restored from the backup (r1 live again at
+    the service) with a new incarnation Y, as the contract asks: Y's first watermark breaks
+    stripe 0 (bound to X). The Ticker reports the break under the stripe's incarnation X,
+    which the restored outbox does not keep (only its own): the service holds no break. The
+    repository's node then fails over to a replica from before the break (X bound, A
+    unreferenced). Held: Y's next watermark breaks the stripe again (a changed incarnation), so
+    nothing is certified and A, live at the service through r1, survives."""
+    import sqlite3
+    from contextlib import closing
+
+    from redis.cluster import RedisCluster
+
+    from hardelete.failclosed import clear
+
+    s = settings.replace(tick_interval_seconds=0.1, resend_interval_seconds=0.3)
+    raw: Any = RedisCluster.from_url(s.redis_url)
+    pattern = f"hd:{{{REPO}}}:*"
+    async with service(s, s3, tmp_path) as svc:
+        r = redis_sync(s)
+        store = ContinuityStore(r)
+        a = svc.store("data/a")
+        async with running_tracker(s, name="t1"):
+            svc.emit(write("a", a, "r1"))
+            await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 3 and d.horizon_ms)
+            with closing(sqlite3.connect(tmp_path / "backup.db")) as backup, \
+                    closing(sqlite3.connect(svc.outbox.path)) as live:
+                live.backup(backup)  # the service's backup: r1 live
+            svc.emit(delete("a", a, "r1"))
+            await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 4)
+            snap = _snapshot(raw, pattern)  # the replica the node will fail over to
+            x = svc.outbox.incarnation
+            await svc.relay.stop()  # the service goes down; its store is restored
+            restored = Outbox(tmp_path / "backup.db")
+            y = restored.restored()  # the store restored from its backup, a new incarnation
+            try:
+                async with LossyRelay(s, restored):
+                    d = await until(lambda: store.read(REPO, 0), lambda d: d.broken is not None)
+                    assert d.incarnation == x and y in (d.broken or ""), d
+                    await wait_log(s)
+                    _restore(raw, snap, pattern)  # the node fails over: the break is lost
+                    assert store.read(REPO, 0).broken is None
+                    async with running_tracker(s, name="t2"):
+                        d = await until(lambda: store.read(REPO, 0),
+                                        lambda d: d.broken is not None or (d.horizon_ms or 0)
+                                        > int(r.hget(f"hd:{{{REPO}}}:a:{a}", "since")))
+                        assert d.broken is not None and y in d.broken, d
+                        await asyncio.sleep(s.grace_seconds + 0.3)  # (grace passes)
+                        await wait_log(s)
+                        clear(r, REPO, reason="continuity certifies the repository", who="op")
+                        report = await reap(s, s3)
+                        assert svc.exists(a), (report, d)  # r1 is live at the restored service
+                    assert restored.breaks(REPO) == {}, restored.breaks(REPO)  # (X's: refused)
+            finally:
+                restored.close()
+    raw.close()
