@@ -471,3 +471,56 @@ async def test_a_break_kept_for_no_incarnation_is_made_again_by_the_restored_sto
             finally:
                 restored.close()
     raw.close()
+
+
+# --- 4. a repository that adopts its outbox: its first sequenced event is lost ---------------
+
+@pytest.mark.xfail(strict=True, reason=(
+    "atk5 4: the tracker learns that a repository is sequenced only from a sequenced fact it "
+    "applied (hd:{R}:repo `sequenced`), and only then ticks it; a repository adopting its "
+    "outbox whose first sequenced event is lost (a copy) stays judged by the log forensics "
+    "alone, which cannot see a lost publish: the reaper deletes the copy's object"))
+async def test_a_repository_whose_first_sequenced_event_is_lost_keeps_its_object(
+        settings: Settings, s3: Any, tmp_path: Path) -> None:
+    """A repository of a service that predates its outbox: created, A written (r1), all
+    without seqs (log forensics only, as the status of schemas/README.md allows). The service
+    adopts the transactional outbox (schemas/outbox.py supports a repository whose
+    repository_created it never emitted: stripe 0, seq 1). A copy of A (r2) reads r1; r1 is
+    deleted, the last change before the switch (no seq); the copy commits after the switch:
+    seq 1 of stripe 0, its publish lost (a crash after the commit). From the switch on every
+    change has its seq (A1). The tracker never saw a seq of the repository: it does not
+    tick it, asks for nothing, and the claim script judges it by the log's horizon, which the
+    lost publish does not hold back. A (live through r2) must survive."""
+    s = settings.replace(tick_interval_seconds=0.1, resend_interval_seconds=0.3)
+    bucket = f"atk5-{int(time.time() * 1000) % 10**9}"
+    with suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=bucket)
+    outbox = Outbox(tmp_path / "service.db")
+    try:
+        async with LossyRelay(s, outbox) as relay, running_tracker(s):
+            svc = Service(s, s3, outbox, relay, f"s3://{bucket}/{REPO}/", bucket)
+            r = redis_sync(s)
+            a = svc.store("data/a")
+            async with Publisher(s) as pub:  # before the outbox: no seqs
+                await pub.publish_many([
+                    ev.RepositoryCreated(repository=REPO, storage_namespace=svc.namespace,
+                                         default_branch="main", default_retention_days=1.0),
+                    ev.BranchCreated(repository=REPO, branch="main", staging_token="t",
+                                     ref_version=1),
+                    write("a", a, "r1")])
+                await until(lambda: r.hget(f"hd:{{{REPO}}}:a:{a}", "state"),
+                            lambda st: st == "staged")
+                # the copy reads r1; r1 is deleted (the last change without a seq)
+                await pub.publish_many([delete("a", a, "r1")])
+            lost = copy("b", a, "r2")
+            relay.drop.add(lost.event_id)
+            stamped = svc.emit(lost)  # the first change through the outbox
+            assert stamped[0].seq == 1, stamped
+            await until(lambda: r.hget(f"hd:{{{REPO}}}:a:{a}", "state"),
+                        lambda st: st == "unreferenced")
+            await asyncio.sleep(s.grace_seconds + 0.3)  # (grace passes)
+            await wait_log(s)
+            report = await reap(s, s3)
+            assert svc.exists(a), (report, r.hgetall(f"hd:{{{REPO}}}:repo"))  # r2 references A
+    finally:
+        outbox.close()
