@@ -496,8 +496,9 @@ async def test_a_repository_whose_first_sequenced_event_is_lost_keeps_its_object
     with suppress(s3.exceptions.BucketAlreadyOwnedByYou):
         s3.create_bucket(Bucket=bucket)
     outbox = Outbox(tmp_path / "service.db")
+    relay = LossyRelay(s, outbox)
     try:
-        async with LossyRelay(s, outbox) as relay, running_tracker(s):
+        async with relay, running_tracker(s):
             svc = Service(s, s3, outbox, relay, f"s3://{bucket}/{REPO}/", bucket)
             r = redis_sync(s)
             a = svc.store("data/a")
