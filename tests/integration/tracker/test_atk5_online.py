@@ -111,23 +111,36 @@ class ShiftedRedis:
 
 
 @pytest.fixture(scope="module")
-def shifted_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShiftedRedis]:
+def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The clock shim, compiled (a C compiler is on every machine of the project's kind)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler for the clock shim")
-    wd = tmp_path_factory.mktemp("shifted-redis")
+    wd = tmp_path_factory.mktemp("clock-shim")
     (wd / "shift.c").write_text(_SHIM)
     subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(wd / "shift.so"),
                     str(wd / "shift.c"), "-ldl"], check=True)
-    shift_file = wd / "shift"
+    return wd / "shift.so"
+
+
+def shifted_server(shim: Path, wd: Path, *, cluster: bool = False) -> ShiftedRedis:
+    """A valkey-server (not started) whose wall clock the test shifts."""
+    shift_file = wd / f"shift-{time.monotonic_ns()}"
     shift_file.write_bytes(struct.pack("<q", 0))
-    server = redis_server(wd, malloc="libc")
-    server.env = {"LD_PRELOAD": str(wd / "shift.so"), "CLOCK_SHIFT_FILE": str(shift_file)}
-    server.start()
+    server = redis_server(wd, cluster=cluster, malloc="libc")
+    server.env = {"LD_PRELOAD": str(shim), "CLOCK_SHIFT_FILE": str(shift_file)}
+    return ShiftedRedis(server, shift_file)
+
+
+@pytest.fixture(scope="module")
+def shifted_redis(shim: Path, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[ShiftedRedis]:
+    node = shifted_server(shim, tmp_path_factory.mktemp("shifted-redis"))
+    node.server.start()
     try:
-        yield ShiftedRedis(server, shift_file)
+        yield node
     finally:
-        server.stop()
+        node.server.stop()
 
 
 @pytest.fixture
@@ -525,3 +538,119 @@ async def test_a_repository_whose_first_sequenced_event_is_lost_keeps_its_object
             assert svc.exists(a), (report, r.hgetall(f"hd:{{{REPO}}}:repo"))  # r2 references A
     finally:
         outbox.close()
+
+
+# --- 1b. the same, by a lossless failover to a replica whose clock runs ahead ----------------
+
+@dataclass
+class FailoverPair:
+    primary: ShiftedRedis
+    replica: ShiftedRedis
+
+    @property
+    def url(self) -> str:
+        return self.primary.url
+
+    def failover(self) -> None:
+        """A manual (graceful) failover: the replica catches up with the primary first, so
+        nothing is lost (the planned maintenance of a node)."""
+        import redis as redis_lib
+
+        r = redis_lib.Redis(port=self.replica.server.port)
+        try:
+            r.execute_command("CLUSTER", "FAILOVER")  # type: ignore[no-untyped-call]
+            deadline = time.monotonic() + 30
+            while r.info("replication").get("role") != "master":
+                assert time.monotonic() < deadline, "the failover did not complete"
+                time.sleep(0.02)
+        finally:
+            r.close()
+
+
+@pytest.fixture
+def failover_pair(shim: Path, tmp_path: Path) -> Iterator[FailoverPair]:
+    """A Redis Cluster of one primary (every slot) and its replica, each with its own clock."""
+    import redis as redis_lib
+
+    from sim.stack import _form_cluster
+
+    primary, replica = shifted_server(shim, tmp_path, cluster=True), \
+        shifted_server(shim, tmp_path, cluster=True)
+    primary.server.start()
+    try:
+        replica.server.start()
+        try:
+            _form_cluster([primary.server])
+            p = redis_lib.Redis(port=primary.server.port)
+            q = redis_lib.Redis(port=replica.server.port)
+            bus = primary.server.argv[primary.server.argv.index("--cluster-port") + 1]
+            q.execute_command(  # type: ignore[no-untyped-call]
+                "CLUSTER", "MEET", "127.0.0.1", primary.server.port, bus)
+            pid = p.execute_command("CLUSTER", "MYID")  # type: ignore[no-untyped-call]
+            pid = pid.decode() if isinstance(pid, bytes) else pid
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    q.execute_command(  # type: ignore[no-untyped-call]
+                        "CLUSTER", "REPLICATE", pid)
+                    break
+                except redis_lib.ResponseError:  # (the replica does not know it yet)
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            while q.info("replication").get("master_link_status") != "up":
+                assert time.monotonic() < deadline, "the replica did not sync"
+                time.sleep(0.05)
+            p.close()
+            q.close()
+            yield FailoverPair(primary, replica)
+        finally:
+            replica.server.stop()
+    finally:
+        primary.server.stop()
+
+
+FAILOVER_GRACE_S = 8.0
+AHEAD_S = 4.0  # the replica's clock runs this far ahead of the primary's (< grace)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "atk5 1b: a lossless manual failover to a replica whose clock runs ahead (by less than "
+    "grace) between since(A) and the next tick: the horizon, read on the new primary's clock, "
+    "passes a copy committed after the relay read M, and the reaper deletes its object"))
+async def test_a_failover_to_a_replica_whose_clock_runs_ahead_keeps_a_copys_object(
+        settings: Settings, s3: Any, tmp_path: Path, failover_pair: FailoverPair) -> None:
+    """Test 1 on a Redis Cluster, with no clock stepping: the repository's primary and its
+    replica each keep their own clock, the replica's AHEAD_S ahead (< grace). A is written
+    (r1) and certified; a copy of A reads r1; r1 is deleted: since(A) = s on the primary's
+    clock. A planned failover (CLUSTER FAILOVER: the replica catches up first, nothing is
+    lost, no forensics fire) makes the replica primary; its ticks read its own clock, the
+    relay honestly answers M = 4, and the horizon passes s + grace. The copy commits within
+    grace of its read (A4), its publish slow. The reaper deletes A, live through r2."""
+    s = settings.replace(redis_url=failover_pair.url, redis_cluster=True,
+                         tick_interval_seconds=0.1, resend_interval_seconds=0.3,
+                         grace_seconds=FAILOVER_GRACE_S)
+    failover_pair.replica.shift(AHEAD_S)
+    async with service(s, s3, tmp_path) as svc, running_tracker(s):
+        r = redis_sync(s)
+        store = ContinuityStore(r)
+        a = svc.store("data/a")
+        svc.emit(write("a", a, "r1"))
+        await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 3 and d.horizon_ms)
+        read = time.monotonic()  # the copy reads its source entry r1
+        svc.emit(delete("a", a, "r1"))
+        await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 4)
+        since = int(r.hget(f"hd:{{{REPO}}}:a:{a}", "since"))
+        grace_ms = int(FAILOVER_GRACE_S * 1000)
+        while await redis_now(s) < since + grace_ms - int(AHEAD_S * 1000) + 200:
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(failover_pair.failover)
+        await until(lambda: store.read(REPO, 0).horizon_ms or 0,
+                    lambda h: h >= since + grace_ms)
+        lost = copy("b", a, "r2")
+        svc.relay.drop.add(lost.event_id)
+        svc.emit(lost)  # committed after the relay read M = 4
+        took = time.monotonic() - read
+        assert took < FAILOVER_GRACE_S, took  # A4: the copy commits within grace of its read
+        await wait_log(s)
+        report = await reap(s, s3)
+        assert svc.exists(a), (report, store.read(REPO, 0), since, took)  # r2 references A
