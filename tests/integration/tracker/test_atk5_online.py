@@ -1,7 +1,8 @@
 """Adversarial review (atk5) of the online delete path for SEQUENCED repositories
 (schemas/README.md, "Continuity"), on the real stack: a service with an outbox and its relay,
 the tracker (ticks, watermarks, re-sends), the reaper, MinIO. Each test asserts the SAFE outcome
-(the live object survives); one marked ``xfail(strict=True)`` deletes a live object today.
+(the live object survives); a test marked ``xfail(strict=True)`` deletes a live object today
+(``--runxfail`` shows the deletion).
 
 The clock tests run their own valkey-server with a small ``LD_PRELOAD`` shim that shifts its
 wall clock (``TIME``, the only clock the proof reads) by an offset the test sets while it runs:
