@@ -1,0 +1,657 @@
+"""Adversarial review (atk5) of the online delete path for SEQUENCED repositories
+(schemas/README.md, "Continuity"), on the real stack: a service with an outbox and its relay,
+the tracker (ticks, watermarks, re-sends), the reaper, MinIO. Each test asserts the SAFE outcome
+(the live object survives); a test marked ``xfail(strict=True)`` deletes a live object today
+(``--runxfail`` shows the deletion).
+
+The clock tests run their own valkey-server with a small ``LD_PRELOAD`` shim that shifts its
+wall clock (``TIME``, the only clock the proof reads) by an offset the test sets while it runs:
+what a node's clock does when NTP steps it, or what the repository's slot sees when it fails
+over to a replica whose clock differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import shutil
+import struct
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.clients import redis_sync
+from core.continuity_store import ContinuityStore
+from core.settings import Settings
+from reaper.daemon import Reaper
+from schemas import events as ev
+from schemas.outbox import Outbox
+from schemas.publisher import Publisher
+from sim.sequenced import REPO, LossyRelay, Service, copy, delete, service, write
+from sim.stack import Server, redis_server
+from sim.testing import redis_now
+from tracker.daemon import running_tracker
+from tracker.ticks import Ticker
+
+# A wall-clock shift for one server: gettimeofday, clock_gettime(CLOCK_REALTIME*) and time()
+# add the microseconds held in the file named by CLOCK_SHIFT_FILE (read through a shared
+# mapping on every call, so the test moves the clock while the server runs).
+_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+static volatile int64_t *shift_us;
+static int (*real_cg)(clockid_t, struct timespec *);
+static int (*real_gtod)(struct timeval *, void *);
+static int64_t offset(void) {
+  if (!shift_us) {
+    const char *path = getenv("CLOCK_SHIFT_FILE");
+    int fd = path ? open(path, O_RDONLY) : -1;
+    if (fd < 0) return 0;
+    void *p = mmap(NULL, 8, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return 0;
+    shift_us = (volatile int64_t *)p;
+  }
+  return *shift_us;
+}
+int clock_gettime(clockid_t id, struct timespec *ts) {
+  if (!real_cg) real_cg = dlsym(RTLD_NEXT, "clock_gettime");
+  int rc = real_cg(id, ts);
+  if (rc == 0 && (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE)) {
+    int64_t ns = (int64_t)ts->tv_sec * 1000000000LL + ts->tv_nsec + offset() * 1000LL;
+    ts->tv_sec = ns / 1000000000LL;
+    ts->tv_nsec = ns % 1000000000LL;
+  }
+  return rc;
+}
+int gettimeofday(struct timeval *tv, void *tz) {
+  if (!real_gtod) real_gtod = dlsym(RTLD_NEXT, "gettimeofday");
+  int rc = real_gtod(tv, tz);
+  if (rc == 0 && tv) {
+    int64_t us = (int64_t)tv->tv_sec * 1000000LL + tv->tv_usec + offset();
+    tv->tv_sec = us / 1000000LL;
+    tv->tv_usec = us % 1000000LL;
+  }
+  return rc;
+}
+time_t time(time_t *t) {
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  if (t) *t = tv.tv_sec;
+  return tv.tv_sec;
+}
+"""
+
+
+@dataclass
+class ShiftedRedis:
+    server: Server
+    shift_file: Path
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.server.port}/0"
+
+    def shift(self, seconds: float) -> None:
+        """The server's wall clock is ``seconds`` off the machine's from now on."""
+        with self.shift_file.open("r+b") as f, mmap.mmap(f.fileno(), 8) as m:
+            m[:8] = struct.pack("<q", int(seconds * 1_000_000))
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The clock shim, compiled (a C compiler is on every machine of the project's kind)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the clock shim")
+    wd = tmp_path_factory.mktemp("clock-shim")
+    (wd / "shift.c").write_text(_SHIM)
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(wd / "shift.so"),
+                    str(wd / "shift.c"), "-ldl"], check=True)
+    return wd / "shift.so"
+
+
+def shifted_server(shim: Path, wd: Path, *, cluster: bool = False) -> ShiftedRedis:
+    """A valkey-server (not started) whose wall clock the test shifts."""
+    shift_file = wd / f"shift-{time.monotonic_ns()}"
+    shift_file.write_bytes(struct.pack("<q", 0))
+    server = redis_server(wd, cluster=cluster, malloc="libc")
+    server.env = {"LD_PRELOAD": str(shim), "CLOCK_SHIFT_FILE": str(shift_file)}
+    return ShiftedRedis(server, shift_file)
+
+
+@pytest.fixture(scope="module")
+def shifted_redis(shim: Path, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[ShiftedRedis]:
+    node = shifted_server(shim, tmp_path_factory.mktemp("shifted-redis"))
+    node.server.start()
+    try:
+        yield node
+    finally:
+        node.server.stop()
+
+
+@pytest.fixture
+def skewed(settings: Settings, shifted_redis: ShiftedRedis) -> Iterator[Settings]:
+    """The test's settings on the shifted server (flushed, clock back to the machine's), with
+    a grace that leaves the service's copy well within A4."""
+    shifted_redis.shift(0)
+    s = settings.replace(redis_url=shifted_redis.url, redis_cluster=False,
+                         tick_interval_seconds=0.1, resend_interval_seconds=0.3,
+                         grace_seconds=GRACE_S)
+    r = redis_sync(s)
+    r.flushall()
+    r.close()
+    yield s
+    shifted_redis.shift(0)
+
+
+GRACE_S = 5.0
+STEP_S = 2.5  # a forward step smaller than grace
+SHIFT_S = 12.0  # a backward step: more than grace
+
+
+async def reap(settings: Settings, s3: Any) -> Any:
+    reaper = Reaper(settings, s3=s3)
+    try:
+        return await reaper.run_once()
+    finally:
+        await reaper.close()
+
+
+async def until(read: Any, ok: Any, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = read()
+        if ok(v):
+            return v
+        assert time.monotonic() < deadline, v
+        await asyncio.sleep(0.05)
+
+
+async def wait_log(settings: Settings) -> None:
+    """The tracker's horizon over the log passes the server's now."""
+    from core.clients import redis_async
+    from core.clock import await_horizon
+
+    r = redis_async(settings)
+    try:
+        await await_horizon(r, await redis_now(settings), 60.0)
+    finally:
+        await r.aclose()
+
+
+# --- 1. the horizon is certified on one clock, since(A) was stamped on another ---------------
+
+@pytest.mark.xfail(strict=True, reason=(
+    "atk5 1: the continuity horizon R and since(A) are compared as if read on one clock; the "
+    "repository's node stepping its clock forward (NTP correcting a clock that was behind, or "
+    "a failover to a replica whose clock is ahead) between since(A) and the tick makes the "
+    "horizon pass a copy committed after the relay read M: the reaper deletes its object"))
+async def test_a_clock_stepping_forward_between_since_and_the_tick_keeps_a_copys_object(
+        skewed: Settings, s3: Any, tmp_path: Path, shifted_redis: ShiftedRedis) -> None:
+    """A is written (r1, seq 3). The service starts a copy of A into b: it reads r1 (time
+    ``read``). r1 is deleted (seq 4): the mirror holds A unreferenced since s, on the node's
+    clock. The copy is slow (within A4: it commits less than grace after its read). About
+    grace - STEP_S after s the node's clock steps forward by STEP_S (< grace). The next tick
+    reads R >= s + grace; the relay, honestly, answers M = 4 (everything committed so far);
+    the prefix covers it and the horizon is R. The copy then commits (r2, seq 5), its publish
+    slow (lost for now, re-sends too). Every assumption A1-A6 holds and the relay's promise
+    holds in real time; but R - grace >= s on the node's clock, so the reaper claims A and
+    deletes it while r2 (open token) references it at the service. Any forward step D > 0
+    opens such a window, D wide, for a copy slow enough."""
+    async with service(skewed, s3, tmp_path) as svc, running_tracker(skewed):
+        r = redis_sync(skewed)
+        store = ContinuityStore(r)
+        a = svc.store("data/a")
+        svc.emit(write("a", a, "r1"))
+        await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 3 and d.horizon_ms)
+        read = time.monotonic()  # the copy reads its source entry r1
+        svc.emit(delete("a", a, "r1"))
+        await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 4)
+        since = int(r.hget(f"hd:{{{REPO}}}:a:{a}", "since"))
+        grace_ms, step_ms = int(GRACE_S * 1000), int(STEP_S * 1000)
+        while await redis_now(skewed) < since + grace_ms - step_ms + 200:
+            await asyncio.sleep(0.05)
+        shifted_redis.shift(STEP_S)  # the node's clock steps forward
+        await until(lambda: store.read(REPO, 0).horizon_ms or 0,
+                    lambda h: h >= since + grace_ms)
+        lost = copy("b", a, "r2")
+        svc.relay.drop.add(lost.event_id)
+        svc.emit(lost)  # committed after the relay read M = 4
+        assert time.monotonic() - read < GRACE_S  # A4: the copy commits within grace of its read
+        await wait_log(skewed)
+        report = await reap(skewed, s3)
+        assert svc.exists(a), (report, store.read(REPO, 0), since)  # r2 references A
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "atk5 2: a horizon certified on a node whose clock was ahead stays in the slot when the "
+    "clock steps back (or the slot fails over to a replica whose clock is behind); since(A) "
+    "stamped afterwards is below it, so a copy committed after the certifying watermark's M "
+    "is passed and the reaper deletes its object"))
+async def test_a_clock_stepping_back_under_a_certified_horizon_keeps_a_copys_object(
+        skewed: Settings, s3: Any, tmp_path: Path, shifted_redis: ShiftedRedis) -> None:
+    """The node's clock runs SHIFT_S ahead; A is written (r1, seq 3) and the horizon is
+    certified at R (node clock). The clock steps back to the machine's (an NTP step, a
+    failover to a replica whose clock is right): ticks now read times below R and certify
+    nothing new, so the horizon stays at R. The service copies A (r2, seq 4, publish lost) and
+    deletes r1 (seq 5, applied): since(A) = s, stamped on the new clock, below R - grace. The
+    relay never said anything about seq 4 at any R' >= s; the reaper deletes A anyway."""
+    shifted_redis.shift(SHIFT_S)
+    async with service(skewed, s3, tmp_path) as svc, running_tracker(skewed):
+        r = redis_sync(skewed)
+        store = ContinuityStore(r)
+        a = svc.store("data/a")
+        svc.emit(write("a", a, "r1"))
+        ahead = await redis_now(skewed)
+        await until(lambda: store.read(REPO, 0),
+                    lambda d: d.prefix == 3 and (d.horizon_ms or 0) >= ahead)
+        shifted_redis.shift(0)  # the clock steps back
+        lost = copy("b", a, "r2")
+        svc.relay.drop.add(lost.event_id)
+        svc.emit(lost)
+        svc.emit(delete("a", a, "r1"))
+        await until(lambda: store.read(REPO, 0), lambda d: 5 in d.above)
+        await wait_log(skewed)
+        report = await reap(skewed, s3)
+        since = r.hget(f"hd:{{{REPO}}}:a:{a}", "since")
+        assert svc.exists(a), (report, store.read(REPO, 0), since)  # r2 references A
+
+
+# --- 3. a tick the tracker read while the stripe was broken, answered before the relay kept it --
+
+class HoldingRelay(LossyRelay):
+    """A relay whose watermark publishes are held back while ``hold`` is set (then sent by
+    :meth:`release`): the same records, reaching the tracker late, as when the tracker lags
+    behind the events topic (a failover of its Redis node stalls it meanwhile)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hold = False
+        self.held: list[tuple[bytes, bytes]] = []
+
+    async def _send(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+        if self.hold:
+            marks = [(v, k) for v, k in records if b'"type":"watermark"' in v]
+            self.held += marks
+            records = [rec for rec in records if rec not in marks]
+        await super()._send(records)
+
+    async def release(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+        async with Publisher(self.settings) as pub:
+            for value, key in records:
+                await pub._producer.send_and_wait(self.settings.events_topic, value, key=key)
+
+
+@asynccontextmanager
+async def holding_service(settings: Settings, s3: Any, tmp_path: Path
+                          ) -> AsyncIterator[tuple[Service, HoldingRelay]]:
+    bucket = f"atk5-{int(time.time() * 1000) % 10**9}"
+    with suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=bucket)
+    outbox = Outbox(tmp_path / "service.db")
+    relay = HoldingRelay(settings, outbox)
+    await relay.start()
+    try:
+        svc = Service(settings, s3, outbox, relay, f"s3://{bucket}/{REPO}/", bucket)
+        svc.emit(ev.RepositoryCreated(repository=REPO, storage_namespace=svc.namespace,
+                                      default_branch="main", default_retention_days=1.0),
+                 ev.BranchCreated(repository=REPO, branch="main", staging_token="t",
+                                  ref_version=1))
+        yield svc, relay
+    finally:
+        await relay.stop()  # (idempotent: the test may have stopped it)
+        outbox.close()
+
+
+@asynccontextmanager
+async def manual_ticker(settings: Settings) -> AsyncIterator[Ticker]:
+    """The tracker's Ticker (its key, its producer), run one round at a time by the test, so
+    that a tick is read at a known moment (the tracker's own ticks once, when it starts)."""
+    from aiokafka import AIOKafkaProducer
+
+    from core.clients import redis_async
+    from core.logs import get_logger
+    from schemas import reaper_auth
+    from tracker.metrics import TrackerMetrics
+
+    r = redis_async(settings)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        key = await reaper_auth.aload_key(r, settings.reaper_secret)
+        yield Ticker(settings, r, producer, key, TrackerMetrics(), get_logger("atk5"))
+    finally:
+        await producer.stop()
+        await r.aclose()
+
+
+def _snapshot(r: Any, pattern: str) -> dict[Any, bytes]:
+    return {k: r.dump(k) for k in r.scan_iter(match=pattern, count=1000)}
+
+
+def _restore(r: Any, snap: dict[Any, bytes], pattern: str) -> None:
+    for k in r.scan_iter(match=pattern, count=1000):
+        if k not in snap:
+            r.delete(k)
+    for k, v in snap.items():
+        r.restore(k, 0, v, replace=True)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "atk5 3: the Ticker signs ticks for a stripe it reads as broken, and sends the tick before "
+    "its `broken` message: the relay answers that tick without the break; applied after the "
+    "slot went back to before the break (the tracker lagging over a failover), that answer "
+    "is the first watermark the restored slot sees and it certifies a time past the break"))
+@pytest.mark.parametrize("topology", ["cluster"], indirect=True)
+async def test_a_tick_read_on_a_broken_stripe_certifies_nothing_once_the_slot_went_back(
+        settings: Settings, s3: Any, tmp_path: Path, topology: str) -> None:
+    """The claim of schemas/README.md ("A break is durable at the service"): once the outbox
+    holds the break, a slot that goes back breaks the stripe again with the first watermark it
+    applies, before any watermark can certify it.
+
+    A is written (r1, seq 3) and certified; a copy of A reads r1; r1 is deleted (seq 4): A is
+    unreferenced since s, no watermark certifies past s yet. The copy (r2) was committed
+    within grace but is published late and outside the outbox (A1 broken, as in
+    test_atk_online_sequenced's lost-break tests): applied past s + grace, it breaks stripe 0.
+    The Ticker's next round reads its tick R1 (> the break: the tracker KNEW the stripe was
+    broken when it signed R1) and then tells the relay of the break; the relay answers R1
+    first (watermark M = 4, no break: it has not read the `broken` message yet), then keeps
+    the break, then goes down. The tracker is behind the events topic (its node fails over
+    meanwhile, to a replica that lacks the break); the answer to R1 is the first watermark the
+    restored slot applies: the prefix covers M = 4 and the horizon jumps to R1 >= s + grace.
+    The log forensics' flag is cleared by the operator, as in that test; A must survive."""
+    from redis.cluster import RedisCluster
+
+    from hardelete.failclosed import clear
+
+    s = settings.replace(tick_interval_seconds=3600.0, resend_interval_seconds=0.3)
+    raw: Any = RedisCluster.from_url(s.redis_url)
+    pattern = f"hd:{{{REPO}}}:*"
+    async with holding_service(s, s3, tmp_path) as (svc, relay), manual_ticker(s) as ticker:
+        r = redis_sync(s)
+        store = ContinuityStore(r)
+        a = svc.store("data/a")
+        async with running_tracker(s, name="t1"):
+            svc.emit(write("a", a, "r1"))
+            await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 3)
+            await ticker.round()
+            await until(lambda: store.read(REPO, 0), lambda d: d.horizon_ms is not None)
+            svc.emit(delete("a", a, "r1"))  # (the copy read r1 before this)
+            await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 4)
+            since = int(r.hget(f"hd:{{{REPO}}}:a:{a}", "since"))
+            await asyncio.sleep(s.grace_seconds + 0.5)
+            await wait_log(s)
+            snap = _snapshot(raw, pattern)  # the replica the node will fail over to
+            async with Publisher(s) as pub:  # the copy, late and without a seq
+                await pub.publish_many([copy("b", a, "r2")])
+            await until(lambda: store.read(REPO, 0), lambda d: d.broken is not None)
+            broken_at = await redis_now(s)
+            relay.hold = True  # (from here the tracker lags behind the relay's watermarks)
+            done = await ticker.round()  # tick R1, then `broken`
+            assert done.breaks and done.ticks == 1, done
+            await until(lambda: svc.outbox.breaks(REPO), bool)  # the service keeps the break
+            await relay.stop()  # ... and goes down
+            answers = [ev.decode(v) for v, _ in relay.held]
+            first = [w for w in answers if isinstance(w, ev.Watermark) and w.broken is None
+                     and w.tick_ms > broken_at]
+            assert first and first[0].tick_ms >= since + int(s.grace_seconds * 1000), answers
+            await wait_log(s)
+        _restore(raw, snap, pattern)  # the repository's node fails over to a lagging replica
+        assert store.read(REPO, 0).broken is None
+        async with running_tracker(s, name="t2"):
+            await relay.release(relay.held)  # the tracker reaches the relay's answers
+            d = await until(lambda: store.read(REPO, 0),
+                            lambda d: d.broken is not None or (d.horizon_ms or 0) > since)
+            await wait_log(s)
+            clear(r, REPO, reason="continuity certifies the repository", who="op")
+            report = await reap(s, s3)
+            assert svc.exists(a), (report, d)  # r2 (open token) references A at the service
+    raw.close()
+
+
+# --- held: a break the restored store refuses (an older incarnation's) is made again ---------
+
+@pytest.mark.parametrize("topology", ["cluster"], indirect=True)
+async def test_a_break_kept_for_no_incarnation_is_made_again_by_the_restored_stores_watermark(
+        settings: Settings, s3: Any, tmp_path: Path, topology: str) -> None:
+    """A is written (r1, seq 3); the service's store is backed up; r1 is deleted (seq 4): A
+    unreferenced since s in the mirror. The store is restored from the backup (r1 live again at
+    the service) with a new incarnation Y, as the contract asks: Y's first watermark breaks
+    stripe 0 (bound to X). The Ticker reports the break under the stripe's incarnation X,
+    which the restored outbox does not keep (only its own): the service holds no break. The
+    repository's node then fails over to a replica from before the break (X bound, A
+    unreferenced). Held: Y's next watermark breaks the stripe again (a changed incarnation), so
+    nothing is certified and A, live at the service through r1, survives."""
+    import sqlite3
+    from contextlib import closing
+
+    from redis.cluster import RedisCluster
+
+    from hardelete.failclosed import clear
+
+    s = settings.replace(tick_interval_seconds=0.1, resend_interval_seconds=0.3)
+    raw: Any = RedisCluster.from_url(s.redis_url)
+    pattern = f"hd:{{{REPO}}}:*"
+    async with service(s, s3, tmp_path) as svc:
+        r = redis_sync(s)
+        store = ContinuityStore(r)
+        a = svc.store("data/a")
+        async with running_tracker(s, name="t1"):
+            svc.emit(write("a", a, "r1"))
+            await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 3 and d.horizon_ms)
+            with closing(sqlite3.connect(tmp_path / "backup.db")) as backup, \
+                    closing(sqlite3.connect(svc.outbox.path)) as live:
+                live.backup(backup)  # the service's backup: r1 live
+            svc.emit(delete("a", a, "r1"))
+            await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 4)
+            snap = _snapshot(raw, pattern)  # the replica the node will fail over to
+            x = svc.outbox.incarnation
+            await svc.relay.stop()  # the service goes down; its store is restored
+            restored = Outbox(tmp_path / "backup.db")
+            y = restored.restored()  # the store restored from its backup, a new incarnation
+            try:
+                async with LossyRelay(s, restored):
+                    d = await until(lambda: store.read(REPO, 0), lambda d: d.broken is not None)
+                    assert d.incarnation == x and y in (d.broken or ""), d
+                    await wait_log(s)
+                    _restore(raw, snap, pattern)  # the node fails over: the break is lost
+                    assert store.read(REPO, 0).broken is None
+                    async with running_tracker(s, name="t2"):
+                        d = await until(lambda: store.read(REPO, 0),
+                                        lambda d: d.broken is not None or (d.horizon_ms or 0)
+                                        > int(r.hget(f"hd:{{{REPO}}}:a:{a}", "since")))
+                        assert d.broken is not None and y in d.broken, d
+                        await asyncio.sleep(s.grace_seconds + 0.3)  # (grace passes)
+                        await wait_log(s)
+                        clear(r, REPO, reason="continuity certifies the repository", who="op")
+                        report = await reap(s, s3)
+                        assert svc.exists(a), (report, d)  # r1 is live at the restored service
+                    assert restored.breaks(REPO) == {}, restored.breaks(REPO)  # (X's: refused)
+            finally:
+                restored.close()
+    raw.close()
+
+
+# --- 4. a repository that adopts its outbox: its first sequenced event is lost ---------------
+
+@pytest.mark.xfail(strict=True, reason=(
+    "atk5 4: the tracker learns that a repository is sequenced only from a sequenced fact it "
+    "applied (hd:{R}:repo `sequenced`), and only then ticks it; a repository adopting its "
+    "outbox whose first sequenced event is lost (a copy) stays judged by the log forensics "
+    "alone, which cannot see a lost publish: the reaper deletes the copy's object"))
+async def test_a_repository_whose_first_sequenced_event_is_lost_keeps_its_object(
+        settings: Settings, s3: Any, tmp_path: Path) -> None:
+    """A repository of a service that predates its outbox: created, A written (r1), all
+    without seqs (log forensics only, as the status of schemas/README.md allows). The service
+    adopts the transactional outbox (schemas/outbox.py supports a repository whose
+    repository_created it never emitted: stripe 0, seq 1). A copy of A (r2) reads r1; r1 is
+    deleted, the last change before the switch (no seq); the copy commits after the switch:
+    seq 1 of stripe 0, its publish lost (a crash after the commit). From the switch on every
+    change has its seq (A1). The tracker never saw a seq of the repository: it does not
+    tick it, asks for nothing, and the claim script judges it by the log's horizon, which the
+    lost publish does not hold back. A (live through r2) must survive."""
+    s = settings.replace(tick_interval_seconds=0.1, resend_interval_seconds=0.3)
+    bucket = f"atk5-{int(time.time() * 1000) % 10**9}"
+    with suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=bucket)
+    outbox = Outbox(tmp_path / "service.db")
+    relay = LossyRelay(s, outbox)
+    try:
+        async with relay, running_tracker(s):
+            svc = Service(s, s3, outbox, relay, f"s3://{bucket}/{REPO}/", bucket)
+            r = redis_sync(s)
+            a = svc.store("data/a")
+            async with Publisher(s) as pub:  # before the outbox: no seqs
+                await pub.publish_many([
+                    ev.RepositoryCreated(repository=REPO, storage_namespace=svc.namespace,
+                                         default_branch="main", default_retention_days=1.0),
+                    ev.BranchCreated(repository=REPO, branch="main", staging_token="t",
+                                     ref_version=1),
+                    write("a", a, "r1")])
+                await until(lambda: r.hget(f"hd:{{{REPO}}}:a:{a}", "state"),
+                            lambda st: st == "staged")
+                # the copy reads r1; r1 is deleted (the last change without a seq)
+                await pub.publish_many([delete("a", a, "r1")])
+            lost = copy("b", a, "r2")
+            relay.drop.add(lost.event_id)
+            stamped = svc.emit(lost)  # the first change through the outbox
+            assert stamped[0].seq == 1, stamped
+            await until(lambda: r.hget(f"hd:{{{REPO}}}:a:{a}", "state"),
+                        lambda st: st == "unreferenced")
+            await asyncio.sleep(s.grace_seconds + 0.3)  # (grace passes)
+            await wait_log(s)
+            report = await reap(s, s3)
+            assert svc.exists(a), (report, r.hgetall(f"hd:{{{REPO}}}:repo"))  # r2 references A
+    finally:
+        outbox.close()
+
+
+# --- 1b. the same, by a lossless failover to a replica whose clock runs ahead ----------------
+
+@dataclass
+class FailoverPair:
+    primary: ShiftedRedis
+    replica: ShiftedRedis
+
+    @property
+    def url(self) -> str:
+        return self.primary.url
+
+    def failover(self) -> None:
+        """A manual (graceful) failover: the replica catches up with the primary first, so
+        nothing is lost (the planned maintenance of a node)."""
+        import redis as redis_lib
+
+        r = redis_lib.Redis(port=self.replica.server.port)
+        try:
+            r.execute_command("CLUSTER", "FAILOVER")  # type: ignore[no-untyped-call]
+            deadline = time.monotonic() + 30
+            while r.info("replication").get("role") != "master":
+                assert time.monotonic() < deadline, "the failover did not complete"
+                time.sleep(0.02)
+        finally:
+            r.close()
+
+
+@pytest.fixture
+def failover_pair(shim: Path, tmp_path: Path) -> Iterator[FailoverPair]:
+    """A Redis Cluster of one primary (every slot) and its replica, each with its own clock."""
+    import redis as redis_lib
+
+    from sim.stack import _form_cluster
+
+    primary, replica = shifted_server(shim, tmp_path, cluster=True), \
+        shifted_server(shim, tmp_path, cluster=True)
+    primary.server.start()
+    try:
+        replica.server.start()
+        try:
+            _form_cluster([primary.server])
+            p = redis_lib.Redis(port=primary.server.port)
+            q = redis_lib.Redis(port=replica.server.port)
+            bus = primary.server.argv[primary.server.argv.index("--cluster-port") + 1]
+            q.execute_command(  # type: ignore[no-untyped-call]
+                "CLUSTER", "MEET", "127.0.0.1", primary.server.port, bus)
+            pid = p.execute_command("CLUSTER", "MYID")  # type: ignore[no-untyped-call]
+            pid = pid.decode() if isinstance(pid, bytes) else pid
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    q.execute_command(  # type: ignore[no-untyped-call]
+                        "CLUSTER", "REPLICATE", pid)
+                    break
+                except redis_lib.ResponseError:  # (the replica does not know it yet)
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            while q.info("replication").get("master_link_status") != "up":
+                assert time.monotonic() < deadline, "the replica did not sync"
+                time.sleep(0.05)
+            p.close()
+            q.close()
+            yield FailoverPair(primary, replica)
+        finally:
+            replica.server.stop()
+    finally:
+        primary.server.stop()
+
+
+FAILOVER_GRACE_S = 8.0
+AHEAD_S = 4.0  # the replica's clock runs this far ahead of the primary's (< grace)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "atk5 1b: a lossless manual failover to a replica whose clock runs ahead (by less than "
+    "grace) between since(A) and the next tick: the horizon, read on the new primary's clock, "
+    "passes a copy committed after the relay read M, and the reaper deletes its object"))
+async def test_a_failover_to_a_replica_whose_clock_runs_ahead_keeps_a_copys_object(
+        settings: Settings, s3: Any, tmp_path: Path, failover_pair: FailoverPair) -> None:
+    """Test 1 on a Redis Cluster, with no clock stepping: the repository's primary and its
+    replica each keep their own clock, the replica's AHEAD_S ahead (< grace). A is written
+    (r1) and certified; a copy of A reads r1; r1 is deleted: since(A) = s on the primary's
+    clock. A planned failover (CLUSTER FAILOVER: the replica catches up first, nothing is
+    lost, no forensics fire) makes the replica primary; its ticks read its own clock, the
+    relay honestly answers M = 4, and the horizon passes s + grace. The copy commits within
+    grace of its read (A4), its publish slow. The reaper deletes A, live through r2."""
+    s = settings.replace(redis_url=failover_pair.url, redis_cluster=True,
+                         tick_interval_seconds=0.1, resend_interval_seconds=0.3,
+                         grace_seconds=FAILOVER_GRACE_S)
+    failover_pair.replica.shift(AHEAD_S)
+    async with service(s, s3, tmp_path) as svc, running_tracker(s):
+        r = redis_sync(s)
+        store = ContinuityStore(r)
+        a = svc.store("data/a")
+        svc.emit(write("a", a, "r1"))
+        await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 3 and d.horizon_ms)
+        read = time.monotonic()  # the copy reads its source entry r1
+        svc.emit(delete("a", a, "r1"))
+        await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 4)
+        since = int(r.hget(f"hd:{{{REPO}}}:a:{a}", "since"))
+        grace_ms = int(FAILOVER_GRACE_S * 1000)
+        while await redis_now(s) < since + grace_ms - int(AHEAD_S * 1000) + 200:
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(failover_pair.failover)
+        await until(lambda: store.read(REPO, 0).horizon_ms or 0,
+                    lambda h: h >= since + grace_ms)
+        lost = copy("b", a, "r2")
+        svc.relay.drop.add(lost.event_id)
+        svc.emit(lost)  # committed after the relay read M = 4
+        took = time.monotonic() - read
+        assert took < FAILOVER_GRACE_S, took  # A4: the copy commits within grace of its read
+        await wait_log(s)
+        report = await reap(s, s3)
+        assert svc.exists(a), (report, store.read(REPO, 0), since, took)  # r2 references A
