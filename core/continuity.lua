@@ -16,6 +16,7 @@ file followed by its own body (core.continuity_store.compose), which calls
   C.rebuild(k, inc, counter)     -- core.continuity.rebuilt: the export's incarnation and
                                  -- counter start the stripe again (its epoch + 1)
   C.epoch(k)                     -> the stripe's rebuilds so far
+  C.is_broken(k)                 -> true when the stripe is broken
   C.stripe_horizon(k)            -> R (a number) or nil
   C.horizon(n)                   -> the repository's horizon over stripes 0..n-1, or nil
   C.gaps(k, limit)               -> {a1, b1, a2, b2, ...}: the ranges to ask again for
@@ -296,6 +297,8 @@ local function continuity(P)
   end
 
   function C.epoch(k) return stripe(k).epoch end
+
+  function C.is_broken(k) return stripe(k).broken ~= nil end
 
   function C.stripe_horizon(k) return stripe(k).horizon end
 

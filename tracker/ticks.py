@@ -36,13 +36,18 @@ from tracker.metrics import TrackerMetrics
 
 # The time and what was applied then, read atomically: every seq applied before the time
 # committed before the relay reads M, so a watermark below it is from a store that lags.
-# (It also forgets the notes of dead-lettered seqs the prefix has passed: a fixed replay or a
-# re-send applied them.)
+# No tick is read while a stripe is broken (atomically with the time): a watermark answering
+# a tick read after the break would certify a slot that went back to before it (found by an
+# adversarial review). It also forgets the notes of dead-lettered seqs the prefix has passed
+# (a fixed replay or a re-send applied them).
 _TICK = compose("""
 local C = continuity(ARGV[1])
 local t = redis.call('TIME')
 local out = {t[1], t[2]}
-for k = 0, tonumber(ARGV[2]) - 1 do out[#out + 1] = string.format('%.0f', C.applied_max(k)) end
+for k = 0, tonumber(ARGV[2]) - 1 do
+  if C.is_broken(k) then out = {} break end
+  out[#out + 1] = string.format('%.0f', C.applied_max(k))
+end
 local dead = ARGV[1] .. 'deadseq'
 for _, f in ipairs(redis.call('HKEYS', dead)) do
   local k, seq = string.match(f, '^(%d+):(%d+)$')
@@ -108,12 +113,13 @@ class Ticker:
         topic = self.settings.control_topic
         for repo, stripes in (await self.sequenced()).items():
             keys = RepoKeys(repo)
-            sec, usec, *applied = await self._tick(keys=[keys.meta],
-                                                   args=[keys.tag + ":", stripes])
-            tick = control.signed_tick(self.key, repo, int(sec) * 1000 + int(usec) // 1000,
-                                       [int(a) for a in applied])
-            await self.producer.send(topic, control.encode(tick), key=tick.key)
-            done.ticks += 1
+            read = await self._tick(keys=[keys.meta], args=[keys.tag + ":", stripes])
+            if read:  # (none while a stripe is broken)
+                sec, usec, *applied = read
+                tick = control.signed_tick(self.key, repo, int(sec) * 1000 + int(usec) // 1000,
+                                           [int(a) for a in applied])
+                await self.producer.send(topic, control.encode(tick), key=tick.key)
+                done.ticks += 1
             domains = [await self.store.read(repo, k) for k in range(stripes)]
             for k, d in enumerate(domains):
                 done.resends += self._resends(repo, k, d)
