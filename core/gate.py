@@ -239,6 +239,10 @@ class Evidence:
     token_states: Mapping[str, str | None]
     now_ms: int
     continuity_ms: int | _Unsequenced | None = UNSEQUENCED
+    # The records' hashes as read (address -> fields; absent: no record), from the same read:
+    # a caller that compares a record with an earlier reading of it (the reconciler's digest)
+    # needs no second read, which could see another moment.
+    fields: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def horizon(self, horizon_ms: int | None) -> int | None:
         """The horizon a judgment may use: the caller's (the tracker's, over the log), and for
@@ -270,17 +274,17 @@ def _evidence_args(repo: str, addresses: list[str]) -> tuple[list[str], list[str
 
 def _evidence_from(gate: Gate, raw: list[Any], addresses: list[str]
                    ) -> tuple[dict[str, AddressRecord | None], dict[str, bool], list[str],
-                              int | _Unsequenced | None]:
+                              int | _Unsequenced | None, dict[str, dict[str, str]]]:
     n = len(addresses)
     sequenced, horizon, body = _text(raw[0]), _text(raw[1]), raw[2:]
-    records = {a: (decode_address(_pairs(h)) if h else None)
-               for a, h in zip(addresses, body[:n], strict=True)}
+    fields = {a: _pairs(h) for a, h in zip(addresses, body[:n], strict=True) if h}
+    records = {a: (decode_address(fields[a]) if a in fields else None) for a in addresses}
     claimed = {a: c is not None for a, c in zip(addresses, body[n:2 * n], strict=True)}
     tokens = sorted({t for rec in records.values() if rec is not None for t in rec.adds.values()})
     cont: int | _Unsequenced | None = UNSEQUENCED
     if sequenced == "1":
         cont = int(horizon) if horizon else None
-    return records, claimed, tokens, cont
+    return records, claimed, tokens, cont, fields
 
 
 def _pairs(flat: Any) -> dict[str, str]:
@@ -300,11 +304,11 @@ def read_evidence(r: Any, repo: str, addresses: Iterable[str], *,
     gate = read_gate(r, repo, addrs, facts=facts)
     keys, args = _evidence_args(repo, addrs)
     raw = r.register_script(EVIDENCE_LUA)(keys=keys, args=args)
-    records, claimed, tokens, cont = _evidence_from(gate, raw, addrs)
+    records, claimed, tokens, cont, fields = _evidence_from(gate, raw, addrs)
     states = dict(zip(tokens, r.hmget(RepoKeys(repo).tokens, tokens), strict=True)) \
         if tokens else {}
     return Evidence(gate, records, claimed, {t: _opt_text(v) for t, v in states.items()}, now,
-                    cont)
+                    cont, fields)
 
 
 async def aread_evidence(r: Any, repo: str, addresses: Iterable[str], *,
@@ -315,11 +319,11 @@ async def aread_evidence(r: Any, repo: str, addresses: Iterable[str], *,
     gate = await aread_gate(r, repo, addrs, facts=facts)
     keys, args = _evidence_args(repo, addrs)
     raw = await r.register_script(EVIDENCE_LUA)(keys=keys, args=args)
-    records, claimed, tokens, cont = _evidence_from(gate, raw, addrs)
+    records, claimed, tokens, cont, fields = _evidence_from(gate, raw, addrs)
     states = dict(zip(tokens, await r.hmget(RepoKeys(repo).tokens, tokens), strict=True)) \
         if tokens else {}
     return Evidence(gate, records, claimed, {t: _opt_text(v) for t, v in states.items()}, now,
-                    cont)
+                    cont, fields)
 
 
 def _opt_text(v: Any) -> str | None:

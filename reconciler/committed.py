@@ -22,7 +22,7 @@ from typing import Any
 from core.clients import split_s3_uri
 from core.settings import Settings
 from reconciler.errors import ReconcileError
-from reconciler.evidence import manifest_keys, read_bytes
+from reconciler.evidence import manifest_key_batches, read_bytes
 from reconciler.mark import KEYS_SCHEMA, is_plain_key
 from reconciler.retention import (
     SECONDS_PER_DAY,
@@ -117,14 +117,14 @@ def manifest_keys_df(spark: Any, settings: Settings, ns: Namespace,
     """Namespace-relative keys of every address in the manifests (duplicates possible), and
     the keys of the manifests themselves that lie in the namespace (a retained commit needs
     its manifest). Each manifest is read by the one strict reader
-    (``reconciler.evidence.manifest_keys``): a manifest that is missing, of another type,
+    (``reconciler.evidence.manifest_key_batches``): a manifest that is missing, of another type,
     truncated, or holds a row outside the namespace fails the Spark job, and so the run."""
 
     def produce(item: dict[str, Any]) -> Iterator[tuple[str]]:
         where = f"manifest s3://{item['bucket']}/{item['key']}"
         data = read_bytes(cached_s3(settings), f"s3://{item['bucket']}/{item['key']}")
-        for key in manifest_keys(data, ns.uri, where):
-            yield (key,)
+        for keys in manifest_key_batches(data, ns.uri, where):
+            yield from zip(keys)
 
     # (under a reserved prefix, where services usually keep them, they are never candidates)
     own = [(rel,) for bucket, key in manifests

@@ -154,13 +154,19 @@ MANIFEST_ADDRESS = "address"
 
 def manifest_addresses(data: bytes, where: str) -> Iterator[str]:
     """The ``address`` rows of one commit manifest: text, no nulls, exactly the footer's rows."""
+    for batch in _manifest_batches(data, where):
+        yield from texts(batch, where, MANIFEST_ADDRESS)  # type: ignore[misc]
+
+
+def _manifest_batches(data: bytes, where: str) -> Iterator[Any]:
+    """The ``address`` column of one commit manifest in Arrow batches (its type checked once),
+    then a check that they held exactly the rows its footer declares."""
     pf = _parquet(data, where)
     check_column(pf.schema_arrow, MANIFEST_ADDRESS, TEXT, where)
     seen = 0
     for batch in pf.iter_batches(columns=[MANIFEST_ADDRESS], batch_size=BATCH_ROWS):
-        values = texts(batch.column(0), where, MANIFEST_ADDRESS)
-        seen += len(values)
-        yield from values  # type: ignore[misc]
+        seen += batch.num_rows
+        yield batch.column(0)
     if seen != pf.metadata.num_rows:
         raise EvidenceError(f"{where}: {seen} rows read, its footer declares "
                             f"{pf.metadata.num_rows}")
@@ -168,8 +174,46 @@ def manifest_addresses(data: bytes, where: str) -> Iterator[str]:
 
 def manifest_keys(data: bytes, ns_uri: str, where: str) -> Iterator[str]:
     """Namespace-relative keys a manifest retains (every form of an ambiguous row)."""
-    for address in manifest_addresses(data, where):
-        yield from namespace_keys(ns_uri, address, where)
+    for keys in manifest_key_batches(data, ns_uri, where):
+        yield from keys
+
+
+def manifest_key_batches(data: bytes, ns_uri: str, where: str) -> Iterator[list[str]]:
+    """:func:`manifest_keys` a batch at a time. A batch whose every row is the canonical
+    spelling of a key of the namespace (``<ns_uri><key>``, no ``%``: the one form
+    :func:`namespace_keys` would give, the key itself) is cut in Arrow, without a Python step
+    per row; any other batch (another spelling, an escape, a null, a byte that is not UTF-8)
+    is read row by row, as every row used to be, with its checks and errors."""
+    for column in _manifest_batches(data, where):
+        keys = _canonical_keys(column, ns_uri)
+        if keys is None:
+            values = texts(column, where, MANIFEST_ADDRESS)
+            keys = [key for address in values
+                    for key in namespace_keys(ns_uri, address, where)]  # type: ignore[arg-type]
+        yield keys
+
+
+def _canonical_keys(column: Any, ns_uri: str) -> list[str] | None:
+    """The keys of a column of canonical addresses of ``ns_uri`` (see
+    :func:`manifest_key_batches`), or None when any row is not one."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if ns_uri != canonical_namespace(ns_uri) or column.null_count:
+        return None
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return None  # binary: decoded strictly, row by row
+    if len(column) == 0:
+        return []
+    canonical = pc.and_(pc.starts_with(column, ns_uri),
+                        pc.invert(pc.match_substring(column, "%")))
+    canonical = pc.and_(canonical, pc.not_equal(column, ns_uri))
+    if not pc.all(canonical).as_py():
+        return None
+    # (start in code points, as Python's len: every row starts with ``ns_uri`` itself)
+    return pc.utf8_slice_codeunits(column, len(ns_uri)).to_pylist()  # type: ignore[no-any-return]
 
 
 # ------------------------------------------------------------------ the service's export

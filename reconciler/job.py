@@ -30,6 +30,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,24 +262,43 @@ def _sample(df: Any, col: str = "key") -> list[str]:
 
 
 def _crosscheck(classified: Any, committed: Any, known: Any) -> CrossCheck:
-    """Divergences between the mark and the online (tracker) state."""
+    """Divergences between the mark and the online (tracker) state: the three counts in one
+    Spark job (one pass over the classified listing), a sample only of those that are not 0.
+
+    ``committed``: distinct keys. ``known``: the tracker export, a row per address form."""
     from pyspark.sql import functions as F
 
+    kept = ("reserved", "committed", "uncommitted")
+    staged = F.col("live") & (F.col("reason") == "staged")
+    unref = (~F.col("live")) & (F.col("kind") == "unreferenced")
     listed = classified.select("key")
-    live_missing = (known.filter(F.col("live") & (F.col("reason") == "staged"))
-                    .join(listed, "key", "left_anti"))
-    committed_missing = committed.join(listed, "key", "left_anti")
-    unref_not_marked = (known.filter((~F.col("live")) & (F.col("kind") == "unreferenced"))
-                        .select("key")
-                        .join(classified.filter(F.col("category").isin("reserved",
-                                                                       "committed",
-                                                                       "uncommitted")),
-                              "key"))
+    # The queries of each divergence (run for its sample only when it is not 0).
+    queries = {
+        "live_in_redis_missing_from_store": known.filter(staged).join(listed, "key",
+                                                                       "left_anti"),
+        "committed_missing_from_store": committed.join(listed, "key", "left_anti"),
+        "unreferenced_online_not_marked": (known.filter(unref).select("key")
+                                           .join(classified.filter(F.col("category")
+                                                                   .isin(*kept)), "key")),
+    }
+    # Their counts at once: per key, the export's rows of each kind (a count of rows, as the
+    # queries count them) and whether a retained manifest lists it, against the listing.
+    online = (known.filter(staged | unref).groupBy("key")
+              .agg(F.sum(staged.cast("long")).alias("_staged"),
+                   F.sum(unref.cast("long")).alias("_unref"))
+              .join(committed.select("key").withColumn("_committed", F.lit(1)), "key",
+                    "full_outer")
+              .join(classified.select("key", "category"), "key", "left"))
+    unlisted = F.col("category").isNull()
+    row = online.agg(
+        F.sum(F.when(unlisted, F.col("_staged"))).alias("live_in_redis_missing_from_store"),
+        F.sum(F.when(unlisted & F.col("_committed").isNotNull(), F.lit(1)))
+        .alias("committed_missing_from_store"),
+        F.sum(F.when(F.col("category").isin(*kept), F.col("_unref")))
+        .alias("unreferenced_online_not_marked")).first()
     out = CrossCheck()
-    for name, df in (("live_in_redis_missing_from_store", live_missing),
-                     ("committed_missing_from_store", committed_missing),
-                     ("unreferenced_online_not_marked", unref_not_marked)):
-        n = df.count()
+    for name, df in queries.items():
+        n = int(row[name] or 0) if row is not None else 0
         out[name] = Divergence(n, _sample(df) if n else [])
     return out
 
@@ -533,19 +553,23 @@ class Run:
                           "commit_time": r.commit_time} for r in plan.refs_to_delete or ()]})
         known = export_df(self.spark, self.settings, ns.bucket, export.parts)
         known = known.persist(StorageLevel.MEMORY_AND_DISK)
-        read_back = known.count()
-        if read_back != export.rows:  # the parts this run wrote a moment ago, read whole
-            raise EvidenceError(f"tracker export {report}uncommitted/: {read_back} rows read "
-                                f"back, {export.rows} written")
-        proof.add(Source("tracker_export", len(export.parts), export.rows))
-        with self.ui.phase(f"read {len(plan.manifests)} manifests of "
-                           f"{len(plan.retained)} retained commits"):
+        with ThreadPoolExecutor(1) as pool, \
+                self.ui.phase(f"read {len(plan.manifests)} manifests of "
+                              f"{len(plan.retained)} retained commits"):
+            # The export is read back (and cached) while the manifests are read: two jobs
+            # at once, so that a single export part and a single manifest use two cores.
+            counting = pool.submit(known.count)
             # The manifests are the committed truth: a committed record that no retained
             # manifest lists (an expired commit's, or an entry superseded before its commit)
             # is garbage; a retained commit whose manifest is missing fails the run above/here.
             committed = (manifest_keys_df(self.spark, self.settings, ns, plan.manifests)
                          .distinct().persist(StorageLevel.MEMORY_AND_DISK))
             retention.committed_keys = committed.count()
+            read_back = counting.result()
+        if read_back != export.rows:  # the parts this run wrote a moment ago, read whole
+            raise EvidenceError(f"tracker export {report}uncommitted/: {read_back} rows read "
+                                f"back, {export.rows} written")
+        proof.add(Source("tracker_export", len(export.parts), export.rows))
         proof.add(Source("manifests", len(plan.manifests), keys=retention.committed_keys))
         timed("committed_s", t0)
         lease.check()

@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -164,7 +164,7 @@ def refs_fingerprint(r: Any, repo: str) -> str:
     return retention_fingerprint(meta or {}, branches or {}, tags or {}, {"n": str(n)})
 
 
-def record_digest(fields: dict[str, str] | None,
+def record_digest(fields: Mapping[str, str] | None,
                   token_states: dict[str, str | None]) -> str | None:
     """A digest of an address record and of the states of the tokens its references name.
 

@@ -27,7 +27,7 @@ every delete the store confirmed, and only those (SPEC safety 6).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,12 +35,13 @@ from core.clients import redis_sync
 from core.clock import redis_time_ms
 from core.deleter import Deleter, Plan, RetryPolicy
 from core.facts import RepoFacts
-from core.gate import keep_reasons, read_evidence
+from core.gate import Evidence, keep_reasons, read_evidence
 from core.settings import Settings
 from reconciler.s3io import Namespace, cached_s3, list_keys, put_parquet, read_parquet_rows
-from reconciler.state import refs_fingerprint
-from schemas.layout import RECONCILER_LEASE, OutsideNamespace, RepoKeys, namespace_key
+from reconciler.state import record_digest, refs_fingerprint
+from schemas.layout import RECONCILER_LEASE, OutsideNamespace, namespace_key
 from schemas.liveness import Keep
+from schemas.records import token_state
 
 MAX_KEYS_PER_REQUEST = 1000
 
@@ -102,13 +103,24 @@ def judge_rels(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutoff_ms: 
 
     ``facts``: the repository's durable holds and pauses, proven current right before the read
     (``core/facts.py``); without them every rel is kept."""
+    return _judge_read(r, repo, ns, rels, cutoff_ms=cutoff_ms, now_ms=now_ms,
+                       horizon_ms=horizon_ms, grace_ms=grace_ms, vouched=vouched,
+                       facts=facts)[0]
+
+
+def _judge_read(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutoff_ms: int,
+                now_ms: int, horizon_ms: int | None, grace_ms: int,
+                vouched: Container[str], facts: RepoFacts | None
+                ) -> tuple[dict[str, str], Evidence, dict[str, str]]:
+    """:func:`judge_rels`, with the one evidence read it judged (and rel -> its address)."""
     by_address = {ns.address(rel): rel for rel in rels}
     proof = facts.prove(by="reconciler sweep") if facts is not None else None
     evidence = read_evidence(r, repo, by_address, facts=proof)
     keep = keep_reasons(evidence, repo, ns.uri, path="reconciler", horizon_ms=horizon_ms,
                         grace_ms=grace_ms, cutoff_ms=cutoff_ms, now_ms=now_ms,
                         vouched=_AddressesOf(vouched, ns))
-    return {by_address[a]: why for a, why in keep.items()}
+    return ({by_address[a]: why for a, why in keep.items()}, evidence,
+            {rel: a for a, rel in by_address.items()})
 
 
 def still_referenced(r: Any, repo: str, ns: Namespace, rels: list[str], *, cutoff_ms: int,
@@ -365,25 +377,15 @@ def _in_flight(one: Callable[[int, Any], tuple[SweepStats, BaseException | None]
     return failure
 
 
-def changed_since_mark(r: Any, repo: str, ns: Namespace,
-                       digests: dict[str, str | None]) -> set[str]:
+def changed_since_mark(evidence: Evidence, addresses: Mapping[str, str],
+                       digests: Mapping[str, str | None]) -> set[str]:
     """The rels whose tracker record (or a state of a token it names) is not the one the
-    mark judged: ``digests`` maps rel -> the record's digest at the export (None: no record)."""
-    from reconciler.records import token_state
-    from reconciler.state import record_digest
-
-    keys = RepoKeys(repo)
-    rels = list(digests)
-    pipe = r.pipeline(transaction=False)
-    for rel in rels:
-        pipe.hgetall(keys.address(ns.address(rel)))
-    records = pipe.execute()
-    tokens = sorted({v for rec in records for k, v in (rec or {}).items()
-                     if k.startswith("+")})
-    states = ({t: token_state(v) for t, v in zip(tokens, r.hmget(keys.tokens, tokens),
-                                                 strict=True)} if tokens else {})
-    return {rel for rel, rec in zip(rels, records, strict=True)
-            if record_digest(rec or None, states) != digests[rel]}
+    mark judged, in the records and token states of ``evidence`` (pure): ``digests`` maps
+    rel -> the record's digest at the export (None: no record), ``addresses`` rel -> its
+    address in ``evidence``."""
+    states = {t: token_state(v) for t, v in evidence.token_states.items()}
+    return {rel for rel, digest in digests.items()
+            if record_digest(evidence.fields.get(addresses[rel]) or None, states) != digest}
 
 
 def _stop(r: Any, repo: str, lease_id: str, refs: str | None) -> BaseException | None:
@@ -402,16 +404,18 @@ def _stop(r: Any, repo: str, lease_id: str, refs: str | None) -> BaseException |
 
 def _judge_batch(r: Any, plan: SweepPlan, facts: RepoFacts | None, vouched: Container[str],
                  digests: dict[str, str | None]) -> tuple[dict[str, str], set[str]]:
-    """(rel -> reason to keep now, rels whose record changed since the mark) of a batch.
+    """(rel -> reason to keep now, rels whose record changed since the mark) of a batch, from
+    one read of the evidence: the records judged are the records compared with the mark's.
 
     Live now, the record included: a reference that came after the mark's snapshot (a copy
     back into a branch) changed it, and only that object is skipped; the same record judged
     live means the mark missed what was there (skipped_live: refused). A key a guard keeps
     is not asked whether it changed."""
-    kept = judge_rels(r, plan.repo, plan.ns, list(digests), cutoff_ms=plan.cutoff_ms,
-                      now_ms=redis_time_ms(r), grace_ms=plan.grace_ms, vouched=vouched,
-                      facts=facts)
-    changed = changed_since_mark(r, plan.repo, plan.ns, {
+    kept, evidence, addresses = _judge_read(
+        r, plan.repo, plan.ns, list(digests), cutoff_ms=plan.cutoff_ms,
+        now_ms=redis_time_ms(r), horizon_ms=None, grace_ms=plan.grace_ms, vouched=vouched,
+        facts=facts)
+    changed = changed_since_mark(evidence, addresses, {
         rel: d for rel, d in digests.items() if kept.get(rel) not in GUARD_REASONS})
     return kept, changed
 

@@ -114,6 +114,47 @@ def test_spark_classification_agrees_with_the_pure_one(spark, seed):
     assert anti == pure.marked_keys
 
 
+@pytest.mark.spark
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_crosscheck_counts_what_each_divergence_query_counts(spark, seed):
+    """The cross-check's three counts, taken in one job, are the counts of its three queries:
+    export rows (an address form each, duplicates counted) staged and live but not listed,
+    retained keys not listed, unreferenced rows whose object is kept."""
+    from reconciler.job import _crosscheck
+    from reconciler.mark import classify_df
+
+    rng = random.Random(seed)
+    pool = [f"data/s{rng.randrange(3)}/{i}" for i in range(200)] + ["_hardelete/x", "data//w"]
+    listed = rng.sample(pool, 150)
+    listing = [(k, 1, CUTOFF + rng.randrange(-50, 50)) for k in listed]
+    committed = set(rng.sample(pool, 50))
+    reasons = [(True, "staged", "staged"), (True, "issued", "issued"),
+               (False, "unreferenced", ""), (False, "committed", ""), (True, "staged", "doubt")]
+    rows = [(k, *rng.choice(reasons)) for k in rng.sample(pool, 120)]
+    rows += [(k, *rng.choice(reasons)) for k in rng.sample([r[0] for r in rows], 20)]
+    ldf = spark.createDataFrame(listing, "key string, size long, last_modified long")
+    cdf = spark.createDataFrame([(k,) for k in committed], "key string")
+    kdf = spark.createDataFrame([(k, live, kind, reason, None, None)
+                                 for k, live, kind, reason in rows],
+                                "key string, live boolean, kind string, reason string, "
+                                "commit string, digest string")
+    classified = classify_df(ldf, cdf, kdf, CUTOFF)
+    category = {r["key"]: r["category"] for r in classified.collect()}
+    got = _crosscheck(classified, cdf, kdf)
+    kept = ("reserved", "committed", "uncommitted")
+    want = {
+        "live_in_redis_missing_from_store": sum(
+            1 for k, live, _, reason in rows if live and reason == "staged"
+            and k not in category),
+        "committed_missing_from_store": len(committed - set(category)),
+        "unreferenced_online_not_marked": sum(
+            1 for k, live, kind, _ in rows if not live and kind == "unreferenced"
+            and category.get(k) in kept)}
+    assert {name: got[name].count for name in want} == want
+    assert all(want.values())  # every divergence present in these worlds, each sampled
+    assert all(len(got[name].sample) == min(20, n) for name, n in want.items())
+
+
 
 
 

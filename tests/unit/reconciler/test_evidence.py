@@ -281,3 +281,26 @@ def test_a_keepset_proof_is_complete_only_with_every_required_source() -> None:
     again = KeepSetProof.from_dict(orjson.loads(orjson.dumps(proof.as_dict())))
     assert again == proof
     assert KeepSetProof.from_dict({"complete": "yes", "sources": []}).problem() is not None
+
+
+_PLAIN = st.text(alphabet="abcé€0-_.%+ /", min_size=1, max_size=8).filter(
+    lambda s: s.strip("/") not in ("", ".", ".."))
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(st.lists(_PLAIN, min_size=0, max_size=40), _TYPES,
+       st.sampled_from(["s3://bucket/repo/", "s3://bucket/ré/", "s3://bucket/"]),
+       st.sampled_from(["canonical", "mixed"]))
+def test_prop_the_columnar_manifest_reading_is_the_row_reading(
+        keys: list[str], kind: str, ns: str, spelling: str) -> None:
+    """A batch of canonical addresses is cut in Arrow; it gives exactly the keys, in the
+    order, that the row by row reading gives (every form of every row), and so does a batch
+    that mixes spellings (read row by row)."""
+    from reconciler.evidence import manifest_key_batches, namespace_keys
+
+    rows = [ns + k for k in keys]
+    if spelling == "mixed" and rows:
+        rows[0] = rows[0].replace("s3://bucket/", "S3://Bucket/", 1)
+    data = parquet({"address": _column(rows, kind)})
+    expected = [key for row in rows for key in namespace_keys(ns, row, "m")]
+    assert [k for batch in manifest_key_batches(data, ns, "m") for k in batch] == expected

@@ -493,3 +493,25 @@ def test_a_named_inventory_that_cannot_be_used_refuses_with_one_line(tmp_path):
     (tmp_path / "inv.csv").write_text("key,size,last_modified\nx,1,2026-01-01T00:00:00Z\n")
     assert [f.path for f in named_inventory(None, str(tmp_path))] == [
         str((tmp_path / "inv.csv").resolve())]
+
+
+def test_changed_since_mark_judges_the_records_of_the_one_evidence_read():
+    """The sweep's digest comparison reads the records and token states the judgment read
+    (``core.gate.Evidence.fields``), not a second reading of another moment."""
+    from core.gate import Evidence, Gate
+    from reconciler.state import record_digest
+    from reconciler.sweep import changed_since_mark
+    from schemas.records import decode_address
+
+    ended = {"+r1": "t1", "-r1": "t1", "state": "unreferenced", "since": "5"}
+    raw = {"s3://b/r/same": ended, "s3://b/r/moved": ended,
+           "s3://b/r/new": {"+r9": "t9", "state": "staged"}}
+    evidence = Evidence(Gate(), {**{a: decode_address(h) for a, h in raw.items()},
+                                 "s3://b/r/gone": None, "s3://b/r/none": None},
+                        {}, {"t1": "dropped:7", "t9": "open:8"}, 10, fields=raw)
+    at_mark = record_digest(ended, {"t1": "dropped"})
+    addresses = {rel: f"s3://b/r/{rel}" for rel in ("same", "moved", "new", "gone", "none")}
+    digests = {"same": at_mark, "moved": record_digest(ended, {"t1": "open"}),
+               "new": None, "gone": at_mark, "none": None}
+    # a token that moved, a record that appeared, a record that is gone: changed
+    assert changed_since_mark(evidence, addresses, digests) == {"moved", "new", "gone"}
