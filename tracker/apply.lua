@@ -445,7 +445,11 @@ for i = 1, #events do
     else admitted = C.admit(e[3], e[4], e[5]) == 'apply' end
     if not admitted then seq_dups = seq_dups + 1 end
   elseif was_marked and not admitted then
+    -- a duplicate, or refused (a broken stripe, a retired incarnation): its offset is done
+    -- all the same, or a chunk of nothing else would never be recorded in applied[] and
+    -- hd:log would wait on it for ever (one Redis: LOG_WRITE_LUA)
     skipped = skipped + 1
+    if off > maxoff then maxoff = off end
   else
     applied = applied + 1
     if off > maxoff then maxoff = off end
