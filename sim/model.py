@@ -1554,8 +1554,7 @@ class ModelService:
             # they count is in the export.
             counters = self.model.outbox.counters(repo)
             if counters is not None:
-                export = replace(export, continuity=ExportContinuity(counters.incarnation,
-                                                                     counters.seqs))
+                export = replace(export, continuity=ExportContinuity.of(counters))
         if location is None:
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(export.exported_at_ms / 1000))
             location = (f"{self.model.repository(repo).storage_namespace}_hardelete/exports/"

@@ -177,10 +177,15 @@ def prepare(r: Any, s3: Any, repo: str) -> Prepared:
                            "prepare again")
     nonce = secrets.token_hex(16)
     now = redis_time_ms(r)
+    # What each stripe had applied before the nonce exists: those events were committed
+    # before the service read the nonce, so an export of that incarnation counting fewer
+    # comes from a store that lags (found by an adversarial review).
+    applied = _applied(r, repo)
     _write_marker(s3, namespace, nonce)
     r.set(k.rebuild_snapshot, snap.to_json())
     # Written last: a nonce exists only once its snapshot is complete.
-    r.hset(k.rebuild, mapping={"nonce": nonce, "at_ms": str(now), "losses": losses})
+    r.hset(k.rebuild, mapping={"nonce": nonce, "at_ms": str(now), "losses": losses,
+                               "applied": orjson.dumps(applied).decode()})
     return Prepared(repo, nonce, now, losses, len(snap.refs))
 
 
@@ -203,6 +208,47 @@ def broken_stripes(r: Any, repo: str) -> dict[int, str]:
         if reason is not None:
             out[k] = reason
     return out
+
+
+def _applied(r: Any, repo: str) -> list[list[Any]]:
+    """Per stripe of a sequenced repository: [its incarnation or None, its highest seq
+    applied]."""
+    from core.continuity_store import ContinuityStore
+
+    store = ContinuityStore(r)
+    out: list[list[Any]] = []
+    for k in range(sequenced_stripes(r, repo)):
+        d = store.read(repo, k)
+        out.append([d.incarnation, d.applied_max])
+    return out
+
+
+def continuity_problem(export: ExportContinuity, stripes: list[Any],
+                       applied: list[list[Any]]) -> str | None:
+    """Why this export cannot start the repository's stripes again (``stripes``: their
+    ``core.continuity.Domain`` now; ``applied``: what each had applied at the prepare), or
+    None. Pure."""
+    for k, d in enumerate(stripes):
+        if d.incarnation is not None and d.incarnation != export.incarnation:
+            # The rebuild adds the export's state; it cannot undo what the old incarnation
+            # applied that the restore took back (a removal, a token's end): refused, the
+            # stripe stays broken (found by an adversarial review).
+            return (f"stripe {k} is of incarnation {d.incarnation!r}, the export of "
+                    f"{export.incarnation!r}: a rebuild across a restore of the service's "
+                    "store is not supported (it could not undo what the old incarnation "
+                    "removed); the repository stays stopped")
+        if k < len(applied) and applied[k][0] == export.incarnation \
+                and export.seqs[k] < int(applied[k][1]):
+            return (f"stripe {k}: the export counts seq {export.seqs[k]}, but seq "
+                    f"{applied[k][1]} was applied before the prepare: the export comes from a "
+                    "store that lags (read it from the primary)")
+        kept = export.breaks[k] if k < len(export.breaks) else None
+        if d.broken is not None and (kept is None or kept < d.epoch):
+            # A break the service does not keep would be lost for good with a slot that goes
+            # back once the rebuild lifted it (found by an adversarial review).
+            return (f"stripe {k} is broken ({d.broken}) and the service does not keep that "
+                    "break yet: export again once its relay has recorded it")
+    return None
 
 
 def sequenced_stripes(r: Any, repo: str) -> int:
@@ -240,10 +286,20 @@ class ExportEntry:
 @dataclass(frozen=True)
 class ExportContinuity:
     """A sequenced repository's counters, read in the same transaction of the service's store
-    as the state it exports: every event of stripe k with seq <= ``seqs[k]`` is in it."""
+    as the state it exports: every event of stripe k with seq <= ``seqs[k]`` is in it; and
+    the breaks its outbox keeps (per stripe: the tracker's epoch of the kept break, or None)."""
 
     incarnation: str
     seqs: tuple[int, ...]
+    breaks: tuple[int | None, ...] = ()
+
+    @classmethod
+    def of(cls, counters: Any) -> ExportContinuity:
+        """From ``schemas.outbox.Counters`` (one read of the outbox)."""
+        epochs = counters.broken_epochs or (0,) * counters.stripes
+        return cls(counters.incarnation, tuple(counters.seqs),
+                   tuple(None if why is None else epochs[k]
+                         for k, why in enumerate(counters.broken or (None,) * counters.stripes)))
 
 
 @dataclass(frozen=True)
@@ -279,7 +335,9 @@ class StateExport:
         extra: dict[str, Any] = {}
         if self.continuity is not None:
             extra["continuity"] = {"incarnation": self.continuity.incarnation,
-                                   "seqs": list(self.continuity.seqs)}
+                                   "seqs": list(self.continuity.seqs),
+                                   "breaks": list(self.continuity.breaks)
+                                   or [None] * len(self.continuity.seqs)}
         return orjson.dumps({**extra,
             "format": FORMAT, "repository": self.repository,
             "exported_at": self.exported_at_ms, "rebuild_nonce": self.nonce,
@@ -377,7 +435,13 @@ def parse_export(raw: bytes, namespace: str, repo: str, where: str) -> StateExpo
                     type(s) is not int or not 0 <= s <= 2 ** 53 - 1 for s in seqs):
                 raise fail(f"continuity: seqs {seqs!r} is not a list of 1 to 64 integers "
                            "from 0 to 2^53-1")
-            continuity = ExportContinuity(inc, tuple(seqs))
+            breaks = c.get("breaks") or [None] * len(seqs)
+            if type(breaks) is not list or len(breaks) != len(seqs) or any(
+                    b is not None and (type(b) is not int or not 0 <= b <= 2 ** 53 - 1)
+                    for b in breaks):
+                raise fail(f"continuity: breaks {breaks!r} is not one epoch (or null) per "
+                           "stripe")
+            continuity = ExportContinuity(inc, tuple(seqs), tuple(breaks))
     except RebuildError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -623,6 +687,15 @@ def rebuild(r: Any, s3: Any, repo: str, location: str, *, max_age_ms: int,
         raise RebuildError(f"state export {location}: {repo} is sequenced ({stripes} "
                            f"stripe(s)): the export must carry the counters of every stripe, "
                            "read with the state (\"continuity\": {\"incarnation\", \"seqs\"})")
+    if stripes and cont is not None:
+        from core.continuity_store import ContinuityStore
+
+        store = ContinuityStore(r)
+        problem = continuity_problem(
+            cont, [store.read(repo, i) for i in range(stripes)],
+            orjson.loads(prepared.get("applied") or "[]"))
+        if problem is not None:
+            raise RebuildError(f"state export {location}: {problem}")
     raw = r.get(k.rebuild_snapshot)
     if raw is None:
         raise RebuildError(f"{repo}: the prepared snapshot is gone (Redis went back?); "

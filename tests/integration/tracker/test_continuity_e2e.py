@@ -269,7 +269,7 @@ async def test_a_broken_stripe_is_rebuilt_from_the_services_export_and_reaps_aga
             REPO, await redis_now(fast), prepared.nonce,
             branches={"main": (BranchRecord(None, "t", ()), 1)}, tags={},
             tokens={"t": ("open", (ExportEntry(a, "r1", 1),))}, commits={}, issued={},
-            continuity=ExportContinuity(counters.incarnation, counters.seqs))
+            continuity=ExportContinuity.of(counters))
         bare = write_export(s3, f"{svc.namespace}_hardelete/exports/state-0/",
                             replace(export, continuity=None))
         with pytest.raises(RebuildError, match="must carry the counters"):

@@ -128,7 +128,7 @@ def test_a_sequenced_repositorys_counters_are_read_and_checked() -> None:
     from tracker.rebuild import ExportContinuity, parse_export
 
     good = StateExport("r", 1_000, "n", {}, {}, {}, {}, {},
-                       continuity=ExportContinuity("inc-1", (4, 0, 9)))
+                       continuity=ExportContinuity("inc-1", (4, 0, 9), (None, 2, None)))
     assert parse_export(good.to_json(), NS, "r", "x").continuity == good.continuity
     plain = StateExport("r", 1_000, "n", {}, {}, {}, {}, {})
     assert b"continuity" not in plain.to_json()  # (an export without seqs: as before)
@@ -139,7 +139,35 @@ def test_a_sequenced_repositorys_counters_are_read_and_checked() -> None:
                       ({"incarnation": "i", "seqs": [1, -1]}, "1 to 64 integers"),
                       ({"incarnation": "i", "seqs": [True]}, "1 to 64 integers"),
                       ({"incarnation": "i", "seqs": [2 ** 53]}, "1 to 64 integers"),
-                      ({"incarnation": "i"}, "malformed")):
+                      ({"incarnation": "i"}, "malformed"),
+                      ({"incarnation": "i", "seqs": [1], "breaks": [1, 2]}, "one epoch"),
+                      ({"incarnation": "i", "seqs": [1], "breaks": [-1]}, "one epoch")):
         d["continuity"] = bad
         with pytest.raises(RebuildError, match=says):
             parse_export(orjson.dumps(d), NS, "r", "x")
+
+
+def test_an_export_that_cannot_start_the_stripes_again_is_refused() -> None:
+    """Three findings of an adversarial review: an export across a restore of the store
+    (another incarnation: the rebuild could not undo what the old one removed), an export
+    behind what the mirror applied before the prepare (a lagging store), and a break the
+    service does not keep yet (lost for good with a slot that goes back after the lift)."""
+    from core.continuity import Domain
+    from tracker.rebuild import ExportContinuity, continuity_problem
+
+    ok = ExportContinuity("i1", (5,), (0,))
+    broken = Domain(incarnation="i1", prefix=3, broken="an event without a seq")
+    assert continuity_problem(ok, [broken], [["i1", 4]]) is None
+    assert continuity_problem(ExportContinuity("i1", (5,)), [Domain("i1", 3)], []) is None
+    restored = continuity_problem(ExportContinuity("i2", (5,), (0,)), [broken], [])
+    assert restored and "restore of the service's store" in restored
+    behind = continuity_problem(ExportContinuity("i1", (3,), (0,)), [broken], [["i1", 4]])
+    assert behind and "lags" in behind
+    # (another incarnation's applied seq says nothing about this export's counter)
+    assert continuity_problem(ExportContinuity("i1", (5,), (0,)),
+                              [Domain("i1", 3, broken="x")], [["i0", 9]]) is None
+    unkept = continuity_problem(ExportContinuity("i1", (5,), (None,)), [broken], [])
+    assert unkept and "does not keep that break" in unkept
+    stale = continuity_problem(ExportContinuity("i1", (5,), (0,)),
+                               [Domain("i1", 3, broken="x", epoch=1)], [])
+    assert stale and "does not keep that break" in stale
