@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -290,3 +290,57 @@ def copy(path: str, address: str, ref: str) -> ev.ServiceEvent:
 def delete(path: str, address: str, ref: str) -> ev.ServiceEvent:
     return ev.ObjectDeleted(repository=REPO, branch="main", staging_token="t", path=path,
                             address=address, ref_id=ref)
+
+
+# --- waiting and reaping, for the tests of this service ----------------------------------------
+
+async def until(read: Callable[[], Any], ok: Callable[[Any], bool],
+                timeout: float = 30.0) -> Any:
+    """``read()`` again until ``ok`` of it holds (returns it); fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = read()
+        if ok(v):
+            return v
+        assert time.monotonic() < deadline, v
+        await asyncio.sleep(0.05)
+
+
+async def certified(settings: Settings, after_ms: int, timeout: float = 30.0) -> int:
+    """Wait until ``REPO``'s continuity horizon passes ``after_ms``; returns it."""
+    from core.clients import redis_sync
+    from core.continuity_store import ContinuityStore
+
+    r = redis_sync(settings)
+    store = ContinuityStore(r)
+    try:
+        h = await until(lambda: store.horizon(REPO, 1), lambda h: h is not None and h > after_ms,
+                        timeout)
+        return int(h)
+    finally:
+        r.close()
+
+
+async def wait_log(settings: Settings) -> None:
+    """The tracker's horizon over the log passes the server's now (the continuity horizon is
+    not waited for: :func:`certified`)."""
+    from core.clients import redis_async
+    from core.clock import await_horizon
+    from sim.testing import redis_now
+
+    r = redis_async(settings)
+    try:
+        await await_horizon(r, await redis_now(settings), 60.0)
+    finally:
+        await r.aclose()
+
+
+async def reap(settings: Settings, s3: Any) -> Any:
+    """One pass of a reaper; its report."""
+    from reaper.daemon import Reaper
+
+    reaper = Reaper(settings, s3=s3)
+    try:
+        return await reaper.run_once()
+    finally:
+        await reaper.close()

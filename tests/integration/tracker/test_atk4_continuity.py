@@ -19,19 +19,10 @@ import pytest
 from core.clients import redis_sync
 from core.continuity_store import ContinuityStore
 from core.settings import Settings
-from reaper.daemon import Reaper
-from sim.sequenced import REPO, Service, copy, delete, service, write
+from sim.sequenced import REPO, Service, copy, delete, reap, service, write
 from sim.testing import redis_now, wait_horizon
 from sim.worlds import boundary
 from tracker.daemon import running_tracker
-
-
-async def reap(settings: Settings, s3: Any) -> Any:
-    reaper = Reaper(settings, s3=s3)
-    try:
-        return await reaper.run_once()
-    finally:
-        await reaper.close()
 
 
 @pytest.fixture

@@ -29,11 +29,21 @@ import pytest
 from core.clients import redis_sync
 from core.continuity_store import ContinuityStore
 from core.settings import Settings
-from reaper.daemon import Reaper
 from schemas import events as ev
 from schemas.outbox import Outbox
 from schemas.publisher import Publisher
-from sim.sequenced import REPO, LossyRelay, Service, copy, delete, service, write
+from sim.sequenced import (
+    REPO,
+    LossyRelay,
+    Service,
+    copy,
+    delete,
+    reap,
+    service,
+    until,
+    wait_log,
+    write,
+)
 from sim.stack import Server, redis_server
 from sim.testing import redis_now
 from tracker.daemon import running_tracker
@@ -164,34 +174,13 @@ STEP_S = 2.5  # a forward step smaller than grace
 SHIFT_S = 12.0  # a backward step: more than grace
 
 
-async def reap(settings: Settings, s3: Any) -> Any:
-    reaper = Reaper(settings, s3=s3)
-    try:
-        return await reaper.run_once()
-    finally:
-        await reaper.close()
 
 
-async def until(read: Any, ok: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = read()
-        if ok(v):
-            return v
-        assert time.monotonic() < deadline, v
-        await asyncio.sleep(0.05)
 
 
-async def wait_log(settings: Settings) -> None:
-    """The tracker's horizon over the log passes the server's now."""
-    from core.clients import redis_async
-    from core.clock import await_horizon
 
-    r = redis_async(settings)
-    try:
-        await await_horizon(r, await redis_now(settings), 60.0)
-    finally:
-        await r.aclose()
+
+
 
 
 # --- 1. the horizon is certified on one clock, since(A) was stamped on another ---------------

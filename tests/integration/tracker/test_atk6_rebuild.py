@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +20,10 @@ import pytest
 from core.clients import redis_sync
 from core.continuity_store import ContinuityStore
 from core.settings import Settings
-from reaper.daemon import Reaper
 from schemas import events as ev
 from schemas.layout import RepoKeys
 from schemas.records import BranchRecord
-from sim.sequenced import REPO, Service, delete, service
+from sim.sequenced import REPO, Service, certified, delete, reap, service, until, wait_log
 from sim.testing import redis_now, wait_horizon
 from tracker.daemon import running_tracker
 from tracker.rebuild import (
@@ -51,33 +49,17 @@ def write(path: str, address: str, ref: str, token: str = "t") -> ev.ServiceEven
                             address=address, size=1, ref_id=ref)
 
 
-async def until(read: Any, ok: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = read()
-        if ok(v):
-            return v
-        assert time.monotonic() < deadline, v
-        await asyncio.sleep(0.05)
 
 
-async def certified(settings: Settings, after_ms: int, timeout: float = 30.0) -> int:
-    store = ContinuityStore(redis_sync(settings))
-    d = await until(lambda: store.read(REPO, 0),
-                    lambda d: d.horizon_ms is not None and d.horizon_ms > after_ms, timeout)
-    return int(d.horizon_ms)
+
+
 
 
 def addr_key(address: str) -> str:
     return RepoKeys(REPO).address(address)
 
 
-async def reap(settings: Settings, s3: Any) -> Any:
-    reaper = Reaper(settings, s3=s3)
-    try:
-        return await reaper.run_once()
-    finally:
-        await reaper.close()
+
 
 
 def copy_store(svc: Service, where: Path) -> Path:
@@ -219,15 +201,7 @@ def _restore(r: Any, snap: dict[str, bytes], pattern: str) -> None:
         r.restore(k, 0, v, replace=True)
 
 
-async def wait_log(settings: Settings) -> None:
-    from core.clients import redis_async
-    from core.clock import await_horizon
 
-    r = redis_async(settings)
-    try:
-        await await_horizon(r, await redis_now(settings), 60.0)
-    finally:
-        await r.aclose()
 
 
 @pytest.mark.parametrize("topology", ["cluster"], indirect=True)

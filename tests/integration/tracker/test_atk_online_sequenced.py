@@ -23,11 +23,10 @@ from redis import Redis
 from core.clients import redis_sync, split_s3_uri
 from core.continuity_store import ContinuityStore
 from core.settings import Settings
-from reaper.daemon import Reaper
 from schemas import control
 from schemas import events as ev
 from schemas.outbox import Outbox
-from sim.sequenced import LossyRelay
+from sim.sequenced import LossyRelay, reap, until, wait_log
 from sim.testing import publish, redis_now, wait_horizon
 from tracker.daemon import running_tracker
 
@@ -113,25 +112,10 @@ def delete(branch: str, path: str, address: str, ref: str) -> ev.ServiceEvent:
                             path=path, address=address, ref_id=ref)
 
 
-async def reap(settings: Settings, s3: Any) -> Any:
-    reaper = Reaper(settings, s3=s3)
-    try:
-        return await reaper.run_once()
-    finally:
-        await reaper.close()
 
 
-async def wait_log(settings: Settings) -> None:
-    """The tracker's horizon over the log passes now (the continuity horizon is not waited
-    for: the tests below are about what certifies it)."""
-    from core.clients import redis_async
-    from core.clock import await_horizon
 
-    r = redis_async(settings)
-    try:
-        await await_horizon(r, await redis_now(settings), 60.0)
-    finally:
-        await r.aclose()
+
 
 
 @asynccontextmanager
@@ -162,14 +146,7 @@ async def next_tick(consumer: AIOKafkaConsumer, repo: str, after_ms: int,
     raise TimeoutError(f"no tick of {repo} past {after_ms}")
 
 
-async def until(read: Any, ok: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = read()
-        if ok(v):
-            return v
-        assert time.monotonic() < deadline, v
-        await asyncio.sleep(0.05)
+
 
 
 @pytest.fixture

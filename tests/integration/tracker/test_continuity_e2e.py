@@ -21,10 +21,9 @@ import pytest
 from core.clients import redis_sync
 from core.continuity_store import ContinuityStore
 from core.settings import Settings
-from reaper.daemon import Reaper
 from schemas import events as ev
 from schemas.layout import INCIDENTS, RepoKeys
-from sim.sequenced import REPO, Service, delete, service
+from sim.sequenced import REPO, Service, certified, delete, reap, service
 from sim.testing import publish, redis_now, wait_horizon
 from tracker.daemon import running_tracker
 
@@ -37,30 +36,10 @@ def write(svc: Service, path: str, address: str, ref: str) -> ev.ServiceEvent:
                             address=address, size=1, ref_id=ref)
 
 
-async def certified(settings: Settings, after_ms: int, timeout: float = 30.0) -> int:
-    """Wait until the repository's continuity horizon passes ``after_ms``; returns it."""
-    r = redis_sync(settings)
-    store = ContinuityStore(r)
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            h = store.horizon(REPO, 1)
-            if h is not None and h > after_ms:
-                return h
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no continuity horizon past {after_ms}: "
-                                   f"{store.read(REPO, 0)}")
-            await asyncio.sleep(0.05)
-    finally:
-        r.close()
 
 
-async def reap(settings: Settings, s3: Any) -> Any:
-    reaper = Reaper(settings, s3=s3)
-    try:
-        return await reaper.run_once()
-    finally:
-        await reaper.close()
+
+
 
 
 @pytest.fixture
