@@ -21,6 +21,8 @@ file followed by its own body (core.continuity_store.compose), which calls
   C.horizon(n)                   -> the repository's horizon over stripes 0..n-1, or nil
   C.gaps(k, limit)               -> {a1, b1, a2, b2, ...}: the ranges to ask again for
   C.read(k)                      -> {fields}, {above}, {pending}: the whole state (strings)
+  C.clock()                      -> the slot's clock, ms (core.continuity.slot_clock): the
+                                 -- node's TIME, never below what the slot read before
 
 k is the stripe (0..63). Numbers (seq, M, R) are decimal strings (or Lua numbers) holding
 integers 0..2^53-1: exact in Lua's doubles, and written with '%.0f', never tostring (which
@@ -308,6 +310,18 @@ local function continuity(P)
     local s = stripe(k)
     if s.nabove == 0 then return s.prefix end
     return tonumber(redis.call('ZRANGE', s.above, -1, -1)[1])
+  end
+
+  -- Every time a since is stamped with or a tick is read at comes from here: a clock that
+  -- steps back (or a failover to a replica whose clock is behind) only stalls it, so a since
+  -- stamped after a tick is never below it (schemas/README.md, "Clocks", A7).
+  function C.clock()
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local high = tonumber(redis.call('GET', P .. 'clock') or '0') or 0
+    if now <= high then return high end
+    redis.call('SET', P .. 'clock', fmt(now))
+    return now
   end
 
   function C.horizon(n)

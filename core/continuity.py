@@ -206,3 +206,20 @@ def horizon(domains: Iterable[Domain]) -> int | None:
             return None
         values.append(d.horizon_ms)
     return min(values) if values else None
+
+
+def slot_clock(high_ms: int, time_ms: int) -> int:
+    """The repository slot's clock at a node's ``TIME`` reading, given the highest value it
+    gave before (kept in the slot, ``hd:{R}:clock``): never lower. A clock stepping back, or a
+    failover to a replica whose clock is behind, then stalls it instead of stamping a since
+    below a tick read earlier (``continuity.lua``'s ``C.clock``)."""
+    return max(high_ms, time_ms)
+
+
+def tick_time(clock_ms: int, skew_ms: int) -> int:
+    """The R a tick read at the slot clock ``clock_ms`` carries: ``skew_ms`` less, so that an
+    address unreferenced since ``s`` (slot clock) goes only once ``R >= s + grace``, which
+    then means at least ``grace`` of real time passed between the since and the tick as long
+    as the slot clock gains at most ``skew_ms`` on real time (A7: a forward step of a node's
+    clock, a failover to a replica whose clock is ahead)."""
+    return max(0, clock_ms - skew_ms)

@@ -216,7 +216,9 @@ DOCS: dict[str, str] = {
     "s3_request_seconds": "a delete or copy request is void after this (its signature expires; "
                           "the S3 client's timeouts too): restore waits it out",
     "clock_skew_seconds": "the largest clock difference between the reaper, the S3 store, "
-                          "Redis and the operator's host",
+                          "Redis and the operator's host, and the most a repository's Redis "
+                          "clock may jump forward (a node's clock stepped, a failover to a "
+                          "replica whose clock is ahead): a tick's time is lowered by this",
     "tombstone_days": "reaped addresses are remembered this long to catch late references",
     "retired_retention_days": "a retired repository's data is kept this long (its namespace "
                               "is not given to another repository meanwhile), then purged",

@@ -18,10 +18,17 @@
 -- complete: ARGV[2] prefix, ARGV[3..] addresses whose delete the store confirmed
 -- prune:    ARGV[2] prefix, ARGV[3] tombstone ms, ARGV[4] limit
 -- restore:  ARGV[2] prefix, ARGV[3] address restored from quarantine
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op = ARGV[1]
 local prefix = ARGV[2]
+-- The slot's clock (continuity.lua's C.clock, read without moving it: a since stamped here is
+-- never below a tick read before, whatever the node's clock did since).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local slot = string.match(prefix, '^(.*)a:$')
+if slot ~= nil then
+  local high = tonumber(redis.call('GET', slot .. 'clock') or '0') or 0
+  if high > now then now = high end
+end
 
 -- An address record: plain fields, added refs (+ref -> token), removed refs (-ref -> token).
 local function read_record(addr)

@@ -303,6 +303,12 @@ class RepoKeys:
         return f"{self.tag}:deadseq"
 
     @property
+    def clock(self) -> str:
+        """The slot's clock (``core.continuity.slot_clock``): the highest TIME its scripts
+        read; every since and tick comes from ``max(TIME, clock)``."""
+        return f"{self.tag}:clock"
+
+    @property
     def address_prefix(self) -> str:
         return f"{self.tag}:a:"
 

@@ -48,8 +48,7 @@ local now
 if ARGV[5] ~= nil and ARGV[5] ~= '' then
   now = tonumber(ARGV[5])
 else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now = C.clock()
 end
 
 local K_META, K_TOKENS, K_BRANCHES = P .. 'repo', P .. 'tokens', P .. 'branches'

@@ -27,14 +27,14 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from core.continuity import Domain, gaps
+from core.continuity import Domain, gaps, tick_time
 from core.continuity_store import AsyncContinuityStore, compose
 from core.settings import Settings
 from schemas import control
 from schemas.layout import REPOS, RepoKeys
 from tracker.metrics import TrackerMetrics
 
-# The time and what was applied then, read atomically: every seq applied before the time
+# The slot's clock and what was applied then, read atomically: every seq applied before the time
 # committed before the relay reads M, so a watermark below it is from a store that lags.
 # No tick is read while a stripe is broken (atomically with the time): a watermark answering
 # a tick read after the break would certify a slot that went back to before it (found by an
@@ -42,8 +42,7 @@ from tracker.metrics import TrackerMetrics
 # (a fixed replay or a re-send applied them).
 _TICK = compose("""
 local C = continuity(ARGV[1])
-local t = redis.call('TIME')
-local out = {t[1], t[2]}
+local out = {string.format('%.0f', C.clock())}
 for k = 0, tonumber(ARGV[2]) - 1 do
   if C.is_broken(k) then out = {} break end
   out[#out + 1] = string.format('%.0f', C.applied_max(k))
@@ -78,6 +77,7 @@ class Ticker:
         self.metrics = metrics
         self.log = log
         self.store = AsyncContinuityStore(redis)
+        self.skew_ms = round(settings.clock_skew_seconds * 1000)
         self._tick = redis.register_script(_TICK)
         self._asked: dict[tuple[str, int, str, int, int], float] = {}  # range -> monotonic
         self._told: dict[tuple[str, int], float] = {}  # broken stripe -> monotonic
@@ -115,9 +115,9 @@ class Ticker:
             keys = RepoKeys(repo)
             read = await self._tick(keys=[keys.meta], args=[keys.tag + ":", stripes])
             if read:  # (none while a stripe is broken)
-                sec, usec, *applied = read
-                tick = control.signed_tick(self.key, repo, int(sec) * 1000 + int(usec) // 1000,
-                                           [int(a) for a in applied])
+                clock, *applied = read
+                at = tick_time(int(clock), self.skew_ms)
+                tick = control.signed_tick(self.key, repo, at, [int(a) for a in applied])
                 await self.producer.send(topic, control.encode(tick), key=tick.key)
                 done.ticks += 1
             domains = [await self.store.read(repo, k) for k in range(stripes)]

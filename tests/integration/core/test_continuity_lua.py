@@ -21,6 +21,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from core.clients import redis_async
+from core.clock import redis_time_ms
 from core.continuity import (
     PENDING_MAX,
     SEQ_MAX,
@@ -33,6 +34,7 @@ from core.continuity import (
     gaps,
     horizon,
     rebuilt,
+    slot_clock,
 )
 from core.continuity_store import AsyncContinuityStore, ContinuityStore, compose
 from schemas.layout import RepoKeys
@@ -219,6 +221,22 @@ def test_the_async_store_and_a_composed_script(settings, redis_client):
     script = redis_client.register_script(compose(body))
     keys = RepoKeys("r")
     assert script(keys=[keys.continuity(1)], args=[keys.tag + ":"]) == ["apply", 40]
+
+
+@BOTH_TOPOLOGIES
+def test_the_slot_clock_never_goes_back(settings, redis_client):
+    """``C.clock`` is ``core.continuity.slot_clock`` over the node's TIME: a high-water mark
+    ahead of the node (a clock stepped back) is returned as is; one behind is moved on."""
+    keys = RepoKeys("r")
+    script = redis_client.register_script(compose(
+        "local C = continuity(ARGV[1]) return string.format('%.0f', C.clock())"))
+    now = redis_time_ms(redis_client)
+    ahead = now + 3_600_000
+    redis_client.set(keys.clock, str(ahead))
+    assert int(script(keys=[keys.clock], args=[keys.tag + ":"])) == slot_clock(ahead, now)
+    redis_client.set(keys.clock, "1000")
+    read = int(script(keys=[keys.clock], args=[keys.tag + ":"]))
+    assert read >= now and int(redis_client.get(keys.clock)) == read
 
 
 @BOTH_TOPOLOGIES

@@ -185,23 +185,20 @@ SHIFT_S = 12.0  # a backward step: more than grace
 
 # --- 1. the horizon is certified on one clock, since(A) was stamped on another ---------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "atk5 1: the continuity horizon R and since(A) are compared as if read on one clock; the "
-    "repository's node stepping its clock forward (NTP correcting a clock that was behind, or "
-    "a failover to a replica whose clock is ahead) between since(A) and the tick makes the "
-    "horizon pass a copy committed after the relay read M: the reaper deletes its object"))
 async def test_a_clock_stepping_forward_between_since_and_the_tick_keeps_a_copys_object(
         skewed: Settings, s3: Any, tmp_path: Path, shifted_redis: ShiftedRedis) -> None:
     """A is written (r1, seq 3). The service starts a copy of A into b: it reads r1 (time
     ``read``). r1 is deleted (seq 4): the mirror holds A unreferenced since s, on the node's
     clock. The copy is slow (within A4: it commits less than grace after its read). About
     grace - STEP_S after s the node's clock steps forward by STEP_S (< grace). The next tick
-    reads R >= s + grace; the relay, honestly, answers M = 4 (everything committed so far);
-    the prefix covers it and the horizon is R. The copy then commits (r2, seq 5), its publish
+    reads the slot clock c >= s + grace; the relay, honestly, answers M = 4 (everything
+    committed so far); the prefix covers it. The copy then commits (r2, seq 5), its publish
     slow (lost for now, re-sends too). Every assumption A1-A6 holds and the relay's promise
-    holds in real time; but R - grace >= s on the node's clock, so the reaper claims A and
-    deletes it while r2 (open token) references it at the service. Any forward step D > 0
-    opens such a window, D wide, for a copy slow enough."""
+    holds in real time. A tick carrying R = c (the slot clock read raw) certified a horizon
+    R - grace >= s, and the reaper deleted A while r2 (open token) references it: any forward
+    step D > 0 opened such a window, D wide, for a copy slow enough. Held: with A7 (the slot
+    clock gains at most ``clock_skew_seconds`` = STEP_S) the tick carries R = c - skew."""
+    skewed = skewed.replace(clock_skew_seconds=STEP_S)  # A7: the step is within the bound
     async with service(skewed, s3, tmp_path) as svc, running_tracker(skewed):
         r = redis_sync(skewed)
         store = ContinuityStore(r)
@@ -216,8 +213,9 @@ async def test_a_clock_stepping_forward_between_since_and_the_tick_keeps_a_copys
         while await redis_now(skewed) < since + grace_ms - step_ms + 200:
             await asyncio.sleep(0.05)
         shifted_redis.shift(STEP_S)  # the node's clock steps forward
-        await until(lambda: store.read(REPO, 0).horizon_ms or 0,
-                    lambda h: h >= since + grace_ms)
+        stepped = await redis_now(skewed)  # (>= s + grace on the stepped clock)
+        await until(lambda: store.read(REPO, 0).horizon_ms or 0,  # a tick read since certified
+                    lambda h: h >= stepped - step_ms)
         lost = copy("b", a, "r2")
         svc.relay.drop.add(lost.event_id)
         svc.emit(lost)  # committed after the relay read M = 4
@@ -227,11 +225,6 @@ async def test_a_clock_stepping_forward_between_since_and_the_tick_keeps_a_copys
         assert svc.exists(a), (report, store.read(REPO, 0), since)  # r2 references A
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "atk5 2: a horizon certified on a node whose clock was ahead stays in the slot when the "
-    "clock steps back (or the slot fails over to a replica whose clock is behind); since(A) "
-    "stamped afterwards is below it, so a copy committed after the certifying watermark's M "
-    "is passed and the reaper deletes its object"))
 async def test_a_clock_stepping_back_under_a_certified_horizon_keeps_a_copys_object(
         skewed: Settings, s3: Any, tmp_path: Path, shifted_redis: ShiftedRedis) -> None:
     """The node's clock runs SHIFT_S ahead; A is written (r1, seq 3) and the horizon is
@@ -239,7 +232,9 @@ async def test_a_clock_stepping_back_under_a_certified_horizon_keeps_a_copys_obj
     failover to a replica whose clock is right): ticks now read times below R and certify
     nothing new, so the horizon stays at R. The service copies A (r2, seq 4, publish lost) and
     deletes r1 (seq 5, applied): since(A) = s, stamped on the new clock, below R - grace. The
-    relay never said anything about seq 4 at any R' >= s; the reaper deletes A anyway."""
+    relay never said anything about seq 4 at any R' >= s; a since stamped on the node's raw
+    clock let the reaper delete A anyway. Held: the slot clock never goes back (it stalls at
+    the highest time its scripts read), so since(A) is stamped at or above R."""
     shifted_redis.shift(SHIFT_S)
     async with service(skewed, s3, tmp_path) as svc, running_tracker(skewed):
         r = redis_sync(skewed)
@@ -604,10 +599,6 @@ FAILOVER_GRACE_S = 8.0
 AHEAD_S = 4.0  # the replica's clock runs this far ahead of the primary's (< grace)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "atk5 1b: a lossless manual failover to a replica whose clock runs ahead (by less than "
-    "grace) between since(A) and the next tick: the horizon, read on the new primary's clock, "
-    "passes a copy committed after the relay read M, and the reaper deletes its object"))
 async def test_a_failover_to_a_replica_whose_clock_runs_ahead_keeps_a_copys_object(
         settings: Settings, s3: Any, tmp_path: Path, failover_pair: FailoverPair) -> None:
     """Test 1 on a Redis Cluster, with no clock stepping: the repository's primary and its
@@ -616,10 +607,12 @@ async def test_a_failover_to_a_replica_whose_clock_runs_ahead_keeps_a_copys_obje
     clock. A planned failover (CLUSTER FAILOVER: the replica catches up first, nothing is
     lost, no forensics fire) makes the replica primary; its ticks read its own clock, the
     relay honestly answers M = 4, and the horizon passes s + grace. The copy commits within
-    grace of its read (A4), its publish slow. The reaper deletes A, live through r2."""
+    grace of its read (A4), its publish slow. With the tick read raw the reaper deleted A,
+    live through r2. Held: A7 bounds what the failover moves the slot clock forward
+    (``clock_skew_seconds`` = AHEAD_S), and the tick carries R = clock - skew."""
     s = settings.replace(redis_url=failover_pair.url, redis_cluster=True,
                          tick_interval_seconds=0.1, resend_interval_seconds=0.3,
-                         grace_seconds=FAILOVER_GRACE_S)
+                         grace_seconds=FAILOVER_GRACE_S, clock_skew_seconds=AHEAD_S)
     failover_pair.replica.shift(AHEAD_S)
     async with service(s, s3, tmp_path) as svc, running_tracker(s):
         r = redis_sync(s)
@@ -635,8 +628,9 @@ async def test_a_failover_to_a_replica_whose_clock_runs_ahead_keeps_a_copys_obje
         while await redis_now(s) < since + grace_ms - int(AHEAD_S * 1000) + 200:
             await asyncio.sleep(0.05)
         await asyncio.to_thread(failover_pair.failover)
-        await until(lambda: store.read(REPO, 0).horizon_ms or 0,
-                    lambda h: h >= since + grace_ms)
+        ahead = since + grace_ms + 200  # the new primary's clock is at least this
+        await until(lambda: store.read(REPO, 0).horizon_ms or 0,  # a tick read since certified
+                    lambda h: h >= ahead - int(AHEAD_S * 1000))
         lost = copy("b", a, "r2")
         svc.relay.drop.add(lost.event_id)
         svc.emit(lost)  # committed after the relay read M = 4
