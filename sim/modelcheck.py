@@ -29,7 +29,11 @@ the reaper's decision. Kafka, Redis and the service are small abstract models:
   mirror restored from a snapshot: records and continuity state together) is a fault.
 - **Reaper**: eager: after every step it deletes every address ``judge`` allows at the
   repository's horizon and marks it reaped (``apply`` of its ``addresses_reaped``).
-- **Clock**: the Redis clock, advanced by 1 as a step, up to ``clock``.
+- **Clock**: real time, advanced by 1 as a step, up to ``clock``; the copy's window (A4) and
+  the backup's age run on it. The Redis node's clock is real time plus an offset a fault sets
+  once (a forward step of ``skew``, A7's bound, or a step back of ``back``); the slot clock
+  (``core.continuity.slot_clock``) stamps every since and is what ticks read, and a tick
+  carries ``tick_time`` of it.
 
 Safety: in no reachable state is an address deleted while a reference to it is live in the
 service's store (staged in an open token, or committed). A copy that commits a reference to an
@@ -40,9 +44,11 @@ the tracker's apply time of the watermark; (b) a watermark accepted without ``pr
 (c) M taken from the relay's published count; (d) a copy committing later than grace after its
 read; (e) a store restored without a new incarnation (its seqs reused); (f) today's
 broker-progress proof (the horizon is the time up to which the log as it is now was consumed)
-with the log replaced. Two limits of the contract show as counterexamples too
-(:data:`LIMITS`): a copy committing exactly ``grace`` after its read, and a store restored from
-a copy as old as grace.
+with the log replaced; (g) a tick carrying the slot clock as read (not ``tick_time``'s skew
+less) when the node's clock steps forward; (h) since and ticks read from the node's clock (not
+the slot clock, which never goes back) when it steps back. Two limits of the contract show
+as counterexamples too (:data:`LIMITS`): a copy committing exactly ``grace`` after its read,
+and a store restored from a copy as old as grace.
 
 Run: ``./dev modelcheck [--bound tiny|small|medium|large|stripes]``; the unit tests
 (``tests/unit/sim/test_modelcheck.py``) run the tiny bound.
@@ -60,7 +66,17 @@ from functools import partial
 from itertools import combinations
 from typing import Any
 
-from core.continuity import Admission, Domain, Watermark, admit, certify, gaps, horizon
+from core.continuity import (
+    Admission,
+    Domain,
+    Watermark,
+    admit,
+    certify,
+    gaps,
+    horizon,
+    slot_clock,
+    tick_time,
+)
 from schemas import events as ev
 from schemas.liveness import judge
 from schemas.records import AddressRecord
@@ -80,6 +96,8 @@ class Bug(StrEnum):
     SLOW_COPY = "d"  # a copy commits later than grace after its read
     SEQ_REUSE = "e"  # a store restored without a new incarnation (seqs reused)
     BROKER_PROGRESS = "f"  # today's proof: the log as it is now consumed up to R
+    RAW_TICK = "g"  # a tick carries the slot clock as read, not less the skew (A7)
+    NODE_CLOCK = "h"  # since and ticks from the node's TIME, not the slot clock (may go back)
 
 
 BUG_TEXT = {
@@ -89,6 +107,8 @@ BUG_TEXT = {
     Bug.SLOW_COPY: "copy commits later than grace after its read",
     Bug.SEQ_REUSE: "store restored, no new incarnation",
     Bug.BROKER_PROGRESS: "broker-progress proof, log replaced",
+    Bug.RAW_TICK: "tick not lowered by the skew, clock steps forward",
+    Bug.NODE_CLOCK: "since on the node's clock, clock steps back",
 }
 
 
@@ -98,11 +118,15 @@ class Fault(StrEnum):
     DUP = "dup"  # a record delivered twice
     REDIS = "redis"  # the mirror restored from a snapshot (records and continuity together)
     STORE = "store"  # the service's store restored from a backup (younger than grace)
+    STEP = "step"  # the node's clock steps forward by Bounds.skew (A7's bound)
+    BACK = "back"  # the node's clock steps back by Bounds.back
 
 
 # The fault a bug needs to show itself (the others need none).
 BUG_FAULTS = {Bug.SEQ_REUSE: frozenset({Fault.STORE}),
-              Bug.BROKER_PROGRESS: frozenset({Fault.REPLACE})}
+              Bug.BROKER_PROGRESS: frozenset({Fault.REPLACE}),
+              Bug.RAW_TICK: frozenset({Fault.STEP}),
+              Bug.NODE_CLOCK: frozenset({Fault.BACK})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +145,8 @@ class Bounds:
     copy_window: int | None = None  # A4: a copy commits < read + window (default grace)
     restore_age: int | None = None  # a store is restored from a copy younger (default grace)
     after_restore: int = 1  # changes the service commits after a restore (per stripe)
+    skew: int = 0  # A7: what the slot clock may gain on real time; a tick's R is that less
+    back: int = 2  # how far the node's clock steps back (Fault.BACK)
 
 
 BOUNDS = {
@@ -187,6 +213,10 @@ class Result:
 #  10 ssnap: () not taken | (store, pub, clock) | USED
 #  11 deleted: frozenset of addresses the reaper deleted
 #  12 faults used
+#  13 the node clock's offset from real time (Fault.STEP: +skew, Fault.BACK: -back); the slot
+#     clock is max(last_tick, clock + offset): every tick moves the slot's high-water mark and
+#     settle ticks as soon as the slot clock passes it, so last_tick is that mark (a Redis
+#     restore would take the mark back too; with one fault per run it never meets a step)
 State = tuple[Any, ...]
 Action = tuple[Any, ...]
 Move = tuple[Action, int, tuple[int, int, int, int] | None]  # action, store, (k, seq, inc, event)
@@ -281,6 +311,7 @@ class Checker:
         self.faults = config.faults
         self.broker = config.bug is Bug.BROKER_PROGRESS
         self.K = b.stripes
+        self.skew = b.skew
         self.events: list[ev.Event] = []
         self._event_ids: dict[tuple[Any, ...], int] = {}
         self.mirrors: list[RepoState] = []
@@ -371,6 +402,12 @@ class Checker:
         """A stripe is broken: the repository has no horizon until a rebuild (or Redis going
         back)."""
         return not self.broker and any(self.domains[d].broken is not None for d in dom)
+
+    def slot(self, s: State) -> int:
+        """The slot clock at ``s``: what a since is stamped with and a tick read at
+        (``core.continuity.slot_clock``; bug h: the node's TIME as it is)."""
+        node = s[0] + s[13]
+        return node if self.bug is Bug.NODE_CLOCK else slot_clock(s[8], node)
 
     def wanted(self, dom: tuple[int, ...]) -> frozenset[tuple[int, int]]:
         """(stripe, seq) of every seq ``gaps`` names."""
@@ -520,13 +557,13 @@ class Checker:
         rsnap = () if Fault.REDIS in self.faults and not self.broker else USED
         ssnap = () if Fault.STORE in self.faults and not self.broker else USED
         return (0, sid, (EMPTY,) * self.K, EMPTY, 0, EMPTY, mid, dom, -1,
-                rsnap, ssnap, frozenset(), 0)
+                rsnap, ssnap, frozenset(), 0, 0)
 
     def successors(self, s: State) -> list[tuple[Action, State]]:
         """Every step from ``s``, before :meth:`settle`."""
         out: list[tuple[Action, State]] = []
         (clock, sid, pub, inbox, lossy, log, mid, dom, last_tick, rsnap, ssnap, deleted,
-         nf) = s
+         nf, offset) = s
         b = self.b
         fault_left = nf < b.faults
         if not fault_left and self.stalled(dom) and not (
@@ -550,7 +587,7 @@ class Checker:
                 # The broker-progress proof: at R the tracker's position is the log's end.
                 out.append((("progress", clock), (*s[:7], (clock,), *s[8:])))
             if fault_left and log and Fault.REPLACE in self.faults:
-                out.append((("replace", len(log)), (*s[:5], EMPTY, *s[6:12], nf + 1)))
+                out.append((("replace", len(log)), (*s[:5], EMPTY, *s[6:12], nf + 1, *s[13:])))
             return out
         self._relay(s, out, fault_left)
         if not ssnap:
@@ -568,20 +605,25 @@ class Checker:
                 for ghosts in combinations(tail, n):
                     out.append((("store_restore", self.stores[sid2][0], len(ghosts)),
                                 (clock, sid2, old_pub, inbox, lossy, log | set(ghosts), mid,
-                                 dom, last_tick, rsnap, USED, deleted, nf + 1)))
+                                 dom, last_tick, rsnap, USED, deleted, nf + 1, s[13])))
         if not rsnap:
             out.append((("redis_snapshot",), (*s[:9], (mid, dom), *s[10:])))
         elif rsnap is not USED and fault_left:
             out.append((("redis_restore",), (*s[:6], rsnap[0], rsnap[1], last_tick, USED,
-                                             ssnap, deleted, nf + 1)))
+                                             ssnap, deleted, nf + 1, s[13])))
+        if fault_left and offset == 0:
+            if Fault.STEP in self.faults:
+                out.append((("clock_step", b.skew), (*s[:12], nf + 1, b.skew)))
+            if Fault.BACK in self.faults:
+                out.append((("clock_step", -b.back), (*s[:12], nf + 1, -b.back)))
         if fault_left and Fault.LOSE in self.faults:
             for rec in sorted(log):
-                out.append((("lose", rec), (*s[:5], log - {rec}, *s[6:12], nf + 1)))
+                out.append((("lose", rec), (*s[:5], log - {rec}, *s[6:12], nf + 1, *s[13:])))
         if Fault.REPLACE in self.faults:
             if lossy:
                 out.append((("replace", len(log)), (*s[:4], 0, EMPTY, *s[6:])))
             elif fault_left:
-                out.append((("replace_from",), (*s[:4], 1, *s[5:12], nf + 1)))
+                out.append((("replace_from",), (*s[:4], 1, *s[5:12], nf + 1, *s[13:])))
         return out
 
     def _relay(self, s: State, out: list[tuple[Action, State]], fault_left: bool) -> None:
@@ -606,9 +648,9 @@ class Checker:
                     if lossy:
                         out.append((("publish_lost", k, seq), t))
                     elif lose:
-                        out.append((("publish_lost", k, seq), (*t[:12], t[12] + 1)))
+                        out.append((("publish_lost", k, seq), (*t[:12], t[12] + 1, *t[13:])))
                 elif dup:
-                    out.append(self._consume((*s[:12], s[12] + 1), rec, log, "dup"))
+                    out.append(self._consume((*s[:12], s[12] + 1, *s[13:]), rec, log, "dup"))
         for k, seq in sorted(self.wanted(dom)):
             rows = outbox[k]
             if seq <= len(rows) and seq in pub[k]:
@@ -633,12 +675,13 @@ class Checker:
         verdict: str
         if kind == 0:
             did, admission = self.admit(dom[k], inc, rec[3])
-            mid2 = self.apply(mid, rec[4], clock) if admission is Admission.APPLY else mid
+            now = self.slot(s)
+            mid2 = self.apply(mid, rec[4], now) if admission is Admission.APPLY else mid
             verdict = admission.value
         else:
             m, r = rec[3], rec[4]
             if self.bug is Bug.APPLY_TIME:
-                r = clock
+                r = tick_time(self.slot(s), self.skew)
             if self.bug is Bug.NO_PREFIX:
                 m = min(m, self.domains[dom[k]].prefix)
             did = self.certify(dom[k], inc, m, r)
@@ -655,21 +698,22 @@ class Checker:
         - the eager reaper deletes what ``judge`` allows at the horizon and marks it reaped;
         - once no fault is left, the snapshots are forgotten."""
         (clock, sid, pub, inbox, lossy, log, mid, dom, last_tick, rsnap, ssnap, deleted,
-         nf) = s
+         nf, offset) = s
         changed = False
-        if clock > last_tick and not self.broker:
+        now = clock if self.broker else self.slot(s)
+        if now > last_tick and not self.broker:
             changed = True
-            last_tick = clock
+            last_tick = now
             if len(inbox) >= self.b.ticks:
                 inbox = inbox - set(sorted(inbox)[:len(inbox) - self.b.ticks + 1])
-            inbox = inbox | {clock}
+            inbox = inbox | {now if self.bug is Bug.RAW_TICK else tick_time(now, self.skew)}
         h = self.horizon(dom)
         if h is not None:
-            dels = self.deletable(mid, h, clock)
+            dels = self.deletable(mid, h, now)
             if dels:
                 changed = True
                 for a in dels:
-                    mid = self.reap(mid, a, clock)
+                    mid = self.reap(mid, a, now)
                 deleted = deleted | set(dels)
         if nf >= self.b.faults and (rsnap is not USED or ssnap is not USED):
             changed = True
@@ -680,7 +724,7 @@ class Checker:
         if not changed:
             return s
         return (clock, sid, pub, inbox, lossy, log, mid, dom, last_tick, rsnap, ssnap, deleted,
-                nf)
+                nf, offset)
 
     def violation(self, s: State) -> str | None:
         deleted = s[11]
@@ -729,14 +773,14 @@ class Checker:
             n6 = new(6, s[11])
         return int(s[0] | (s[8] + 1) << 6 | s[4] << 12 | s[12] << 13 | s[1] << 16 | s[6] << 44
                    | n0 << 72 | n1 << 100 | n2 << 128 | n3 << 156 | n4 << 184 | n5 << 212
-                   | n6 << 240)
+                   | n6 << 240 | (s[13] + 32) << 268)
 
     def unpack(self, key: int) -> State:
         m = (1 << 28) - 1
         pub, inbox, log, dom, rsnap, ssnap, deleted = (
             values[key >> (72 + 28 * j) & m] for j, values in enumerate(self._values))
         return (key & 63, key >> 16 & m, pub, inbox, key >> 12 & 1, log, key >> 44 & m, dom,
-                (key >> 6 & 63) - 1, rsnap, ssnap, deleted, key >> 13 & 7)
+                (key >> 6 & 63) - 1, rsnap, ssnap, deleted, key >> 13 & 7, (key >> 268) - 32)
 
     def run(self, progress: Callable[[int, int, float], None] | None = None,
             every: int = 500_000) -> Result:
@@ -744,7 +788,7 @@ class Checker:
         start = time.monotonic()
         self._ids: list[dict[Any, int]] = [{} for _ in self._PACKED]
         self._values: list[list[Any]] = [[] for _ in self._PACKED]
-        assert self.b.clock < 62 and self.b.faults < 7
+        assert self.b.clock + self.b.skew < 62 and self.b.faults < 7 and self.b.back < 32
         pack, unpack = self.pack, self.unpack
         init = self.settle(self.initial())
         parent: dict[int, int] = {pack(init): -1}
@@ -803,7 +847,8 @@ class Checker:
             action, raw = next((a, u) for a, u in self.successors(s) if self.settle(u) == t)
             lines.append(f"{i:3}. t={s[0]} {self._say(s, action)}")
             if t[8] > s[8] and not self.broker:
-                lines.append(f"     tracker: tick R={t[8]}")
+                r = t[8] if self.bug is Bug.RAW_TICK else tick_time(t[8], self.skew)
+                lines.append(f"     tracker: tick at slot clock {t[8]}, R={r}")
             for a in sorted(t[11] - s[11]):
                 rec = self.mirrors[raw[6]].addresses.get(a)
                 since = rec.since if rec else None
@@ -819,6 +864,9 @@ class Checker:
                     f"{_event(e)}")
         if kind == "clock":
             return f"clock -> {a[1]}"
+        if kind == "clock_step":
+            return f"redis: the node's clock steps {'forward' if a[1] > 0 else 'back'} by " \
+                   f"{abs(a[1])} (fault)"
         if kind == "copy_read":
             return f"service: a copy into {a[1]} reads a live reference to {short(a[2])}"
         if kind in ("consume", "publish", "dup", "resend"):
@@ -904,6 +952,10 @@ class Case:
 # A restored store re-runs the service from its backup: one change fewer keeps the space of
 # the store fault near the others'.
 STORE_ADJUST = (("seqs", ("seqs", -1)),)
+# A forward step needs a skew to step by (A7's bound, which the correct protocol subtracts).
+STEP_ADJUST = (("skew", ("skew", 1)),)
+FAULT_ADJUST = {Fault.STORE: STORE_ADJUST, Fault.STEP: STEP_ADJUST}
+BUG_ADJUST = {Bug.RAW_TICK: STEP_ADJUST}
 
 
 # Where the contract's own wording stops protecting (schemas/README.md, "Model check").
@@ -917,10 +969,10 @@ LIMITS = (
 
 def cases() -> list[Case]:
     out = [Case("correct, no fault")]
-    out += [Case(f"correct, {f.value}", faults=frozenset({f}),
-                 adjust=STORE_ADJUST if f is Fault.STORE else ()) for f in Fault]
+    out += [Case(f"correct, {f.value}", faults=frozenset({f}), adjust=FAULT_ADJUST.get(f, ()))
+            for f in Fault]
     out += [Case(f"bug {b.value}: {BUG_TEXT[b]}", b, BUG_FAULTS.get(b, frozenset()),
-                 expect_safe=False) for b in Bug]
+                 expect_safe=False, adjust=BUG_ADJUST.get(b, ())) for b in Bug]
     out.append(Case("broker-progress proof, no fault", Bug.BROKER_PROGRESS))
     return out + list(LIMITS)
 

@@ -28,7 +28,8 @@ from sim.modelcheck import (
 TINY = BOUNDS["tiny"]
 # A store restored re-runs the service from its backup: one change fewer keeps it small.
 CORRECT = {None: TINY, Fault.LOSE: TINY, Fault.REPLACE: TINY, Fault.DUP: TINY,
-           Fault.REDIS: replace(TINY, log=1), Fault.STORE: replace(TINY, seqs=2)}
+           Fault.REDIS: replace(TINY, log=1), Fault.STORE: replace(TINY, seqs=2),
+           Fault.STEP: replace(TINY, skew=1), Fault.BACK: TINY}
 
 
 def found(r: Result) -> str:
@@ -49,11 +50,13 @@ def test_the_correct_protocol_is_safe(fault: Fault | None) -> None:
 
 @pytest.mark.parametrize("bug", list(Bug), ids=lambda b: b.value)
 def test_each_seeded_bug_is_found(bug: Bug) -> None:
-    text = found(check(TINY, bug, BUG_FAULTS.get(bug, ())))
+    text = found(check(replace(TINY, skew=1) if bug is Bug.RAW_TICK else TINY, bug,
+                       BUG_FAULTS.get(bug, ())))
     # Each counterexample goes through what the bug breaks.
     needs = {Bug.APPLY_TIME: "consumes watermark", Bug.NO_PREFIX: "consumes watermark",
              Bug.PUBLISHED_M: "answers tick", Bug.SLOW_COPY: "object_copied",
-             Bug.SEQ_REUSE: "incarnation i0 (fault)", Bug.BROKER_PROGRESS: "log: replaced"}
+             Bug.SEQ_REUSE: "incarnation i0 (fault)", Bug.BROKER_PROGRESS: "log: replaced",
+             Bug.RAW_TICK: "clock steps forward", Bug.NODE_CLOCK: "clock steps back"}
     assert needs[bug] in text
 
 
