@@ -61,6 +61,7 @@ FAIL_CLOSED = f"{PREFIX}:failclosed"  # hash: reason, at_ms, detail (present = f
 # recognised as a duplicate by its id. Beyond it, ref_version alone keeps the outcome (a
 # duplicate's version is never above the ref's). apply.lua's WINDOW is the same number.
 REF_DEDUPE_WINDOW = 10_000
+DEAD_SEQS_MAX = 1_000  # notes of dead-lettered seqs kept per repository (RepoKeys.dead_seqs)
 
 
 class AddressState(StrEnum):
@@ -299,7 +300,8 @@ class RepoKeys:
         """hash: ``'<k>:<seq>'`` -> JSON {dlq, reason, event_id}: a sequenced event of stripe
         k the tracker dead-lettered, so its seq stays missing (status says which dead letter
         holds the horizon). Informational; the Ticker drops an entry once the prefix passes
-        its seq."""
+        its seq; at most DEAD_SEQS_MAX entries (a writer of the events topic could make up
+        seqs)."""
         return f"{self.tag}:deadseq"
 
     @property

@@ -23,9 +23,30 @@ from core.continuity import SEQ_MAX
 from core.facts import HOLD_ADD, RepoFacts
 from core.registry import arepo_namespace
 from schemas.holds import aadd_claims, claims_of
-from schemas.layout import STRIPES_MAX, RepoKeys
+from schemas.layout import DEAD_SEQS_MAX, STRIPES_MAX, RepoKeys
 from schemas.reaper_auth import DeadLetterFields, key_id, record_digest, seal_dead_letter
 from tracker.shared import TrackerShared
+
+# A note is added while the repository keeps fewer than DEAD_SEQS_MAX (or replaces its own):
+# seqs come from the record, so a writer of the events topic could make up any number.
+_NOTE = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
+    or redis.call('HLEN', KEYS[1]) < tonumber(ARGV[3]) then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+async def anote_dead_seqs(redis: Any, notes: Sequence[tuple[str, str, str]]) -> int:
+    """Write ``(key, '<k>:<seq>', json)`` notes of dead-lettered seqs, bounded per repository;
+    returns how many were kept."""
+    pipe = redis.pipeline(transaction=False)
+    for key, field, value in notes:
+        pipe.eval(_NOTE, 1, key, field, value, DEAD_SEQS_MAX)
+    return sum(int(n) for n in await pipe.execute())
+
 
 _DLQ_MAX_VALUE = 900_000  # bytes of a dead-lettered value (the producer's request limit is 1 MB)
 _DLQ_MAX_KEY = 1_024
@@ -141,12 +162,7 @@ class DeadLetters(TrackerShared):
         if not notes:
             return
 
-        async def write() -> None:
-            pipe = self._redis.pipeline(transaction=False)
-            for key, field, value in notes:
-                pipe.hset(key, field, value)
-            await pipe.execute()
-        await self._retrying(write)
+        await self._retrying(lambda: anote_dead_seqs(self._redis, notes))
 
     async def _dead_letter_one(self, rec: Any, reason: str,
                                claim: DeadLetterClaim | None = None) -> None:
