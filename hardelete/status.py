@@ -75,8 +75,16 @@ class ContinuityView:
     missing: tuple[tuple[int, int, int], ...] = ()  # (stripe, from, to)
     # missing seqs that were dead-lettered: (stripe, seq, dead letter "p:o", its reason)
     dead: tuple[tuple[int, int, str, str], ...] = ()
+    # how far the slot's clock is ahead of its node's (a clock stepped back): ticks wait
+    clock_ahead_ms: int = 0
 
     def text(self, now_ms: int) -> str:
+        stall = "" if self.clock_ahead_ms <= 1000 else (
+            f"; its Redis slot's clock is {self.clock_ahead_ms / 1000:.1f}s ahead of its "
+            "node's (a clock stepped back?): the horizon waits until the node catches up")
+        return self._state(now_ms) + stall
+
+    def _state(self, now_ms: int) -> str:
         if self.broken:
             return f"broken ({self.broken})"
         if self.dead:
@@ -114,7 +122,21 @@ def continuity_view(r: Any, repo: str, stripes: int) -> ContinuityView:
                 note = {}
             note = note if isinstance(note, dict) else {}
             dead.append((k, seq, str(note.get("dlq", "?")), str(note.get("reason", "?"))))
-    return ContinuityView(stripes, horizon(domains), broken, missing, tuple(dead[:10]))
+    ahead = _clock_ahead(r, repo)
+    return ContinuityView(stripes, horizon(domains), broken, missing, tuple(dead[:10]), ahead)
+
+
+# Read on the slot's own node (a cluster's nodes each keep their own clock).
+_CLOCK_AHEAD = """
+local t = redis.call('TIME')
+local node = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local high = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+return string.format('%.0f', math.max(0, high - node))
+"""
+
+
+def _clock_ahead(r: Any, repo: str) -> int:
+    return int(r.eval(_CLOCK_AHEAD, 1, RepoKeys(repo).clock))
 
 
 @dataclass

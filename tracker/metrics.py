@@ -44,6 +44,10 @@ class TrackerMetrics:
         self.resends = Counter("hardelete_tracker_resends",
                                "ranges of seqs asked for again (a gap holds the horizon back)",
                                registry=r)
+        self.clock_stall = Gauge("hardelete_tracker_clock_stall_seconds",
+                                 "how far the slot clock of a sequenced repository is ahead of "
+                                 "its Redis node's clock, the most of the last tick round (a "
+                                 "node clock that stepped back: its horizon waits)", registry=r)
         self.fetch_wait = Gauge("hardelete_tracker_fetch_wait_ms",
                                 "longest wait of the next fetch (raised while behind the log's "
                                 "end)", registry=r)

@@ -42,7 +42,9 @@ from tracker.metrics import TrackerMetrics
 # (a fixed replay or a re-send applied them).
 _TICK = compose("""
 local C = continuity(ARGV[1])
-local out = {string.format('%.0f', C.clock())}
+local t = redis.call('TIME')
+local node = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {string.format('%.0f', C.clock()), string.format('%.0f', node)}
 for k = 0, tonumber(ARGV[2]) - 1 do
   if C.is_broken(k) then out = {} break end
   out[#out + 1] = string.format('%.0f', C.applied_max(k))
@@ -78,6 +80,7 @@ class Ticker:
         self.log = log
         self.store = AsyncContinuityStore(redis)
         self.skew_ms = round(settings.clock_skew_seconds * 1000)
+        self._stall_said = -1e9
         self._tick = redis.register_script(_TICK)
         self._asked: dict[tuple[str, int, str, int, int], float] = {}  # range -> monotonic
         self._told: dict[tuple[str, int], float] = {}  # broken stripe -> monotonic
@@ -111,11 +114,13 @@ class Ticker:
     async def round(self) -> TickRound:
         done = TickRound()
         topic = self.settings.control_topic
+        stall = 0
         for repo, stripes in (await self.sequenced()).items():
             keys = RepoKeys(repo)
             read = await self._tick(keys=[keys.meta], args=[keys.tag + ":", stripes])
             if read:  # (none while a stripe is broken)
-                clock, *applied = read
+                clock, node, *applied = read
+                stall = max(stall, int(clock) - int(node))
                 at = tick_time(int(clock), self.skew_ms)
                 tick = control.signed_tick(self.key, repo, at, [int(a) for a in applied])
                 await self.producer.send(topic, control.encode(tick), key=tick.key)
@@ -129,6 +134,7 @@ class Ticker:
             await self.producer.send(topic, control.encode(msg), key=msg.key)
         await self.producer.flush()
         self.metrics.ticks.inc(done.ticks)
+        self._stalled(stall)
         self.metrics.resends.inc(len(done.resends))
         if done.breaks:
             self.log.warning("told relays of broken stripes",
@@ -139,6 +145,18 @@ class Ticker:
                           ranges=[(m.repository, m.stripe, m.from_seq, m.to_seq)
                                   for m in done.resends[:10]])
         return done
+
+    def _stalled(self, stall_ms: int) -> None:
+        """A slot clock ahead of its node's (the node's clock stepped back, or the slot failed
+        over to a replica whose clock is behind) stalls: ticks repeat its time and certify
+        nothing new until the node catches up. Safe, but reaping waits: say so."""
+        self.metrics.clock_stall.set(stall_ms / 1000)
+        now = time.monotonic()
+        if stall_ms > max(self.skew_ms, 1000) and now >= self._stall_said + 60:
+            self._stall_said = now
+            self.log.warning("a repository's slot clock is ahead of its Redis node's clock: "
+                             "its ticks wait until the node catches up (a clock stepped back?)",
+                             ahead_seconds=round(stall_ms / 1000, 1))
 
     def _breaks(self, repo: str, domains: list[Domain]) -> list[control.Broken]:
         now = time.monotonic()

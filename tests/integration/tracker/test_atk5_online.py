@@ -245,6 +245,10 @@ async def test_a_clock_stepping_back_under_a_certified_horizon_keeps_a_copys_obj
         await until(lambda: store.read(REPO, 0),
                     lambda d: d.prefix == 3 and (d.horizon_ms or 0) >= ahead)
         shifted_redis.shift(0)  # the clock steps back
+        from hardelete.status import continuity_view
+        view = continuity_view(r, REPO, 1)  # status says why the horizon waits
+        assert view.clock_ahead_ms > (SHIFT_S - 2) * 1000, view
+        assert "ahead of its node's" in view.text(await redis_now(skewed)), view
         lost = copy("b", a, "r2")
         svc.relay.drop.add(lost.event_id)
         svc.emit(lost)

@@ -6,7 +6,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hardelete.health import Operations
-from hardelete.status import Attention, RepoStatus, Status, attention, verdict_line
+from hardelete.status import (
+    Attention,
+    ContinuityView,
+    RepoStatus,
+    Status,
+    attention,
+    verdict_line,
+)
 
 
 def _ops(**kw: object) -> Operations:
@@ -76,3 +83,9 @@ def test_a_dead_lettered_seq_is_named_before_the_missing_range() -> None:
     assert "dlq replay" in text
     assert ContinuityView(1, None, missing=((0, 4, 4),)).text(0) == \
         "waiting for seqs 4..4 of stripe 0"
+
+
+def test_a_slot_clock_ahead_of_its_node_is_said() -> None:
+    view = ContinuityView(1, 1_000, clock_ahead_ms=3_600_000)
+    assert "3600.0s ahead of its node's" in view.text(2_000)
+    assert "ahead" not in ContinuityView(1, 1_000, clock_ahead_ms=500).text(2_000)
