@@ -10,6 +10,7 @@ from typing import Any
 
 from core.clock import redis_time_ms
 from schemas.layout import RepoKeys
+from sim.testing import slot_go_back
 from sim.worlds import World
 from tracker.state import read_repo_state
 
@@ -56,16 +57,6 @@ def reapable(w: World, repo: str, address: str) -> bool:
     return bool(st.reapable(address, redis_time_ms(w.r) + 10 * 86_400_000, 0))
 
 
-def slot_copy(r: Any, repo: str) -> dict[str, bytes]:
-    """What a replica of the repository's slot holds now (every hd:{repo}:* key)."""
-    tag = RepoKeys(repo).tag
-    return {k: r.dump(k) for k in r.scan_iter(match=tag.replace("{", "\\{").replace("}", "\\}")
-                                               + ":*")}
-
-
-def fail_over_to(r: Any, repo: str, copy: dict[str, bytes]) -> None:
+def fail_over_to(r: Any, repo: str, copy: dict[Any, bytes]) -> None:
     """The slot's node fails over to the replica holding ``copy`` (the other slots stay)."""
-    for k in list(slot_copy(r, repo)):
-        r.delete(k)
-    for k, v in copy.items():
-        r.restore(k, 0, v)
+    slot_go_back(r, repo, copy)

@@ -284,25 +284,35 @@ async def wait_for(cond: Any, timeout: float = 30.0, what: str = "condition") ->
         await asyncio.sleep(0.05)
 
 
-def slot_copy(raw: Any, repo: str) -> dict[bytes, bytes]:
-    """A copy of every key of ``repo``'s slot (DUMP), to take Redis back to later
-    (:func:`slot_go_back`): what a restore from an older copy or a stale replica's promotion
-    does to that slot. ``raw``: a client without decoding (bytes)."""
-    from schemas.layout import RepoKeys
-
-    names = list(raw.scan_iter(match=f"{RepoKeys(repo).tag}:*".encode()))
-    return {n: raw.dump(n) for n in names}
+def keys_copy(r: Any, pattern: str) -> dict[Any, bytes]:
+    """A copy (DUMP) of every key ``pattern`` matches, to take them back to later
+    (:func:`keys_go_back`). Redis's glob has no braces: ``hd:{R}:*`` is R's slot."""
+    return {n: r.dump(n) for n in r.scan_iter(match=pattern, count=1000)}
 
 
-def slot_go_back(raw: Any, repo: str, copy: dict[bytes, bytes]) -> None:
-    """Take ``repo``'s slot back to ``copy``: keys written since go, the others are restored."""
-    from schemas.layout import RepoKeys
-
-    for n in raw.scan_iter(match=f"{RepoKeys(repo).tag}:*".encode()):
+def keys_go_back(r: Any, copy: dict[Any, bytes], pattern: str) -> None:
+    """The keys ``pattern`` matches as they were in ``copy``: keys written since go, the
+    others are restored (what a restore from an older copy or a stale replica's promotion
+    does to them)."""
+    for n in r.scan_iter(match=pattern, count=1000):
         if n not in copy:
-            raw.delete(n)
+            r.delete(n)
     for n, value in copy.items():
-        raw.restore(n, 0, value, replace=True)
+        r.restore(n, 0, value, replace=True)
+
+
+def slot_copy(raw: Any, repo: str) -> dict[Any, bytes]:
+    """A copy of every key of ``repo``'s slot (:func:`keys_copy`)."""
+    from schemas.layout import RepoKeys
+
+    return keys_copy(raw, f"{RepoKeys(repo).tag}:*")
+
+
+def slot_go_back(raw: Any, repo: str, copy: dict[Any, bytes]) -> None:
+    """Take ``repo``'s slot back to ``copy`` (:func:`keys_go_back`)."""
+    from schemas.layout import RepoKeys
+
+    keys_go_back(raw, copy, f"{RepoKeys(repo).tag}:*")
 
 
 def raw_redis(settings: Settings) -> Any:

@@ -45,7 +45,7 @@ from sim.sequenced import (
     write,
 )
 from sim.stack import Server, redis_server
-from sim.testing import redis_now
+from sim.testing import keys_copy, keys_go_back, redis_now
 from tracker.daemon import running_tracker
 from tracker.ticks import Ticker
 
@@ -328,18 +328,6 @@ async def manual_ticker(settings: Settings) -> AsyncIterator[Ticker]:
         await r.aclose()
 
 
-def _snapshot(r: Any, pattern: str) -> dict[Any, bytes]:
-    return {k: r.dump(k) for k in r.scan_iter(match=pattern, count=1000)}
-
-
-def _restore(r: Any, snap: dict[Any, bytes], pattern: str) -> None:
-    for k in r.scan_iter(match=pattern, count=1000):
-        if k not in snap:
-            r.delete(k)
-    for k, v in snap.items():
-        r.restore(k, 0, v, replace=True)
-
-
 @pytest.mark.parametrize("topology", ["cluster"], indirect=True)
 async def test_a_tick_read_on_a_broken_stripe_certifies_nothing_once_the_slot_went_back(
         settings: Settings, s3: Any, tmp_path: Path, topology: str) -> None:
@@ -380,7 +368,7 @@ async def test_a_tick_read_on_a_broken_stripe_certifies_nothing_once_the_slot_we
             since = int(r.hget(f"hd:{{{REPO}}}:a:{a}", "since"))
             await asyncio.sleep(s.grace_seconds + 0.5)
             await wait_log(s)
-            snap = _snapshot(raw, pattern)  # the replica the node will fail over to
+            snap = keys_copy(raw, pattern)  # the replica the node will fail over to
             async with Publisher(s) as pub:  # the copy, late and without a seq
                 await pub.publish_many([copy("b", a, "r2")])
             await until(lambda: store.read(REPO, 0), lambda d: d.broken is not None)
@@ -397,7 +385,7 @@ async def test_a_tick_read_on_a_broken_stripe_certifies_nothing_once_the_slot_we
                 w for w in answers if isinstance(w, ev.Watermark) and w.broken is None
                 and w.tick_ms > broken_at], (done, answers)
             await wait_log(s)
-        _restore(raw, snap, pattern)  # the repository's node fails over to a lagging replica
+        keys_go_back(raw, snap, pattern)  # the repository's node fails over to a lagging replica
         assert store.read(REPO, 0).broken is None
         async with running_tracker(s, name="t2"):
             await relay.release(relay.held)  # the tracker reaches the relay's answers
@@ -445,7 +433,7 @@ async def test_a_break_kept_for_no_incarnation_is_made_again_by_the_restored_sto
                 live.backup(backup)  # the service's backup: r1 live
             svc.emit(delete("a", a, "r1"))
             await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 4)
-            snap = _snapshot(raw, pattern)  # the replica the node will fail over to
+            snap = keys_copy(raw, pattern)  # the replica the node will fail over to
             x = svc.outbox.incarnation
             await svc.relay.stop()  # the service goes down; its store is restored
             # X answered no tick read after this: its watermarks, replayed after the
@@ -458,7 +446,7 @@ async def test_a_break_kept_for_no_incarnation_is_made_again_by_the_restored_sto
                     d = await until(lambda: store.read(REPO, 0), lambda d: d.broken is not None)
                     assert d.incarnation == x and y in (d.broken or ""), d
                     await wait_log(s)
-                    _restore(raw, snap, pattern)  # the node fails over: the break is lost
+                    keys_go_back(raw, snap, pattern)  # the node fails over: the break is lost
                     assert store.read(REPO, 0).broken is None
                     async with running_tracker(s, name="t2"):
                         d = await until(lambda: store.read(REPO, 0),

@@ -24,7 +24,7 @@ from schemas import events as ev
 from schemas.layout import RepoKeys
 from schemas.records import BranchRecord
 from sim.sequenced import REPO, Service, certified, delete, reap, service, until, wait_log
-from sim.testing import redis_now, wait_horizon
+from sim.testing import keys_copy, keys_go_back, redis_now, wait_horizon
 from tracker.daemon import running_tracker
 from tracker.rebuild import (
     ExportContinuity,
@@ -188,19 +188,6 @@ async def test_a_reset_the_restore_undid_is_undone_by_the_rebuild(
 
 # --- 2. a rebuild lifts a break the service never kept --------------------------------------------
 
-def _snapshot(r: Any, pattern: str) -> dict[str, bytes]:
-    return {k: r.dump(k) for k in r.scan_iter(match=pattern, count=1000)}
-
-
-def _restore(r: Any, snap: dict[str, bytes], pattern: str) -> None:
-    """The keys ``pattern`` names as they were at the snapshot (keys made since are gone)."""
-    for k in r.scan_iter(match=pattern, count=1000):
-        if k not in snap:
-            r.delete(k)
-    for k, v in snap.items():
-        r.restore(k, 0, v, replace=True)
-
-
 
 
 
@@ -242,7 +229,7 @@ async def test_a_rebuild_does_not_lift_a_break_the_service_has_not_kept(
             svc.emit(write("a", a, "r1"))
             await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 3)
             await certified(settings, 0)
-            snap = _snapshot(raw, pattern)  # what the lagging replica will hold
+            snap = keys_copy(raw, pattern)  # what the lagging replica will hold
             if not relay_up:
                 svc.relay._broken = relay_down  # type: ignore[method-assign]
             async with Publisher(settings) as pub:
@@ -282,7 +269,7 @@ async def test_a_rebuild_does_not_lift_a_break_the_service_has_not_kept(
                 assert not svc.outbox.breaks(REPO)
             await certified(settings, await redis_now(settings))
             await wait_log(settings)
-        _restore(raw, snap, pattern)  # the repository's node fails over to a lagging replica
+        keys_go_back(raw, snap, pattern)  # the repository's node fails over to a lagging replica
         d = store.read(REPO, 0)
         assert d.broken is None and d.epoch == 0, d
         async with running_tracker(settings, name="t2"):
@@ -387,10 +374,10 @@ async def test_a_slot_that_goes_back_right_after_the_lift_is_not_lifted_again(
             tokens={"t": ("open", (ExportEntry(a, "r1", 1),))}, commits={}, issued={},
             continuity=ExportContinuity.of(counters))
         location = write_export(s3, f"{svc.namespace}_hardelete/exports/state-1/", export)
-        snap = _snapshot(raw, pattern)
+        snap = keys_copy(raw, pattern)
         rebuild(r, s3, REPO, location, max_age_ms=60_000, by="test")
         assert store.read(REPO, 0).epoch == 1
-        _restore(raw, snap, pattern)
+        keys_go_back(raw, snap, pattern)
         d = store.read(REPO, 0)
         assert d.broken is not None and d.epoch == 0, d
         with pytest.raises(RebuildError, match="not the current one"):

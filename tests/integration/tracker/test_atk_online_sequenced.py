@@ -27,7 +27,15 @@ from schemas import control
 from schemas import events as ev
 from schemas.outbox import Outbox
 from sim.sequenced import LossyRelay, reap, until, wait_log
-from sim.testing import publish, redis_now, wait_horizon
+from sim.testing import (
+    keys_copy,
+    keys_go_back,
+    publish,
+    redis_now,
+    slot_copy,
+    slot_go_back,
+    wait_horizon,
+)
 from tracker.daemon import running_tracker
 
 REPO = "svc"
@@ -277,19 +285,6 @@ async def test_a_genuine_watermark_replayed_for_another_stripe_certifies_its_gap
 
 # --- 4. the repository's slot goes back (a restored snapshot): records and horizon together ---
 
-def _snapshot(r: Any, pattern: str = f"hd:{{{REPO}}}:*") -> dict[str, bytes]:
-    return {k: r.dump(k) for k in r.scan_iter(match=pattern, count=1000)}
-
-
-def _restore(r: Any, snap: dict[str, bytes], pattern: str = f"hd:{{{REPO}}}:*") -> None:
-    """The keys ``pattern`` names as they were at the snapshot (keys made since are gone)."""
-    for k in r.scan_iter(match=pattern, count=1000):
-        if k not in snap:
-            r.delete(k)
-    for k, v in snap.items():
-        r.restore(k, 0, v, replace=True)
-
-
 async def test_a_slot_that_went_back_past_a_copy_keeps_its_object_until_the_copy_is_sent_again(
         fast: Settings, s3: Any, tmp_path: Path) -> None:
     """write A (r1), delete r1: A unreferenced since s0; the slot is snapshotted. Within grace
@@ -304,14 +299,14 @@ async def test_a_slot_that_went_back_past_a_copy_keeps_its_object_until_the_copy
         svc.emit(delete("main", "a", a, "r1"))
         store = ContinuityStore(redis_sync(fast))
         await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 4)
-        snap = _snapshot(raw)
+        snap = slot_copy(raw, REPO)
         cp = copy("main", "b", a, "r2")
         svc.emit(cp)
         await wait_horizon(fast, await redis_now(fast))
         rec = redis_sync(fast).hgetall(f"hd:{{{REPO}}}:a:{a}")
         assert rec["state"] == "staged", rec
         svc.relay.drop.add(cp.event_id)  # its re-sends are lost for now
-        _restore(raw, snap)
+        slot_go_back(raw, REPO, snap)
         await asyncio.sleep(fast.grace_seconds + 0.5)
         await wait_log(fast)
         d = store.read(REPO, 0)
@@ -444,12 +439,12 @@ async def test_a_break_for_an_event_without_a_seq_lost_with_the_slot_deletes_not
         async with running_tracker(fast, name="t1"):
             svc.emit(write("main", "a", a, "r1"))
             await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 3)
-            snap = _snapshot(raw, pattern)
+            snap = keys_copy(raw, pattern)
             async with Publisher(fast) as pub:
                 await pub.publish_many([copy("main", "b", a, "r2")])
             await until(lambda: store.read(REPO, 0), lambda d: d.broken is not None)
             await wait_log(fast)
-        _restore(raw, snap, pattern)
+        keys_go_back(raw, snap, pattern)
         assert store.read(REPO, 0).broken is None
         async with running_tracker(fast, name="t2"):
             svc.emit(delete("main", "a", a, "r1"))
@@ -485,7 +480,7 @@ async def test_a_lost_break_reads_as_certified_and_clearing_fail_closed_reaps_a_
         async with running_tracker(fast, name="t1"):
             svc.emit(write("main", "a", a, "r1"))
             await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 3)
-            snap = _snapshot(raw, pattern)
+            snap = keys_copy(raw, pattern)
             async with Publisher(fast) as pub:
                 await pub.publish_many([copy("main", "b", a, "r2")])
             broken = await until(lambda: store.read(REPO, 0), lambda d: d.broken is not None)
@@ -493,7 +488,7 @@ async def test_a_lost_break_reads_as_certified_and_clearing_fail_closed_reaps_a_
             kept = await until(lambda: svc.outbox.breaks(REPO), bool)
             assert kept == {(0, svc.outbox.incarnation): broken.broken}, kept
             await wait_log(fast)
-        _restore(raw, snap, pattern)  # the repository's node fails over to a lagging replica
+        keys_go_back(raw, snap, pattern)  # the repository's node fails over to a lagging replica
         assert store.read(REPO, 0).broken is None
         restored_ms = await redis_now(fast)
         async with running_tracker(fast, name="t2"):

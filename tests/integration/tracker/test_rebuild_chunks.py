@@ -28,9 +28,9 @@ from sim.rebuilding import (
     fail_over_to,
     lose_log,
     reapable,
-    slot_copy,
     state_of,
 )
+from sim.testing import slot_copy
 from sim.worlds import BUCKET, World, make_world
 from tracker.rebuild import RebuildError, prepare, rebuild
 from tracker.state import read_repo_state
