@@ -314,7 +314,7 @@ local function continuity(P)
 
   -- Every time a since is stamped with or a tick is read at comes from here: a clock that
   -- steps back (or a failover to a replica whose clock is behind) only stalls it, so a since
-  -- stamped after a tick is never below it (schemas/README.md, "Clocks", A7).
+  -- stamped after a tick is never below it (schemas/README.md, "Assumptions", A7).
   function C.clock()
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
