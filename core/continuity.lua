@@ -220,17 +220,21 @@ local function continuity(P)
 
   local C = {}
 
+  -- (the hot path of apply.lua, once per sequenced event: the checks that cannot change a
+  -- verdict are skipped, as the cache of a stripe already read, an incarnation already bound)
   function C.admit(k, inc, seq)
     seq = int(seq, 'seq', 0, SEQ_MAX)
     if seq == 0 then fail('seq starts at 1') end
-    local s = stripe(k)
-    if s.broken ~= nil or retired(s, inc) then return 'refused' end
-    bind(s, inc)
-    if s.broken ~= nil then return 'refused' end
+    local s = S[k] or stripe(k)  -- (S holds checked stripes only)
+    if s.broken ~= nil or (#s.retired > 0 and retired(s, inc)) then return 'refused' end
+    if s.inc ~= inc then
+      bind(s, inc)
+      if s.broken ~= nil then return 'refused' end
+    end
     if seq <= s.prefix then return 'duplicate' end
     if seq == s.prefix + 1 then  -- (never in `above`: the prefix would have taken it)
       s.prefix = seq
-      advance(s)
+      if s.nabove > 0 then advance(s) end
     else
       if redis.call('ZSCORE', s.above, fmt(seq)) then return 'duplicate' end
       redis.call('ZADD', s.above, fmt(seq), fmt(seq))

@@ -441,10 +441,11 @@ for i = 1, #events do
   local admitted = true
   if seqd then op = -op end
   if seqd and off > last then
-    set_sequenced()
+    if not sequenced then set_sequenced() end
     local n = #e
-    if undeclared(e[n - 2]) then admitted = false
-    else admitted = C.admit(e[n - 2], e[n - 1], e[n]) == 'apply' end
+    local k = e[n - 2]
+    if k >= stripes and undeclared(k) then admitted = false
+    else admitted = C.admit(k, e[n - 1], e[n]) == 'apply' end
     if not admitted then seq_dups = seq_dups + 1 end
   end
   if off <= last then
