@@ -41,12 +41,13 @@ Keys of stripe k (schemas/layout.py RepoKeys.continuity*), all in P's slot:
 
 One call of `continuity(P)` caches each stripe's hash and watermarks for the script it runs in
 and writes every change through, so callers may mix it with other commands on other keys but
-must not write these keys themselves, nor read them but through C. The one exception is
-C.defer_prefix(): a script that admits many seqs (apply.lua, one call per chunk of events)
-then writes each stripe's prefix once, in C.flush(), instead of once per seq (an HSET per event
-was a third of the accounting's cost). The script is atomic, so nothing else sees the
-difference; a script that fails before its flush leaves the prefix where it was, as it leaves
-the records of the events it applied (apply.lua writes those at its end too).
+must not write these keys themselves, nor read them in the same script but through C. The
+one exception is C.defer_prefix(): a script that admits many seqs (apply.lua, one call per
+chunk of events) then writes each stripe's prefix once, in C.flush(), instead of once per seq
+(an HSET per seq costs more than the rest of an admission). The script is atomic, so nothing
+else sees the difference; a script that fails before its flush leaves the prefix where it
+was, as it leaves the address records of the events it applied (apply.lua writes those at
+its end too).
 ]]
 
 local function continuity(P)
