@@ -16,6 +16,7 @@ file followed by its own body (core.continuity_store.compose), which calls
   C.rebuild(k, inc, counter)     -- core.continuity.rebuilt: the export's incarnation and
                                  -- counter start the stripe again (its epoch + 1)
   C.epoch(k)                     -> the stripe's rebuilds so far
+  C.incarnation(k)               -> the stripe's incarnation, or nil before its first fact
   C.is_broken(k)                 -> true when the stripe is broken
   C.stripe_horizon(k)            -> R (a number) or nil
   C.horizon(n)                   -> the repository's horizon over stripes 0..n-1, or nil
@@ -23,6 +24,9 @@ file followed by its own body (core.continuity_store.compose), which calls
   C.read(k)                      -> {fields}, {above}, {pending}: the whole state (strings)
   C.clock()                      -> the slot's clock, ms (core.continuity.slot_clock): the
                                  -- node's TIME, never below what the slot read before
+  C.defer_prefix()               -- from now on an admission moves the prefix in the cache only
+  C.flush()                      -- writes the prefixes deferred so far (a script that called
+                                 -- C.defer_prefix() calls it before it returns)
 
 k is the stripe (0..63). Numbers (seq, M, R) are decimal strings (or Lua numbers) holding
 integers 0..2^53-1: exact in Lua's doubles, and written with '%.0f', never tostring (which
@@ -39,7 +43,13 @@ Keys of stripe k (schemas/layout.py RepoKeys.continuity*), all in P's slot:
 
 One call of `continuity(P)` caches each stripe's hash and watermarks for the script it runs in
 and writes every change through, so callers may mix it with other commands on other keys but
-must not write these keys themselves.
+must not write these keys themselves, nor read them in the same script but through C. The
+one exception is C.defer_prefix(): a script that admits many seqs (apply.lua, one call per
+chunk of events) then writes each stripe's prefix once, in C.flush(), instead of once per seq
+(an HSET per seq costs more than the rest of an admission). The script is atomic, so nothing
+else sees the difference; a script that fails before its flush leaves the prefix where it
+was, as it leaves the address records of the events it applied (apply.lua writes those at
+its end too).
 ]]
 
 local function continuity(P)
@@ -95,6 +105,7 @@ local function continuity(P)
   end
 
   local S = {}  -- stripe -> {k, hash, above, wm, inc, prefix, horizon, broken, pending}
+  local defer = false  -- C.defer_prefix(): settle leaves the prefix to C.flush (s.dirty)
 
   local function stripe(k)
     k = int(k, 'stripe', 0, STRIPES_MAX - 1)
@@ -179,6 +190,10 @@ local function continuity(P)
 
   -- Watermarks the prefix now covers become the horizon (core.continuity._settle).
   local function settle(s)
+    if defer and #s.pending == 0 then  -- (nothing to settle: the common case)
+      s.dirty = true
+      return
+    end
     local h = s.horizon
     for _, w in ipairs(s.pending) do
       if w.m <= s.prefix and (h == nil or w.r > h) then h = w.r end
@@ -191,6 +206,9 @@ local function continuity(P)
     if h ~= s.horizon then
       s.horizon = h
       redis.call('HSET', s.hash, 'prefix', fmt(s.prefix), 'horizon', fmt(h))
+      s.dirty = false
+    elseif defer then
+      s.dirty = true
     else
       redis.call('HSET', s.hash, 'prefix', fmt(s.prefix))
     end
@@ -205,17 +223,21 @@ local function continuity(P)
 
   local C = {}
 
+  -- (the hot path of apply.lua, once per sequenced event: the checks that cannot change a
+  -- verdict are skipped, as the cache of a stripe already read, an incarnation already bound)
   function C.admit(k, inc, seq)
     seq = int(seq, 'seq', 0, SEQ_MAX)
     if seq == 0 then fail('seq starts at 1') end
-    local s = stripe(k)
-    if s.broken ~= nil or retired(s, inc) then return 'refused' end
-    bind(s, inc)
-    if s.broken ~= nil then return 'refused' end
+    local s = S[k] or stripe(k)  -- (S holds checked stripes only)
+    if s.broken ~= nil or (#s.retired > 0 and retired(s, inc)) then return 'refused' end
+    if s.inc ~= inc then
+      bind(s, inc)
+      if s.broken ~= nil then return 'refused' end
+    end
     if seq <= s.prefix then return 'duplicate' end
     if seq == s.prefix + 1 then  -- (never in `above`: the prefix would have taken it)
       s.prefix = seq
-      advance(s)
+      if s.nabove > 0 then advance(s) end
     else
       if redis.call('ZSCORE', s.above, fmt(seq)) then return 'duplicate' end
       redis.call('ZADD', s.above, fmt(seq), fmt(seq))
@@ -296,9 +318,23 @@ local function continuity(P)
     if #keep > 0 then redis.call('HSET', s.hash, 'retired', cjson.encode(keep)) end
     s.inc, s.prefix, s.horizon, s.broken = inc, counter, nil, nil
     s.nabove, s.pending, s.retired, s.epoch = 0, {}, keep, s.epoch + 1
+    s.dirty = false
+  end
+
+  function C.defer_prefix() defer = true end
+
+  function C.flush()
+    for _, s in pairs(S) do
+      if s.dirty then
+        redis.call('HSET', s.hash, 'prefix', fmt(s.prefix))
+        s.dirty = false
+      end
+    end
   end
 
   function C.epoch(k) return stripe(k).epoch end
+
+  function C.incarnation(k) return stripe(k).inc end
 
   function C.is_broken(k) return stripe(k).broken ~= nil end
 

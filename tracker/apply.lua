@@ -24,9 +24,10 @@ ARGV[7..8]                      refused ("hardelete: log record moved") unless t
                                 applied[partition] value the tracker last saw ("*": none yet).
 
 Continuity (schemas/README.md, "Continuity"; core/continuity.lua is prepended to this script):
-a sequenced event comes as two entries with its offset, op 14 {stripe, incarnation, seq} and
-then the event itself, which is applied only if its (stripe, seq) is new (exact dedupe, any
-order); op 15 {stripe, incarnation, M, R, applied, broken, epoch} is a watermark whose tick
+a sequenced event's entry has its op negated and its (stripe, incarnation, seq) appended,
+[offset, -op, ..., stripe, incarnation, seq] (ops 1..11; op 14 is not used), and is applied
+only if its (stripe, seq) is new (exact dedupe, any order); op 15
+{stripe, incarnation, M, R, applied, broken, epoch} is a watermark whose tick
 the tracker verified (applied: the seq applied at R, signed in the tick; a non-empty `broken`:
 a break the service recorded at that rebuild epoch, which breaks the stripe again unless it
 was rebuilt since);
@@ -351,9 +352,11 @@ local rebuild_call = (part == '')
 local REBUILD_OPS = { [3] = true, [4] = true, [5] = true, [13] = true }
 for i = 1, #events do  -- refuse a malformed batch before writing anything
   local op = events[i][2]
-  if type(op) ~= 'number' or op < 1 or op > 16 or (op == 13 and not rebuild_call)
+  if type(op) == 'number' and op < 0 and op >= -11 and #events[i] >= 5 and not rebuild_call
+  then op = -op end  -- a sequenced event
+  if type(op) ~= 'number' or op < 1 or op > 16 or op == 14 or (op == 13 and not rebuild_call)
       or (rebuild_call and not REBUILD_OPS[op]) then
-    return redis.error_reply('hardelete: unknown op ' .. tostring(op))
+    return redis.error_reply('hardelete: unknown op ' .. tostring(events[i][2]))
   end
 end
 local K_FC, K_RB = P .. 'failclosed', P .. 'rebuild'
@@ -409,11 +412,12 @@ if rec then
 end
 local maxoff, applied, skipped = last, 0, 0
 
--- continuity: is the repository sequenced, its declared stripes, and the verdict on the
--- event that follows a seq marker
+-- continuity: is the repository sequenced, its declared stripes; each stripe's prefix is
+-- written once, after the events (C.flush below)
 local sequenced = redis.call('HGET', K_META, 'sequenced') == '1'
 local stripes = tonumber(redis.call('HGET', K_META, 'stripes') or '1') or 1
-local marked, admitted, seq_dups = false, true, 0
+local seq_dups = 0
+C.defer_prefix()
 local function set_sequenced()
   if not sequenced then
     redis.call('HSET', K_META, 'sequenced', '1')
@@ -432,18 +436,20 @@ end
 for i = 1, #events do
   local e = events[i]
   local off, op = e[1], e[2]
-  local seq_marker = op == 14
-  local was_marked = marked
-  marked = false
-  if off <= last then
-    if not seq_marker then skipped = skipped + 1 end
-  elseif seq_marker then -- the next event's (stripe, incarnation, seq)
-    set_sequenced()
-    marked = true
-    if undeclared(e[3]) then admitted = false
-    else admitted = C.admit(e[3], e[4], e[5]) == 'apply' end
+  local seqd = op < 0  -- sequenced: (stripe, incarnation, seq) are its last three
+  local admitted = true
+  if seqd then op = -op end
+  if seqd and off > last then
+    if not sequenced then set_sequenced() end
+    local n = #e
+    local k = e[n - 2]
+    if k >= stripes and undeclared(k) then admitted = false
+    else admitted = C.admit(k, e[n - 1], e[n]) == 'apply' end
     if not admitted then seq_dups = seq_dups + 1 end
-  elseif was_marked and not admitted then
+  end
+  if off <= last then
+    skipped = skipped + 1
+  elseif not admitted then
     -- a duplicate, or refused (a broken stripe, a retired incarnation): its offset is done
     -- all the same, or a chunk of nothing else would never be recorded in applied[] and
     -- hd:log would wait on it for ever (one Redis: LOG_WRITE_LUA)
@@ -452,7 +458,7 @@ for i = 1, #events do
   else
     applied = applied + 1
     if off > maxoff then maxoff = off end
-    if op <= 11 and not was_marked and sequenced and not rebuild_call then
+    if op <= 11 and not seqd and sequenced and not rebuild_call then
       C.break_domain(0, 'an event without a seq (op ' .. fmt(op) .. ') in a sequenced '
                      .. 'repository')
     end
@@ -466,10 +472,8 @@ for i = 1, #events do
       else C.certify(e[3], e[4], e[5], e[6], e[7]) end
     elseif op == 16 then -- range gone: stripe, incarnation, from, to, reason
       set_sequenced()
-      local ck = P .. 'cont:' .. fmt(e[3])
-      local inc = redis.call('HGET', ck, 'inc')
-      local prefix = tonumber(redis.call('HGET', ck, 'prefix') or '0')
-      if (inc == false or inc == e[4]) and prefix < e[6] then
+      local inc = C.incarnation(e[3])  -- (the cache: this chunk's seqs count)
+      if (inc == nil or inc == e[4]) and C.prefix(e[3]) < e[6] then
         C.break_domain(e[3], 'the service lost seqs ' .. fmt(e[5]) .. '..' .. fmt(e[6]) ..
                        ' of incarnation ' .. e[4] .. ': ' .. e[7])
       end
@@ -566,6 +570,7 @@ for i = 1, #events do
 end
 
 flush()
+C.flush()
 if chunk_done ~= nil and redis.call('EXISTS', K_RB) == 1 then
   redis.call('HSET', K_RB, 'run', chunk_done[1], 'chunks', chunk_done[2])
 end

@@ -40,8 +40,8 @@ from tracker.references import admission_problem
 
 OP_REPO, OP_BRANCH, OP_ISSUE, OP_ADD, OP_DEL, OP_COMMIT = 1, 2, 3, 4, 5, 6
 OP_RESET, OP_BDEL, OP_TAG, OP_UNTAG, OP_RETIRE, OP_REAPED = 7, 8, 9, 10, 11, 12
-# continuity (apply.lua): a sequenced event's marker, a verified watermark, a range gone
-OP_SEQ, OP_WATERMARK, OP_GONE = 14, 15, 16
+# continuity (apply.lua): a verified watermark, a range gone (14 is not used)
+OP_WATERMARK, OP_GONE = 15, 16
 
 # Each field check is the Python expression that is true when the value ``x`` is BAD; the
 # per-type validators below are generated from them (one straight-line function per type: a loop
@@ -291,12 +291,16 @@ def compact(body: dict[str, Any], offset: int) -> list[Any]:
     raise EventError(f"unknown event type {t!r}", "type")  # pragma: no cover
 
 
-def seq_marker(body: dict[str, Any], offset: int) -> list[Any] | None:
-    """apply.lua's marker before a sequenced event: its (stripe, incarnation, seq)."""
+def compact_sequenced(body: dict[str, Any], offset: int) -> list[Any]:
+    """:func:`compact`, and for an event that carries a seq apply.lua's sequenced form: the op
+    negated, the event's (stripe, incarnation, seq) appended (one entry, not a marker before
+    it: the accounting's cost is per entry)."""
+    entry = compact(body, offset)
     seq = body.get("seq")
-    if seq is None:
-        return None
-    return [offset, OP_SEQ, body.get("stripe") or 0, body["incarnation"], seq]
+    if seq is not None:
+        entry[1] = -entry[1]
+        entry += (body.get("stripe") or 0, body["incarnation"], seq)
+    return entry
 
 
 def _plain_key_fast(namespace: str, address: str) -> bool:

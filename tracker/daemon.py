@@ -526,7 +526,7 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
         if missing:
             await self._load_namespaces(missing)
         chunks: dict[tuple[str, int], list[list[Any]]] = defaultdict(list)
-        compact = codec.compact
+        compact, compact_sequenced = codec.compact, codec.compact_sequenced
         check = gate.check
         # A repository_created refused once is refused on every later delivery, whatever
         # changed since (schemas.layout.REFUSED); the gate must not learn its repository.
@@ -558,11 +558,7 @@ class Tracker(LogVerification, ProgressProof, DeadLetters):
             if problem:
                 dlq.append((rec, problem))
                 continue
-            chunk = chunks[(body["repository"], p)]
-            marker = codec.seq_marker(body, rec.offset)
-            if marker is not None:
-                chunk.append(marker)
-            chunk.append(compact(body, rec.offset))
+            chunks[(body["repository"], p)].append(compact_sequenced(body, rec.offset))
         batch.calls = [(repo, p, orjson.dumps(evts)) for (repo, p), evts in chunks.items()]
         batch.maxoff = {key: evts[-1][0] for key, evts in chunks.items()}
         rec_claims = batch.claims

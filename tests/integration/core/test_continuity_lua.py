@@ -266,6 +266,7 @@ def test_long_runs_cross_the_scripts_read_chunks(settings, redis_client):
 
 _BATCH = """
 local C = continuity(ARGV[1])
+if ARGV[3] == '1' then C.defer_prefix() end
 local steps = cjson.decode(ARGV[2])
 local out = {}
 for _, s in ipairs(steps) do
@@ -274,18 +275,20 @@ for _, s in ipairs(steps) do
   elseif s[1] == 'r' then C.rebuild(s[2], s[3], s[4]); out[#out + 1] = ''
   else C.break_domain(s[2], s[3]); out[#out + 1] = '' end
 end
+C.flush()
 return out
 """
 
 
-@hsettings(max_examples=35, deadline=None, suppress_health_check=HC)
-@given(history=histories())
+@hsettings(max_examples=60, deadline=None, suppress_health_check=HC)
+@given(history=histories(), defer=st.booleans())
 @BOTH_TOPOLOGIES
 def test_a_whole_history_in_one_script_agrees_with_the_pure_machine(settings, redis_client,
-                                                                     history):
+                                                                     history, defer):
     """apply.lua runs many events in one call: the library's state cached for the script (the
     stripe's hash, its watermarks, the count of seqs above the prefix) must stay true across
-    the steps of one call, not only from one call to the next."""
+    the steps of one call, not only from one call to the next; with ``C.defer_prefix()`` (as
+    apply.lua calls it) the prefix lives in that cache until ``C.flush()``."""
     stripes, steps = history
     repo = f"b{uuid.uuid4().hex[:6]}"
     keys = RepoKeys(repo)
@@ -300,7 +303,8 @@ def test_a_whole_history_in_one_script_agrees_with_the_pure_machine(settings, re
         else:
             wire.append(["b", s.stripe, s.reason])
     script = redis_client.register_script(compose(_BATCH))
-    got = script(keys=[keys.continuity(0)], args=[keys.tag + ":", json.dumps(wire)])
+    got = script(keys=[keys.continuity(0)],
+                 args=[keys.tag + ":", json.dumps(wire), "1" if defer else "0"])
     pure = {k: Domain() for k in range(stripes)}
     want = []
     for s in steps:
