@@ -24,6 +24,8 @@ file followed by its own body (core.continuity_store.compose), which calls
   C.read(k)                      -> {fields}, {above}, {pending}: the whole state (strings)
   C.clock()                      -> the slot's clock, ms (core.continuity.slot_clock): the
                                  -- node's TIME, never below what the slot read before
+  C.issue(R)                     -- the slot read a tick R (kept: the newest TICKS_KEPT)
+  C.issued(R)                    -> true when the slot still holds that tick
   C.defer_prefix()               -- from now on an admission moves the prefix in the cache only
   C.flush()                      -- writes the prefixes deferred so far (a script that called
                                  -- C.defer_prefix() calls it before it returns)
@@ -358,6 +360,20 @@ local function continuity(P)
     if now <= high then return high end
     redis.call('SET', P .. 'clock', fmt(now))
     return now
+  end
+
+  -- A watermark certifies only a tick this slot holds the reading of: one read on a state the
+  -- slot then lost (a failover to a replica that missed it) would certify past sinces it
+  -- stamps afterwards on a clock that may be behind (schemas/README.md, A7).
+  local TICKS_KEPT = 64
+  function C.issue(r)
+    r = int(r, 'tick', 0, SEQ_MAX)
+    redis.call('ZADD', P .. 'ticks', r, fmt(r))
+    redis.call('ZREMRANGEBYRANK', P .. 'ticks', 0, -(TICKS_KEPT + 1))
+  end
+
+  function C.issued(r)
+    return redis.call('ZSCORE', P .. 'ticks', fmt(int(r, 'tick', 0, SEQ_MAX))) ~= false
   end
 
   function C.horizon(n)

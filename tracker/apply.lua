@@ -469,6 +469,8 @@ for i = 1, #events do
       if undeclared(e[3]) then
       elseif e[8] ~= nil and e[8] ~= '' and (e[9] or 0) >= C.epoch(e[3]) then
         C.break_domain(e[3], 'the service recorded a break: ' .. e[8])
+      elseif not C.issued(e[6]) then  -- a tick this slot holds no reading of: nothing
+        redis.call('HINCRBY', K_STATS, 'unknown_ticks', 1)
       else C.certify(e[3], e[4], e[5], e[6], e[7]) end
     elseif op == 16 then -- range gone: stripe, incarnation, from, to, reason
       set_sequenced()

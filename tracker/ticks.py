@@ -27,7 +27,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from core.continuity import Domain, gaps, tick_time
+from core.continuity import Domain, gaps
 from core.continuity_store import AsyncContinuityStore, compose
 from core.settings import Settings
 from schemas import control
@@ -44,11 +44,14 @@ _TICK = compose("""
 local C = continuity(ARGV[1])
 local t = redis.call('TIME')
 local node = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {string.format('%.0f', C.clock()), string.format('%.0f', node)}
+local clock = C.clock()
+local r = math.max(0, clock - tonumber(ARGV[3]))  -- core.continuity.tick_time
+local out = {string.format('%.0f', r), string.format('%.0f', clock), string.format('%.0f', node)}
 for k = 0, tonumber(ARGV[2]) - 1 do
   if C.is_broken(k) then out = {} break end
   out[#out + 1] = string.format('%.0f', C.applied_max(k))
 end
+if #out > 0 then C.issue(r) end
 local dead = ARGV[1] .. 'deadseq'
 for _, f in ipairs(redis.call('HKEYS', dead)) do
   local k, seq = string.match(f, '^(%d+):(%d+)$')
@@ -117,12 +120,12 @@ class Ticker:
         stall = 0
         for repo, stripes in (await self.sequenced()).items():
             keys = RepoKeys(repo)
-            read = await self._tick(keys=[keys.meta], args=[keys.tag + ":", stripes])
+            read = await self._tick(keys=[keys.meta], args=[keys.tag + ":", stripes,
+                                                            self.skew_ms])
             if read:  # (none while a stripe is broken)
-                clock, node, *applied = read
+                at, clock, node, *applied = read
                 stall = max(stall, int(clock) - int(node))
-                at = tick_time(int(clock), self.skew_ms)
-                tick = control.signed_tick(self.key, repo, at, [int(a) for a in applied])
+                tick = control.signed_tick(self.key, repo, int(at), [int(a) for a in applied])
                 await self.producer.send(topic, control.encode(tick), key=tick.key)
                 done.ticks += 1
             domains = [await self.store.read(repo, k) for k in range(stripes)]

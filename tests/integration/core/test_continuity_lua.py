@@ -240,6 +240,19 @@ def test_the_slot_clock_never_goes_back(settings, redis_client):
 
 
 @BOTH_TOPOLOGIES
+def test_a_slot_holds_the_ticks_it_read_the_newest_64(settings, redis_client):
+    """``C.issue``/``C.issued``: a watermark certifies only a tick the slot holds."""
+    keys = RepoKeys("r")
+    script = redis_client.register_script(compose(
+        "local C = continuity(ARGV[1]) for i = 2, #ARGV do C.issue(ARGV[i]) end "
+        "return {C.issued(1) and 1 or 0, C.issued(6) and 1 or 0, C.issued(70) and 1 or 0, "
+        "C.issued(71) and 1 or 0}"))
+    ticks = [str(r) for r in range(1, 71)]  # 70 ticks: the 6 oldest go
+    assert script(keys=[keys.tag + ":ticks"], args=[keys.tag + ":", *ticks]) == [0, 0, 1, 0]
+    assert redis_client.zcard(keys.tag + ":ticks") == 64
+
+
+@BOTH_TOPOLOGIES
 def test_long_runs_cross_the_scripts_read_chunks(settings, redis_client):
     """The prefix jumps over, and the gaps walk, more seqs than one read of the script takes."""
     store = ContinuityStore(redis_client)
