@@ -8,6 +8,7 @@ marked ``xfail(strict=True)`` deletes a live object today (``--runxfail`` shows 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 from core.clients import redis_sync
 from core.continuity_store import ContinuityStore
 from core.settings import Settings
-from sim.clockshim import ShiftedRedis
+from sim.clockshim import FailoverPair, ShiftedRedis
 from sim.sequenced import (
     REPO,
     copy,
@@ -128,3 +129,96 @@ async def test_a_tick_read_on_a_slot_state_that_is_lost_certifies_no_since_stamp
         report = await reap(s, s3)
         assert svc.exists(a), (report, d, since, c)  # r2 (open token) references A
     r.close()
+
+
+# --- 1b. the same on a Redis Cluster: a forced failover to a replica that lags and runs behind --
+
+def cut_replication(pair: FailoverPair) -> None:
+    """The replica stops receiving the primary's writes (a partition between them): its link
+    is dropped and it cannot authenticate again."""
+    import redis as redis_lib
+
+    q = redis_lib.Redis(port=pair.replica.server.port)
+    p = redis_lib.Redis(port=pair.primary.server.port)
+    try:
+        q.config_set("masterauth", "not-the-primarys")
+        p.execute_command("CLIENT", "KILL", "TYPE", "replica")  # type: ignore[no-untyped-call]
+        deadline = time.monotonic() + 30
+        while q.info("replication").get("master_link_status") != "down":
+            assert time.monotonic() < deadline, "the replica's link stayed up"
+            time.sleep(0.02)
+    finally:
+        p.close()
+        q.close()
+
+
+def takeover(pair: FailoverPair) -> None:
+    """A forced failover (CLUSTER FAILOVER TAKEOVER): the replica becomes primary with what
+    it holds, as when the primary is unreachable."""
+    import redis as redis_lib
+
+    q = redis_lib.Redis(port=pair.replica.server.port)
+    try:
+        q.config_set("masterauth", "")
+        q.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")  # type: ignore[no-untyped-call]
+        deadline = time.monotonic() + 30
+        while q.info("replication").get("role") != "master":
+            assert time.monotonic() < deadline, "the failover did not complete"
+            time.sleep(0.02)
+    finally:
+        q.close()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "atk7 1b: as atk7 1, with a real replica: a forced failover to a replica that missed the "
+    "tick's clock write and whose clock is behind; the answer to that tick certifies R = c - "
+    "skew over sinces the new primary stamps below it: the reaper deletes a copy's object"))
+async def test_a_forced_failover_to_a_lagging_replica_behind_keeps_a_copys_object(
+        settings: Settings, s3: Any, tmp_path: Path, failover_pair: FailoverPair) -> None:
+    """Test 1 on a Redis Cluster of a primary and its replica, each with its own clock, the
+    replica's BEHIND_S behind (A7: a failover to a replica whose clock is behind needs no
+    bound). A is written (r1, seq 3) and certified. The replica's link drops (a partition);
+    time passes (> grace + skew) with nothing written to the slot. A copy of A reads r1; r1
+    is deleted (seq 4, its publish slow); the Ticker reads its tick on the primary at c; the
+    relay answers M = 4 (the tracker lags behind the relay's watermarks); the copy commits
+    (r2, seq 5, publish lost). The primary is cut off and the replica takes over with what it
+    holds: all but the tick's clock write. A, live at the service through r2, must survive."""
+    s = settings.replace(redis_url=failover_pair.url, redis_cluster=True,
+                         tick_interval_seconds=3600.0, resend_interval_seconds=0.3,
+                         grace_seconds=GRACE_S, clock_skew_seconds=SKEW_S)
+    failover_pair.replica.shift(-BEHIND_S)
+    clock_key = f"hd:{{{REPO}}}:clock"
+    async with holding_service(s, s3, tmp_path) as (svc, relay), manual_ticker(s) as ticker, \
+            running_tracker(s):
+        r = redis_sync(s)
+        store = ContinuityStore(r)
+        a = svc.store("data/a")
+        svc.emit(write("a", a, "r1"))
+        await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 3)
+        await ticker.round()
+        await until(lambda: store.read(REPO, 0), lambda d: d.horizon_ms is not None)
+        await asyncio.to_thread(cut_replication, failover_pair)
+        c_s = int(r.get(clock_key))
+        while await redis_now(s) < c_s + int((GRACE_S + SKEW_S) * 1000) + 300:
+            await asyncio.sleep(0.05)  # (time passes; nothing of the slot changes)
+        assert int(r.get(clock_key)) == c_s
+        gone = delete("a", a, "r1")  # (the copy of A read r1 before this)
+        relay.hold_ids.add(gone.event_id)
+        svc.emit(gone)
+        relay.hold = True
+        done = await ticker.round()
+        assert done.ticks == 1, done
+        c = int(r.get(clock_key))
+        await until(lambda: relay.held, lambda h: len(h) >= 2)  # the delete and M = 4 at c - skew
+        lost = copy("b", a, "r2")
+        relay.drop.add(lost.event_id)
+        svc.emit(lost)  # committed after the relay read M = 4
+        await asyncio.to_thread(takeover, failover_pair)
+        await until(lambda: store.read(REPO, 0).prefix, lambda p: p == 3)
+        await relay.release(relay.held)  # the slow publishes reach the tracker
+        await until(lambda: store.read(REPO, 0), lambda d: d.prefix == 4)
+        d = await settled(store, c - int(1000 * SKEW_S))
+        since = int(r.hget(f"hd:{{{REPO}}}:a:{a}", "since"))
+        report = await reap(s, s3)
+        assert svc.exists(a), (report, d, since, c, c_s)  # r2 (open token) references A
+        r.close()
