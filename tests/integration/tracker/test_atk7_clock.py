@@ -152,6 +152,19 @@ def cut_replication(pair: FailoverPair) -> None:
         q.close()
 
 
+def replica_value(pair: FailoverPair, key: str) -> str | None:
+    """``key`` as the replica holds it."""
+    import redis as redis_lib
+
+    q = redis_lib.Redis(port=pair.replica.server.port, decode_responses=True)
+    try:
+        q.execute_command("READONLY")  # type: ignore[no-untyped-call]
+        value = q.get(key)
+        return None if value is None else str(value)
+    finally:
+        q.close()
+
+
 def takeover(pair: FailoverPair) -> None:
     """A forced failover (CLUSTER FAILOVER TAKEOVER): the replica becomes primary with what
     it holds, as when the primary is unreachable."""
@@ -213,6 +226,7 @@ async def test_a_forced_failover_to_a_lagging_replica_behind_keeps_a_copys_objec
         lost = copy("b", a, "r2")
         relay.drop.add(lost.event_id)
         svc.emit(lost)  # committed after the relay read M = 4
+        assert replica_value(failover_pair, clock_key) == str(c_s)  # (the link stayed down)
         await asyncio.to_thread(takeover, failover_pair)
         await until(lambda: store.read(REPO, 0).prefix, lambda p: p == 3)
         await relay.release(relay.held)  # the slow publishes reach the tracker
