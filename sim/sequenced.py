@@ -344,3 +344,78 @@ async def reap(settings: Settings, s3: Any) -> Any:
         return await reaper.run_once()
     finally:
         await reaper.close()
+
+
+# --- a relay whose publishes wait, and ticks at the moment a test chooses --------------------
+
+class HoldingRelay(LossyRelay):
+    """A relay whose watermark publishes are held back while ``hold`` is set, and those of the
+    events whose id is in ``hold_ids`` (then sent by :meth:`release`): the same records,
+    reaching the tracker late, as when the tracker lags behind the events topic (a failover of
+    its Redis node stalls it meanwhile) or a publish is slow."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hold = False
+        self.hold_ids: set[str] = set()
+        self.held: list[tuple[bytes, bytes]] = []
+
+    def _held(self, value: bytes) -> bool:
+        return (self.hold and b'"type":"watermark"' in value) or any(
+            e.encode() in value for e in self.hold_ids)
+
+    async def _send(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+        if self.hold or self.hold_ids:
+            marks = [(v, k) for v, k in records if self._held(v)]
+            self.held += marks
+            records = [rec for rec in records if rec not in marks]
+        await super()._send(records)
+
+    async def release(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+        async with Publisher(self.settings) as pub:
+            for value, key in records:
+                await pub._producer.send_and_wait(self.settings.events_topic, value, key=key)
+
+
+@asynccontextmanager
+async def holding_service(settings: Settings, s3: Any, tmp_path: Path
+                          ) -> AsyncIterator[tuple[Service, HoldingRelay]]:
+    """:func:`service` with a :class:`HoldingRelay`."""
+    bucket = f"atk5-{int(time.time() * 1000) % 10**9}"
+    with suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=bucket)
+    outbox = Outbox(tmp_path / "service.db")
+    relay = HoldingRelay(settings, outbox)
+    await relay.start()
+    try:
+        svc = Service(settings, s3, outbox, relay, f"s3://{bucket}/{REPO}/", bucket)
+        svc.emit(ev.RepositoryCreated(repository=REPO, storage_namespace=svc.namespace,
+                                      default_branch="main", default_retention_days=1.0),
+                 ev.BranchCreated(repository=REPO, branch="main", staging_token="t",
+                                  ref_version=1))
+        yield svc, relay
+    finally:
+        await relay.stop()  # (idempotent: the test may have stopped it)
+        outbox.close()
+
+
+@asynccontextmanager
+async def manual_ticker(settings: Settings) -> AsyncIterator[Any]:
+    """The tracker's Ticker (its key, its producer), run one round at a time by the test, so
+    that a tick is read at a known moment (the tracker's own ticks once, when it starts)."""
+    from aiokafka import AIOKafkaProducer
+
+    from core.logs import get_logger
+    from schemas import reaper_auth
+    from tracker.metrics import TrackerMetrics
+    from tracker.ticks import Ticker
+
+    r = redis_async(settings)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        key = await reaper_auth.aload_key(r, settings.reaper_secret)
+        yield Ticker(settings, r, producer, key, TrackerMetrics(), get_logger("manual-ticker"))
+    finally:
+        await producer.stop()
+        await r.aclose()

@@ -13,14 +13,9 @@ over to a replica whose clock differs.
 from __future__ import annotations
 
 import asyncio
-import mmap
-import shutil
-import struct
-import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -32,126 +27,23 @@ from core.settings import Settings
 from schemas import events as ev
 from schemas.outbox import Outbox
 from schemas.publisher import Publisher
+from sim.clockshim import FailoverPair, ShiftedRedis
 from sim.sequenced import (
     REPO,
     LossyRelay,
     Service,
     copy,
     delete,
+    holding_service,
+    manual_ticker,
     reap,
     service,
     until,
     wait_log,
     write,
 )
-from sim.stack import Server, redis_server
 from sim.testing import keys_copy, keys_go_back, redis_now
 from tracker.daemon import running_tracker
-from tracker.ticks import Ticker
-
-# A wall-clock shift for one server: gettimeofday, clock_gettime(CLOCK_REALTIME*) and time()
-# add the microseconds held in the file named by CLOCK_SHIFT_FILE (read through a shared
-# mapping on every call, so the test moves the clock while the server runs).
-_SHIM = r"""
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <fcntl.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <sys/mman.h>
-#include <sys/time.h>
-#include <time.h>
-#include <unistd.h>
-static volatile int64_t *shift_us;
-static int (*real_cg)(clockid_t, struct timespec *);
-static int (*real_gtod)(struct timeval *, void *);
-static int64_t offset(void) {
-  if (!shift_us) {
-    const char *path = getenv("CLOCK_SHIFT_FILE");
-    int fd = path ? open(path, O_RDONLY) : -1;
-    if (fd < 0) return 0;
-    void *p = mmap(NULL, 8, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) return 0;
-    shift_us = (volatile int64_t *)p;
-  }
-  return *shift_us;
-}
-int clock_gettime(clockid_t id, struct timespec *ts) {
-  if (!real_cg) real_cg = dlsym(RTLD_NEXT, "clock_gettime");
-  int rc = real_cg(id, ts);
-  if (rc == 0 && (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE)) {
-    int64_t ns = (int64_t)ts->tv_sec * 1000000000LL + ts->tv_nsec + offset() * 1000LL;
-    ts->tv_sec = ns / 1000000000LL;
-    ts->tv_nsec = ns % 1000000000LL;
-  }
-  return rc;
-}
-int gettimeofday(struct timeval *tv, void *tz) {
-  if (!real_gtod) real_gtod = dlsym(RTLD_NEXT, "gettimeofday");
-  int rc = real_gtod(tv, tz);
-  if (rc == 0 && tv) {
-    int64_t us = (int64_t)tv->tv_sec * 1000000LL + tv->tv_usec + offset();
-    tv->tv_sec = us / 1000000LL;
-    tv->tv_usec = us % 1000000LL;
-  }
-  return rc;
-}
-time_t time(time_t *t) {
-  struct timeval tv;
-  gettimeofday(&tv, NULL);
-  if (t) *t = tv.tv_sec;
-  return tv.tv_sec;
-}
-"""
-
-
-@dataclass
-class ShiftedRedis:
-    server: Server
-    shift_file: Path
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.server.port}/0"
-
-    def shift(self, seconds: float) -> None:
-        """The server's wall clock is ``seconds`` off the machine's from now on."""
-        with self.shift_file.open("r+b") as f, mmap.mmap(f.fileno(), 8) as m:
-            m[:8] = struct.pack("<q", int(seconds * 1_000_000))
-
-
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The clock shim, compiled (a C compiler is on every machine of the project's kind)."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler for the clock shim")
-    wd = tmp_path_factory.mktemp("clock-shim")
-    (wd / "shift.c").write_text(_SHIM)
-    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(wd / "shift.so"),
-                    str(wd / "shift.c"), "-ldl"], check=True)
-    return wd / "shift.so"
-
-
-def shifted_server(shim: Path, wd: Path, *, cluster: bool = False) -> ShiftedRedis:
-    """A valkey-server (not started) whose wall clock the test shifts."""
-    shift_file = wd / f"shift-{time.monotonic_ns()}"
-    shift_file.write_bytes(struct.pack("<q", 0))
-    server = redis_server(wd, cluster=cluster, malloc="libc")
-    server.env = {"LD_PRELOAD": str(shim), "CLOCK_SHIFT_FILE": str(shift_file)}
-    return ShiftedRedis(server, shift_file)
-
-
-@pytest.fixture(scope="module")
-def shifted_redis(shim: Path, tmp_path_factory: pytest.TempPathFactory
-                  ) -> Iterator[ShiftedRedis]:
-    node = shifted_server(shim, tmp_path_factory.mktemp("shifted-redis"))
-    node.server.start()
-    try:
-        yield node
-    finally:
-        node.server.stop()
 
 
 @pytest.fixture
@@ -261,72 +153,6 @@ async def test_a_clock_stepping_back_under_a_certified_horizon_keeps_a_copys_obj
 
 
 # --- 3. a tick the tracker read while the stripe was broken, answered before the relay kept it --
-
-class HoldingRelay(LossyRelay):
-    """A relay whose watermark publishes are held back while ``hold`` is set (then sent by
-    :meth:`release`): the same records, reaching the tracker late, as when the tracker lags
-    behind the events topic (a failover of its Redis node stalls it meanwhile)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.hold = False
-        self.held: list[tuple[bytes, bytes]] = []
-
-    async def _send(self, records: Sequence[tuple[bytes, bytes]]) -> None:
-        if self.hold:
-            marks = [(v, k) for v, k in records if b'"type":"watermark"' in v]
-            self.held += marks
-            records = [rec for rec in records if rec not in marks]
-        await super()._send(records)
-
-    async def release(self, records: Sequence[tuple[bytes, bytes]]) -> None:
-        async with Publisher(self.settings) as pub:
-            for value, key in records:
-                await pub._producer.send_and_wait(self.settings.events_topic, value, key=key)
-
-
-@asynccontextmanager
-async def holding_service(settings: Settings, s3: Any, tmp_path: Path
-                          ) -> AsyncIterator[tuple[Service, HoldingRelay]]:
-    bucket = f"atk5-{int(time.time() * 1000) % 10**9}"
-    with suppress(s3.exceptions.BucketAlreadyOwnedByYou):
-        s3.create_bucket(Bucket=bucket)
-    outbox = Outbox(tmp_path / "service.db")
-    relay = HoldingRelay(settings, outbox)
-    await relay.start()
-    try:
-        svc = Service(settings, s3, outbox, relay, f"s3://{bucket}/{REPO}/", bucket)
-        svc.emit(ev.RepositoryCreated(repository=REPO, storage_namespace=svc.namespace,
-                                      default_branch="main", default_retention_days=1.0),
-                 ev.BranchCreated(repository=REPO, branch="main", staging_token="t",
-                                  ref_version=1))
-        yield svc, relay
-    finally:
-        await relay.stop()  # (idempotent: the test may have stopped it)
-        outbox.close()
-
-
-@asynccontextmanager
-async def manual_ticker(settings: Settings) -> AsyncIterator[Ticker]:
-    """The tracker's Ticker (its key, its producer), run one round at a time by the test, so
-    that a tick is read at a known moment (the tracker's own ticks once, when it starts)."""
-    from aiokafka import AIOKafkaProducer
-
-    from core.clients import redis_async
-    from core.logs import get_logger
-    from schemas import reaper_auth
-    from tracker.metrics import TrackerMetrics
-
-    r = redis_async(settings)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all")
-    await producer.start()
-    try:
-        key = await reaper_auth.aload_key(r, settings.reaper_secret)
-        yield Ticker(settings, r, producer, key, TrackerMetrics(), get_logger("atk5"))
-    finally:
-        await producer.stop()
-        await r.aclose()
-
 
 @pytest.mark.parametrize("topology", ["cluster"], indirect=True)
 async def test_a_tick_read_on_a_broken_stripe_certifies_nothing_once_the_slot_went_back(
@@ -519,73 +345,6 @@ async def test_a_repository_whose_first_sequenced_event_is_lost_keeps_its_object
 
 
 # --- 1b. the same, by a lossless failover to a replica whose clock runs ahead ----------------
-
-@dataclass
-class FailoverPair:
-    primary: ShiftedRedis
-    replica: ShiftedRedis
-
-    @property
-    def url(self) -> str:
-        return self.primary.url
-
-    def failover(self) -> None:
-        """A manual (graceful) failover: the replica catches up with the primary first, so
-        nothing is lost (the planned maintenance of a node)."""
-        import redis as redis_lib
-
-        r = redis_lib.Redis(port=self.replica.server.port)
-        try:
-            r.execute_command("CLUSTER", "FAILOVER")  # type: ignore[no-untyped-call]
-            deadline = time.monotonic() + 30
-            while r.info("replication").get("role") != "master":
-                assert time.monotonic() < deadline, "the failover did not complete"
-                time.sleep(0.02)
-        finally:
-            r.close()
-
-
-@pytest.fixture
-def failover_pair(shim: Path, tmp_path: Path) -> Iterator[FailoverPair]:
-    """A Redis Cluster of one primary (every slot) and its replica, each with its own clock."""
-    import redis as redis_lib
-
-    from sim.stack import _form_cluster
-
-    primary, replica = shifted_server(shim, tmp_path, cluster=True), \
-        shifted_server(shim, tmp_path, cluster=True)
-    primary.server.start()
-    try:
-        replica.server.start()
-        try:
-            _form_cluster([primary.server])
-            p = redis_lib.Redis(port=primary.server.port)
-            q = redis_lib.Redis(port=replica.server.port)
-            bus = primary.server.argv[primary.server.argv.index("--cluster-port") + 1]
-            q.execute_command(  # type: ignore[no-untyped-call]
-                "CLUSTER", "MEET", "127.0.0.1", primary.server.port, bus)
-            pid = p.execute_command("CLUSTER", "MYID")  # type: ignore[no-untyped-call]
-            pid = pid.decode() if isinstance(pid, bytes) else pid
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    q.execute_command(  # type: ignore[no-untyped-call]
-                        "CLUSTER", "REPLICATE", pid)
-                    break
-                except redis_lib.ResponseError:  # (the replica does not know it yet)
-                    assert time.monotonic() < deadline
-                    time.sleep(0.05)
-            while q.info("replication").get("master_link_status") != "up":
-                assert time.monotonic() < deadline, "the replica did not sync"
-                time.sleep(0.05)
-            p.close()
-            q.close()
-            yield FailoverPair(primary, replica)
-        finally:
-            replica.server.stop()
-    finally:
-        primary.server.stop()
-
 
 FAILOVER_GRACE_S = 8.0
 AHEAD_S = 4.0  # the replica's clock runs this far ahead of the primary's (< grace)

@@ -1,0 +1,57 @@
+"""Adversarial review (atk7): the proof's first step (schemas/README.md, "Proof") on clock
+traces where the repository's slot goes back (a failover to a replica that lags, a restore
+from a copy), taking its clock's high-water mark (``hd:{R}:clock``) back with it, while a tick
+read on the lost state stays valid (it is out: control topic, relay, watermark).
+``tests/unit/core/test_continuity.py``'s property test keeps the high-water mark across every
+reading, so it cannot see this; here it is lost, and the step fails."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.continuity import slot_clock, tick_time
+
+Reading = tuple[int, int, int | None]  # (real time, node TIME, reading the slot went back to)
+
+
+@st.composite
+def traces_with_a_go_back(draw: st.DrawFn) -> tuple[int, list[Reading]]:
+    """A skew and readings of one slot in real-time order, as in test_continuity's
+    ``clock_traces`` (node errors fall by any amount, never rise more than ``skew`` above the
+    lowest so far: A7), where before a reading the slot may go back to its state just after
+    an earlier reading (that reading's high-water mark)."""
+    skew = draw(st.integers(0, 5_000))
+    t, lowest, out = 0, draw(st.integers(-50_000, 50_000)), []
+    for i in range(draw(st.integers(2, 12))):
+        t += draw(st.integers(0, 20_000))
+        if draw(st.booleans()):
+            lowest -= draw(st.integers(0, 60_000))
+        error = lowest + draw(st.integers(0, skew))
+        back = draw(st.one_of(st.none(), st.integers(0, i - 1))) if i > 0 else None
+        out.append((t, 10**9 + t + error, back))
+    return skew, out
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "atk7 1 (pure): the slot clock's high-water mark goes back with its slot; a tick read on "
+    "the lost state then certifies past a since stamped later in real time on a node whose "
+    "clock is behind: 'the slot clock never goes back' is a property of one slot history, "
+    "and a tick's R outlives the history it was read on"))
+@given(traces_with_a_go_back(), st.integers(1, 30_000))
+@settings(max_examples=500, deadline=None)
+def test_a_tick_certifies_a_since_plus_grace_only_after_grace_of_real_time_across_go_backs(
+        trace: tuple[int, list[Reading]], grace: int) -> None:
+    skew, readings = trace
+    high, clocks, highs = 0, list[int](), list[int]()
+    for _, node, back in readings:
+        if back is not None:
+            high = highs[back]  # the slot as it was just after that reading
+        high = slot_clock(high, node)
+        clocks.append(high)
+        highs.append(high)
+    for i, (t_since, _, _) in enumerate(readings):
+        for j, (t_tick, _, _) in enumerate(readings):
+            if tick_time(clocks[j], skew) >= clocks[i] + grace:
+                assert t_tick - t_since >= grace, (i, j, clocks)
