@@ -3,6 +3,8 @@ online delete path of a SEQUENCED repository, on the real stack: a service with 
 its relay, the tracker, the reaper, MinIO, and a valkey-server whose clock the test shifts
 (``sim.clockshim``). Each test asserts the SAFE outcome (the live object survives); a test
 marked ``xfail(strict=True)`` deletes a live object today (``--runxfail`` shows the deletion).
+Both findings here are held: a watermark certifies only a tick whose reading its slot still
+holds (``hd:{R}:ticks``); with that check removed both tests delete the live object.
 """
 
 from __future__ import annotations
@@ -66,12 +68,6 @@ async def settled(store: ContinuityStore, target_ms: int, timeout: float = 10.0)
 
 # --- 1. a tick read on a slot state that is then lost -------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "atk7 1: the slot clock's high-water mark (hd:{R}:clock) goes back with its slot, but a "
-    "tick read on the lost state is already out (control topic, relay, watermark): applied "
-    "on the slot that went back, on a node whose clock is behind, it certifies R = c - skew "
-    "while the slot stamps sinces below R - grace. The proof's 'the slot clock never goes "
-    "back' does not hold across a slot going back; the reaper deletes a copy's object"))
 async def test_a_tick_read_on_a_slot_state_that_is_lost_certifies_no_since_stamped_below_it(
         clocked: Settings, s3: Any, tmp_path: Path, shifted_redis: ShiftedRedis) -> None:
     """A is written (r1, seq 3) and certified. The slot's state S is what a replica (or a
@@ -182,10 +178,6 @@ def takeover(pair: FailoverPair) -> None:
         q.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "atk7 1b: as atk7 1, with a real replica: a forced failover to a replica that missed the "
-    "tick's clock write and whose clock is behind; the answer to that tick certifies R = c - "
-    "skew over sinces the new primary stamps below it: the reaper deletes a copy's object"))
 async def test_a_forced_failover_to_a_lagging_replica_behind_keeps_a_copys_object(
         settings: Settings, s3: Any, tmp_path: Path, failover_pair: FailoverPair) -> None:
     """Test 1 on a Redis Cluster of a primary and its replica, each with its own clock, the
