@@ -26,9 +26,9 @@ from sim.rebuilding import (
     lose_log,
     past_upload_windows,
     reapable,
-    slot_copy,
     state_of,
 )
+from sim.testing import slot_copy
 from sim.worlds import BUCKET, World, make_world
 from tracker.rebuild import RebuildError, heal, prepare, read_export, rebuild, write_export
 from tracker.state import read_repo_state
