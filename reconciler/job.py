@@ -50,6 +50,7 @@ from reconciler.committed import (
 from reconciler.errors import ReconcileError, SweepRefused
 from reconciler.evidence import EvidenceError, KeepSetProof, Source
 from reconciler.keepset import (
+    SLICE_RE,
     KeepSetPlan,
     KeepSetUnusable,
     StoredKeepSet,
@@ -606,31 +607,21 @@ class Run:
             # is garbage; a retained commit whose manifest is missing fails the run above/here.
             fresh = (manifest_keys_df(self.spark, self.settings, ns, to_read).distinct()
                      .persist(StorageLevel.MEMORY_AND_DISK))
-            # a few parts (the next run checks each one's ETag and reads each in a task)
-            kparts = write_parts(self.settings, ns, run_id, fresh.coalesce(4))
-            if keep.reuse and keep.baseline is not None:
-                # K(M_now) = K(M_baseline) | K(M_now - M_baseline) (reconciler/keepset.py)
-                old = parts_df(self.spark, self.settings, ns, keep.baseline.parts)
-                committed = old.unionByName(fresh).distinct() \
-                    .persist(StorageLevel.MEMORY_AND_DISK)
-                kparts = [*keep.baseline.parts, *kparts]
-            else:
-                committed = fresh
-            retention.committed_keys = committed.count()
+            kparts = write_parts(self.settings, ns, run_id, fresh)
+            fresh_keys = sum(p.rows for p in kparts)
             read_back = counting.result()
         if read_back != export.rows:  # the parts this run wrote a moment ago, read whole
             raise EvidenceError(f"tracker export {report}uncommitted/: {read_back} rows read "
                                 f"back, {export.rows} written")
-        if committed is not fresh:
-            fresh.unpersist()
         proof.add(Source("tracker_export", len(export.parts), export.rows))
+        proof.add(Source("manifests", len(to_read), keys=fresh_keys))
+        committed = None if keep.reuse else fresh  # an optimized run's: after its listing
         if keep.reuse and keep.baseline is not None:
-            proof.add(Source("baseline_keepset", len(keep.baseline.parts),
-                             sum(p.rows for p in keep.baseline.parts),
-                             location=keep.baseline.run_id))
-        proof.add(Source("manifests", len(to_read), keys=retention.committed_keys))
+            kparts = [*keep.baseline.parts, *kparts]
+        else:
+            retention.committed_keys = fresh_keys
         stored = StoredKeepSet(run_id, o.repo, ns.uri, now_ms, etags, tuple(sorted(
-            plan.retained)), tuple(kparts), retention.committed_keys)
+            plan.retained)), tuple(kparts), sum(p.rows for p in kparts))
         proof.stored = write_descriptor(self.s3, self.r, RepoKeys(o.repo).keep_seal(run_id),
                                          ns, stored)
         timed("committed_s", t0)
@@ -639,6 +630,7 @@ class Run:
         # 4. listing
         t0 = time.monotonic()
         chosen = None  # the units listed (None: an inventory)
+        wanted: set[str] | None = None  # the slices of the baseline's keep-set to read
         if o.inventory:
             files = named_inventory(self.s3, o.inventory, ns.bucket)
             listing = inventory_df(self.spark, self.settings, ns, files)
@@ -665,10 +657,26 @@ class Run:
                                  else list(baseline.uncommitted.part_keys))
                 prev_live = prev.filter(F.col("live")).select("key")
                 candidates = prev_live.join(known.filter(F.col("live")).select("key"), "key",
-                                            "left_anti")
+                                            "left_anti").persist(StorageLevel.MEMORY_AND_DISK)
                 listing = listing.unionByName(_head_rows(self.spark, self.settings, ns,
                                                          candidates))
                 listing = listing.dropDuplicates(["key"])
+                # The slices this run may classify: those it lists and those of the keys it
+                # HEADs (and the keys in no slice): of the baseline's keep-set, only theirs.
+                wanted = {u.slice for u in chosen if u.slice is not None} | {""}
+                wanted |= {str(r[0]) for r in candidates.select(
+                    F.regexp_extract("key", SLICE_RE, 1)).distinct().collect()}
+                candidates.unpersist()
+        if committed is None and keep.baseline is not None:
+            read = tuple(p for p in keep.baseline.parts if wanted is None or p.unit in wanted)
+            # K(M_now) = K(M_baseline) | K(M_now - M_baseline) (reconciler/keepset.py)
+            committed = parts_df(self.spark, self.settings, ns, read).unionByName(fresh) \
+                .distinct().persist(StorageLevel.MEMORY_AND_DISK)
+            # (``committed_keys`` stays unset: this run reads a part of the keep-set only)
+            proof.add(Source("baseline_keepset", len(read), sum(p.rows for p in read),
+                             location=keep.baseline.run_id))
+        if committed is None:
+            raise ReconcileError("the committed keep-set was not built")
 
         # 5. the service's own uncommitted export (a second witness) and fail-closed state
         service, withhold = self._service_evidence(cutoff_ms, proof)
@@ -703,6 +711,7 @@ class Run:
         timed("crosscheck_s", t0)
         classified.unpersist()
         committed.unpersist()
+        fresh.unpersist()
         known.unpersist()
         lease.check()
         return parts
@@ -992,7 +1001,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                       help="sweep the mark of an earlier successful run")
     parser.add_argument("--optimized", action="store_true",
                         help="seed 002 flow 2: only slices newer than the last swept run's, "
-                             "plus that run's uncommitted set")
+                             "plus that run's uncommitted set, and only the manifests of "
+                             "commits new since (its stored keep-set); else a clean run")
+    parser.add_argument("--max-baseline-age-hours", type=float, default=168.0,
+                        help="--optimized reuses a baseline keep-set at most this old "
+                             "(default 168)")
     parser.add_argument("--cutoff", help="ISO-8601 or epoch seconds; only earlier than "
                                          "now - reconcile_min_age_seconds")
     parser.add_argument("--inventory", metavar="PATH",
@@ -1035,6 +1048,7 @@ def _options(args: argparse.Namespace, repo: str) -> RunOptions:
         expiration_mode=args.expiration_mode, delete_expired_refs=args.delete_expired_refs,
         ignore_tracker_progress=args.ignore_tracker_progress,
         max_mark_age_hours=args.max_mark_age_hours,
+        max_baseline_age_hours=args.max_baseline_age_hours,
         uncommitted_export=args.uncommitted_export,
         allow_large_sweep=args.allow_large_sweep)
 

@@ -54,6 +54,17 @@ class KeepSetPart:
     key: str  # bucket key of a Parquet object with one text column ``key``
     rows: int
     etag: str
+    unit: str = ""  # the slice id of every key in it, or "" (keys in no data/<slice>/)
+
+
+# The slice a namespace-relative key lies in (the listing's ``data/<slice>/`` unit), or "".
+SLICE_RE = r"^data/([^/]+)/"
+
+
+def unit_of(key: str) -> str:
+    """The part group of a key: its slice id (:data:`SLICE_RE`), or "" for any other key."""
+    m = re.match(SLICE_RE, key)
+    return m.group(1) if m else ""
 
 
 @dataclass(frozen=True)
@@ -75,7 +86,8 @@ class StoredKeepSet:
                 "namespace": self.namespace, "made_at_ms": self.made_at_ms,
                 "manifests": [[b, k, e] for (b, k), e in sorted(self.manifests.items())],
                 "retained": list(self.retained), "keys": self.keys,
-                "parts": [{"key": p.key, "rows": p.rows, "etag": p.etag} for p in self.parts]}
+                "parts": [{"key": p.key, "rows": p.rows, "etag": p.etag, "unit": p.unit}
+                          for p in self.parts]}
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> StoredKeepSet:
@@ -101,9 +113,9 @@ class StoredKeepSet:
         for p in d["parts"]:
             if not (isinstance(p, dict) and type(p.get("key")) is str
                     and type(p.get("rows")) is int and p["rows"] >= 0
-                    and type(p.get("etag")) is str):
-                raise bad(f"part entry {p!r} is not {{key, rows, etag}}")
-            parts.append(KeepSetPart(p["key"], p["rows"], p["etag"]))
+                    and type(p.get("etag")) is str and type(p.get("unit")) is str):
+                raise bad(f"part entry {p!r} is not {{key, rows, etag, unit}}")
+            parts.append(KeepSetPart(p["key"], p["rows"], p["etag"], p["unit"]))
         return cls(d["run_id"], d["repository"], d["namespace"], d["made_at_ms"], manifests,
                    tuple(d["retained"]), tuple(parts), d["keys"], d["format"])
 
@@ -257,15 +269,19 @@ def manifest_etags(s3: Any, manifests: list[Manifest]) -> dict[Manifest, str]:
 
 
 def write_parts(settings: Any, ns: Namespace, run_id: str, keys_df: Any) -> list[KeepSetPart]:
-    """Write a DataFrame of ``key`` as Parquet parts from the tasks; their rows and ETags."""
+    """Write a DataFrame of ``key`` as Parquet parts from the tasks, one part per slice (and
+    one for the keys in no slice), so that an optimized run reads only the parts of the
+    slices it lists; their rows, ETags and units."""
     import uuid
+
+    from pyspark.sql import functions as F
 
     from reconciler.s3io import cached_s3
 
     prefix = parts_prefix(ns, run_id)
     token = uuid.uuid4().hex[:6]
 
-    def write(index: int, rows: Iterator[Any]) -> Iterator[tuple[str, int, str]]:
+    def write(index: int, rows: Iterator[Any]) -> Iterator[tuple[str, int, str, str]]:
         import io
 
         import pyarrow as pa
@@ -274,18 +290,40 @@ def write_parts(settings: Any, ns: Namespace, run_id: str, keys_df: Any) -> list
 
         ctx = TaskContext.get()
         attempt = ctx.attemptNumber() if ctx else 0
-        keys = [row["key"] for row in rows]
-        if not keys:
-            return
-        buf = io.BytesIO()
-        pq.write_table(pa.table({"key": pa.array(keys, pa.string())}), buf, compression="zstd")
-        key = f"{prefix}part-{index:05d}-{attempt}-{token}.parquet"
-        etag = cached_s3(settings).put_object(Bucket=ns.bucket, Key=key,
-                                              Body=buf.getvalue())["ETag"]
-        yield key, len(keys), str(etag)
+        s3 = cached_s3(settings)
+        keys: list[str] = []
+        unit = ""
+        seq = 0
 
-    out = keys_df.select("key").rdd.mapPartitionsWithIndex(write).collect()
-    return sorted((KeepSetPart(k, n, e) for k, n, e in out), key=lambda p: p.key)
+        def flush() -> tuple[str, int, str, str]:
+            nonlocal seq
+            buf = io.BytesIO()
+            pq.write_table(pa.table({"key": pa.array(keys, pa.string())}), buf,
+                           compression="zstd")
+            key = f"{prefix}part-{index:05d}-{attempt}-{seq:04d}-{token}.parquet"
+            seq += 1
+            etag = s3.put_object(Bucket=ns.bucket, Key=key, Body=buf.getvalue())["ETag"]
+            out = (key, len(keys), str(etag), unit)
+            keys.clear()
+            return out
+
+        for row in rows:
+            if keys and (row["unit"] != unit or len(keys) >= PART_ROWS):
+                yield flush()
+            unit = row["unit"]
+            keys.append(row["key"])
+        if keys:
+            yield flush()
+
+    df = (keys_df.select("key").withColumn("unit", F.regexp_extract("key", SLICE_RE, 1))
+          .repartition("unit").sortWithinPartitions("unit"))
+    # The regex in Spark and :func:`unit_of` must agree: a part read for a slice must hold
+    # every key of the keep-set in that slice.
+    out = df.rdd.mapPartitionsWithIndex(write).collect()
+    return sorted((KeepSetPart(k, n, e, u) for k, n, e, u in out), key=lambda p: p.key)
+
+
+PART_ROWS = 1_000_000
 
 
 def parts_df(spark: Any, settings: Any, ns: Namespace, parts: tuple[KeepSetPart, ...]) -> Any:

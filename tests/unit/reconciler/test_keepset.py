@@ -5,7 +5,7 @@ manifests on top of the baseline's) is reused."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from reconciler.keepset import (
@@ -14,6 +14,7 @@ from reconciler.keepset import (
     KeepSetUnusable,
     StoredKeepSet,
     plan_incremental,
+    unit_of,
 )
 
 NS = "s3://b/ns/"
@@ -109,3 +110,13 @@ def test_the_descriptor_is_read_strictly():
                    {k: v for k, v in good.items() if k != "made_at_ms"}, [good]):
         with pytest.raises(KeepSetUnusable):
             StoredKeepSet.from_dict(broken, "w")
+
+
+@given(st.text(alphabet="ab/%.-_ ", max_size=8), st.text(alphabet="ab/%.-_ ", max_size=12))
+def test_a_listed_slice_key_belongs_to_the_part_of_its_slice(slice_id, rest):
+    """The listing's unit ``data/<slice>/`` (a delimited prefix: the id holds no ``/``) and
+    the part group of each key it lists agree: a part read for a slice holds its keys."""
+    assume(slice_id and "/" not in slice_id)
+    assert unit_of(f"data/{slice_id}/{rest}") == slice_id
+    assert unit_of(f"other/{slice_id}/{rest}") == ""
+    assert unit_of(f"data/{slice_id}") == ""
