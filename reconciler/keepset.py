@@ -261,8 +261,11 @@ def manifest_etags(s3: Any, manifests: list[Manifest]) -> dict[Manifest, str]:
         try:
             return str(s3.head_object(Bucket=m[0], Key=m[1])["ETag"])
         except Exception as exc:
-            raise ReconcileError(f"manifest s3://{m[0]}/{m[1]}: {type(exc).__name__}: {exc} "
-                                 "(a retained commit's manifest must be readable)") from None
+            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code"))
+            what = ("NoSuchKey: not there" if code in ("404", "NoSuchKey", "NotFound")
+                    else f"{type(exc).__name__}: {exc}")
+            raise ReconcileError(f"manifest s3://{m[0]}/{m[1]}: {what} (a retained commit's "
+                                 "manifest must be readable)") from None
 
     with ThreadPoolExecutor(16) as pool:
         return dict(zip(manifests, pool.map(etag, manifests), strict=True))
