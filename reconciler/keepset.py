@@ -201,7 +201,7 @@ def write_descriptor(s3: Any, r: Any, seal_key: str, ns: Namespace,
 def read_stored(s3: Any, r: Any, seal_key: str, ns: Namespace, repo: str,
                 run_id: str) -> StoredKeepSet:
     """A run's stored keep-set, proven: its descriptor as sealed, of this repository and
-    namespace, its parts under a report's ``keepset/`` with the ETags and rows it recorded.
+    namespace, its parts under a report's ``keepset/`` (their ETags: :func:`check_parts`).
     Anything else raises :class:`KeepSetUnusable` (the run falls back to a clean run)."""
     key = descriptor_key(ns, run_id)
     where = f"keep-set s3://{ns.bucket}/{key}"
