@@ -193,6 +193,23 @@ def manifest_key_batches(data: bytes, ns_uri: str, where: str) -> Iterator[list[
         yield keys
 
 
+def keepset_part_keys(data: bytes, where: str, declared_rows: int) -> Iterator[list[str]]:
+    """The keys of one stored keep-set part (``reconciler/keepset.py``): one text column
+    ``key`` without nulls, exactly the rows the sealed descriptor declares."""
+    pf = _parquet(data, where)
+    check_column(pf.schema_arrow, "key", TEXT, where)
+    if pf.metadata.num_rows != declared_rows:
+        raise EvidenceError(f"{where}: {pf.metadata.num_rows} rows, its descriptor declares "
+                            f"{declared_rows}")
+    seen = 0
+    for batch in pf.iter_batches(columns=["key"], batch_size=BATCH_ROWS):
+        seen += batch.num_rows
+        yield texts(batch.column(0), where, "key")  # type: ignore[misc]
+    if seen != declared_rows:
+        raise EvidenceError(f"{where}: {seen} rows read, its descriptor declares "
+                            f"{declared_rows}")
+
+
 def _canonical_keys(column: Any, ns_uri: str) -> list[str] | None:
     """The keys of a column of canonical addresses of ``ns_uri`` (see
     :func:`manifest_key_batches`), or None when any row is not one."""
@@ -472,7 +489,7 @@ def _times(column: Any, kind: str | None, where: str) -> list[int]:
 class Source:
     """One source of the keep-set and what was read of it."""
 
-    kind: str  # tracker_export | manifests | service_export
+    kind: str  # tracker_export | manifests | service_export | baseline_keepset
     files: int
     rows: int | None = None  # declared and read (the reader stops the run on a difference)
     keys: int | None = None  # distinct namespace-relative keys it contributed
@@ -501,6 +518,7 @@ class KeepSetProof:
 
     sources: list[Source] = field(default_factory=list)
     complete: bool = False
+    stored: str | None = None  # the bucket key of the run's stored keep-set (keepset.json)
 
     def add(self, source: Source) -> None:
         self.sources.append(source)
@@ -516,11 +534,16 @@ class KeepSetProof:
         return None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"complete": self.complete, "sources": [s.as_dict() for s in self.sources]}
+        out: dict[str, Any] = {"complete": self.complete,
+                               "sources": [s.as_dict() for s in self.sources]}
+        if self.stored is not None:
+            out["stored"] = self.stored
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> KeepSetProof:
         sources = d.get("sources")
         return cls([Source.from_dict(s) for s in sources if isinstance(s, dict)]
                    if isinstance(sources, list) else [],
-                   d.get("complete") is True)
+                   d.get("complete") is True,
+                   d["stored"] if isinstance(d.get("stored"), str) else None)

@@ -49,6 +49,19 @@ from reconciler.committed import (
 )
 from reconciler.errors import ReconcileError, SweepRefused
 from reconciler.evidence import EvidenceError, KeepSetProof, Source
+from reconciler.keepset import (
+    SLICE_RE,
+    KeepSetPlan,
+    KeepSetUnusable,
+    StoredKeepSet,
+    check_parts,
+    manifest_etags,
+    parts_df,
+    plan_incremental,
+    read_stored,
+    write_descriptor,
+    write_parts,
+)
 from reconciler.listing import (
     discover_units,
     inventory_df,
@@ -122,6 +135,8 @@ class RunOptions:
     delete_expired_refs: bool = False  # list refs at expired snapshots for the service to delete
     ignore_tracker_progress: bool = False
     max_mark_age_hours: float = 24.0
+    # an optimized run reuses a baseline's stored keep-set at most this old (else: clean run)
+    max_baseline_age_hours: float = 168.0
     lease_ttl_ms: int = 60_000
     recheck: bool = True
     tracker_wait_s: float = 120.0
@@ -255,6 +270,16 @@ def _head_rows(spark: Any, settings: Settings, ns: Namespace, keys_df: Any) -> A
 
     return spark.createDataFrame(keys_df.select("key").rdd.mapPartitions(head), LISTING_SCHEMA,
                                  verifySchema=False)
+
+
+def _under_any(units: list[Any]) -> Any:
+    """A column condition: the key lies in one of the listing units (recursive ones)."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    conds = [F.col("key").startswith(u.prefix) for u in units if not u.shallow]
+    return reduce(lambda a, b: a | b, conds, F.lit(False))
 
 
 def _sample(df: Any, col: str = "key") -> list[str]:
@@ -525,6 +550,15 @@ class Run:
         timed("export_s", t0)
         lease.check()
 
+        # The optimized run's baseline: the newest swept run (its listing and its keep-set).
+        baseline = None
+        if o.optimized:
+            baseline = next((p for p in previous_runs(self.s3, ns, o.repo, before=run_id)
+                             if is_swept_baseline(p)), None)
+            if baseline is None:
+                s.mode = "clean"
+                s.mode_note = "optimized run requested, but no earlier swept run: clean run"
+
         # 3. committed: retention, expiration, manifests
         t0 = time.monotonic()
         state = load_repo(self.r, o.repo)
@@ -551,10 +585,19 @@ class Run:
                 "expire_older_than_days": retention.expire_older_than_days,
                 "refs": [{"kind": r.kind, "name": r.name, "commit": r.commit,
                           "commit_time": r.commit_time} for r in plan.refs_to_delete or ()]})
+        # Each manifest's ETag, taken before it is read: what this run's stored keep-set
+        # vouches for, and what a baseline's keep-set is checked against.
+        etags = manifest_etags(self.s3, plan.manifests)
+        keep = self._keepset_plan(baseline, now_ms, etags)
+        if baseline is not None and not keep.reuse:
+            baseline = None
+            s.mode = "clean"
+            s.mode_note = f"optimized run requested, but {keep.reason}: clean run"
         known = export_df(self.spark, self.settings, ns.bucket, export.parts)
         known = known.persist(StorageLevel.MEMORY_AND_DISK)
+        to_read = list(keep.new_manifests) if keep.reuse else plan.manifests
         with ThreadPoolExecutor(1) as pool, \
-                self.ui.phase(f"read {len(plan.manifests)} manifests of "
+                self.ui.phase(f"read {len(to_read)} manifests of "
                               f"{len(plan.retained)} retained commits"):
             # The export is read back (and cached) while the manifests are read: two jobs
             # at once, so that a single export part and a single manifest use two cores.
@@ -562,27 +605,32 @@ class Run:
             # The manifests are the committed truth: a committed record that no retained
             # manifest lists (an expired commit's, or an entry superseded before its commit)
             # is garbage; a retained commit whose manifest is missing fails the run above/here.
-            committed = (manifest_keys_df(self.spark, self.settings, ns, plan.manifests)
-                         .distinct().persist(StorageLevel.MEMORY_AND_DISK))
-            retention.committed_keys = committed.count()
+            fresh = (manifest_keys_df(self.spark, self.settings, ns, to_read).distinct()
+                     .persist(StorageLevel.MEMORY_AND_DISK))
+            kparts = write_parts(self.settings, ns, run_id, fresh)
+            fresh_keys = sum(p.rows for p in kparts)
             read_back = counting.result()
         if read_back != export.rows:  # the parts this run wrote a moment ago, read whole
             raise EvidenceError(f"tracker export {report}uncommitted/: {read_back} rows read "
                                 f"back, {export.rows} written")
         proof.add(Source("tracker_export", len(export.parts), export.rows))
-        proof.add(Source("manifests", len(plan.manifests), keys=retention.committed_keys))
+        proof.add(Source("manifests", len(to_read), keys=fresh_keys))
+        committed = None if keep.reuse else fresh  # an optimized run's: after its listing
+        if keep.reuse and keep.baseline is not None:
+            kparts = [*keep.baseline.parts, *kparts]
+        else:
+            retention.committed_keys = fresh_keys
+        stored = StoredKeepSet(run_id, o.repo, ns.uri, now_ms, etags, tuple(sorted(
+            plan.retained)), tuple(kparts), sum(p.rows for p in kparts))
+        proof.stored = write_descriptor(self.s3, self.r, RepoKeys(o.repo).keep_seal(run_id),
+                                         ns, stored)
         timed("committed_s", t0)
         lease.check()
 
         # 4. listing
         t0 = time.monotonic()
-        baseline = None
-        if o.optimized:
-            baseline = next((p for p in previous_runs(self.s3, ns, o.repo, before=run_id)
-                             if is_swept_baseline(p)), None)
-            if baseline is None:
-                s.mode = "clean"
-                s.mode_note = "optimized run requested, but no earlier swept run: clean run"
+        chosen = None  # the units listed (None: an inventory)
+        wanted: set[str] | None = None  # the slices of the baseline's keep-set to read
         if o.inventory:
             files = named_inventory(self.s3, o.inventory, ns.bucket)
             listing = inventory_df(self.spark, self.settings, ns, files)
@@ -609,10 +657,26 @@ class Run:
                                  else list(baseline.uncommitted.part_keys))
                 prev_live = prev.filter(F.col("live")).select("key")
                 candidates = prev_live.join(known.filter(F.col("live")).select("key"), "key",
-                                            "left_anti")
+                                            "left_anti").persist(StorageLevel.MEMORY_AND_DISK)
                 listing = listing.unionByName(_head_rows(self.spark, self.settings, ns,
                                                          candidates))
                 listing = listing.dropDuplicates(["key"])
+                # The slices this run may classify: those it lists and those of the keys it
+                # HEADs (and the keys in no slice): of the baseline's keep-set, only theirs.
+                wanted = {u.slice for u in chosen if u.slice is not None} | {""}
+                wanted |= {str(r[0]) for r in candidates.select(
+                    F.regexp_extract("key", SLICE_RE, 1)).distinct().collect()}
+                candidates.unpersist()
+        if committed is None and keep.baseline is not None:
+            read = tuple(p for p in keep.baseline.parts if wanted is None or p.unit in wanted)
+            # K(M_now) = K(M_baseline) | K(M_now - M_baseline) (reconciler/keepset.py)
+            committed = parts_df(self.spark, self.settings, ns, read).unionByName(fresh) \
+                .distinct().persist(StorageLevel.MEMORY_AND_DISK)
+            # (``committed_keys`` stays unset: this run reads a part of the keep-set only)
+            proof.add(Source("baseline_keepset", len(read), sum(p.rows for p in read),
+                             location=keep.baseline.run_id))
+        if committed is None:
+            raise ReconcileError("the committed keep-set was not built")
 
         # 5. the service's own uncommitted export (a second witness) and fail-closed state
         service, withhold = self._service_evidence(cutoff_ms, proof)
@@ -640,13 +704,38 @@ class Run:
         timed("write_mark_s", t0)
         t0 = time.monotonic()
         with self.ui.phase("cross-check with the online state"):
-            s.crosscheck = _crosscheck(classified, committed, known)
+            # An optimized run lists only new slices: a committed key elsewhere is not missing.
+            listed_committed = committed if baseline is None or chosen is None \
+                else committed.filter(_under_any(chosen))
+            s.crosscheck = _crosscheck(classified, listed_committed, known)
         timed("crosscheck_s", t0)
         classified.unpersist()
         committed.unpersist()
+        fresh.unpersist()
         known.unpersist()
         lease.check()
         return parts
+
+    def _keepset_plan(self, baseline: RunSummary | None, now_ms: int,
+                      etags: dict[tuple[str, str], str]) -> KeepSetPlan:
+        """Whether the baseline's stored keep-set may be reused (``reconciler/keepset.py``);
+        no baseline: a clean keep-set."""
+        if baseline is None:
+            return KeepSetPlan(False, "no baseline")
+        o, ns = self.opts, self.ns
+        try:
+            stored = read_stored(self.s3, self.r, RepoKeys(o.repo).keep_seal(baseline.run_id),
+                                 ns, o.repo, baseline.run_id)
+            keep = plan_incremental(stored, repository=o.repo, namespace=ns.uri,
+                                    now_ms=now_ms,
+                                    max_age_ms=int(o.max_baseline_age_hours * 3_600_000),
+                                    manifests_now=etags)
+            if keep.reuse:
+                check_parts(self.s3, ns, stored.parts, f"keep-set of run {stored.run_id}")
+        except KeepSetUnusable as exc:
+            return KeepSetPlan(False, f"the keep-set of run {baseline.run_id} is not usable "
+                                      f"({exc})")
+        return keep
 
     def _service_evidence(self, cutoff_ms: int, proof: KeepSetProof) -> tuple[Any, bool]:
         """The service export's keys (or None) and whether leaks/unreferenced are withheld."""
@@ -912,7 +1001,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                       help="sweep the mark of an earlier successful run")
     parser.add_argument("--optimized", action="store_true",
                         help="seed 002 flow 2: only slices newer than the last swept run's, "
-                             "plus that run's uncommitted set")
+                             "plus that run's uncommitted set, and only the manifests of "
+                             "commits new since (its stored keep-set); else a clean run")
+    parser.add_argument("--max-baseline-age-hours", type=float, default=168.0,
+                        help="--optimized reuses a baseline keep-set at most this old "
+                             "(default 168)")
     parser.add_argument("--cutoff", help="ISO-8601 or epoch seconds; only earlier than "
                                          "now - reconcile_min_age_seconds")
     parser.add_argument("--inventory", metavar="PATH",
@@ -955,6 +1048,7 @@ def _options(args: argparse.Namespace, repo: str) -> RunOptions:
         expiration_mode=args.expiration_mode, delete_expired_refs=args.delete_expired_refs,
         ignore_tracker_progress=args.ignore_tracker_progress,
         max_mark_age_hours=args.max_mark_age_hours,
+        max_baseline_age_hours=args.max_baseline_age_hours,
         uncommitted_export=args.uncommitted_export,
         allow_large_sweep=args.allow_large_sweep)
 

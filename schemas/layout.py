@@ -259,6 +259,12 @@ class RepoKeys:
         stored summary and parts still match it. Expires with the mark's usable age."""
         return f"{self.tag}:markseal:{run_id}"
 
+    def keep_seal(self, run_id: str) -> str:
+        """string: the reconciler's seal of one run's stored committed keep-set (the digest
+        of its ``keepset.json``, which names its parts and their ETags); an optimized run
+        reuses only a keep-set whose descriptor still gives it. Expires after 8 days."""
+        return f"{self.tag}:keepseal:{run_id}"
+
     @property
     def facts_owed(self) -> str:
         """set: json [hash, target, claim id, claim]: hold claims placed in Redis only because

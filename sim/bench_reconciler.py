@@ -4,6 +4,7 @@ namespace grows, next to the raw limit measured in the same run.
     python -m sim.bench_reconciler --objects 100000  # live listing of MinIO + raw listing
     python -m sim.bench_reconciler --objects 100000 --sweep  # ... and delete the garbage
     python -m sim.bench_reconciler --objects 1000000 --inventory
+    python -m sim.bench_reconciler --objects 100000 --incremental  # clean, +1%, optimized
 
 The namespace holds ``data/<slice>/<id>`` objects in slices of ``--per-slice``; by id: 50% are
 in commit manifests (retained), 10% staged in a live token (Redis), 10% unreferenced (Redis
@@ -23,6 +24,10 @@ by one boto3 ``delete_objects`` loop (1,000 keys a request, one thread, no re-ch
 same server; the sweep's rate is given against it (``sweep_ratio_vs_raw_delete``: the whole
 sweep, re-validation and the online pre-check included; ``delete_ratio_vs_raw_delete``: its
 deleting pass alone).
+With ``--incremental`` (issue 37 part 4): a clean mark and sweep (the baseline), then
+``--change`` (1%) more objects in new slices, of the same roles, their committed ones in one
+new commit on top; then an optimized dry run and a clean dry run of the changed namespace in
+the same Spark session. Their wall times, the ratio, and whether both marked the same keys.
 Memory: peak RSS (``VmHWM``) of this driver Python process and of the Spark JVM (its child
 process); Spark's Python workers are children of the JVM and are sampled separately (peak of
 their summed RSS).
@@ -151,6 +156,67 @@ def _manifest_body(addresses: list[str]) -> bytes:
     return buf.getvalue()
 
 
+def _change_manifest(n: int, extra: int, per_slice: int) -> tuple[str, list[str]]:
+    return f"{PREFIX}_hardelete/manifests/incr-{n}.parquet", [
+        f"s3://{BUCKET}/{key_of(i, per_slice)}" for i in range(n, n + extra)
+        if role(i) == "committed"]
+
+
+def change(endpoint: str, redis_url: str, n: int, extra: int, per_slice: int) -> None:
+    """Child process: ``extra`` more objects (ids n..n+extra: new slices), their records, and
+    a commit on top of main whose manifest holds their committed ones."""
+    import asyncio
+
+    import obstore
+    import redis as redis_lib
+
+    from schemas.layout import RepoKeys
+
+    store = _store(endpoint)
+    mkey, addresses = _change_manifest(n, extra, per_slice)
+
+    async def run() -> None:
+        sem = asyncio.Semaphore(32)
+
+        async def put(key: str, body: bytes) -> None:
+            async with sem:
+                await obstore.put_async(store, key, body)
+
+        await asyncio.gather(*(put(key_of(i, per_slice), b"x" * 100)
+                               for i in range(n, n + extra)))
+        await put(mkey, _manifest_body(addresses))
+
+    asyncio.run(run())
+    r = redis_lib.Redis.from_url(redis_url, decode_responses=True)
+    k = RepoKeys(REPO)
+    head = orjson.loads(r.hget(k.branches, "main") or "{}")["head"]
+    r.hset(k.commits, "c-incr", orjson.dumps({
+        "parents": [head], "time": time.time(), "branch": "main",
+        "manifest": f"s3://{BUCKET}/{mkey}"}))
+    r.hset(k.branches, "main", orjson.dumps({"head": "c-incr", "staging_token": "t-open",
+                                             "sealed_tokens": []}))
+    _records(r, k, range(n, n + extra), per_slice)
+    r.close()
+
+
+def _records(r: Any, k: Any, ids: Any, per_slice: int) -> None:
+    pipe = r.pipeline(transaction=False)
+    for i in ids:
+        ro = role(i)
+        if ro not in ("staged", "unreferenced"):
+            continue
+        addr = f"s3://{BUCKET}/{key_of(i, per_slice)}"
+        if ro == "staged":
+            pipe.hset(k.address(addr), mapping={f"+r{i}": "t-open", "state": "staged",
+                                                 "size": "100"})
+        else:
+            pipe.hset(k.address(addr), mapping={f"+r{i}": "t-old", "state": "unreferenced",
+                                                 "since": "1", "size": "100"})
+        if len(pipe) >= 5000:
+            pipe.execute()
+    pipe.execute()
+
+
 def fill_redis(redis_url: str, n: int, per_manifest: int, per_slice: int) -> None:
     """Tracker state: repo, a commit per manifest (one chain on main), live/ended records."""
     import redis as redis_lib
@@ -173,21 +239,7 @@ def fill_redis(redis_url: str, n: int, per_manifest: int, per_slice: int) -> Non
     r.hset(k.branches, "main", orjson.dumps({"head": prev, "staging_token": "t-open",
                                              "sealed_tokens": []}))
     r.hset(k.tokens, mapping={"t-open": "open:1", "t-old": "dropped:1"})
-    pipe = r.pipeline(transaction=False)
-    for i in range(n):
-        ro = role(i)
-        if ro not in ("staged", "unreferenced"):
-            continue
-        addr = f"s3://{BUCKET}/{key_of(i, per_slice)}"
-        if ro == "staged":
-            pipe.hset(k.address(addr), mapping={f"+r{i}": "t-open", "state": "staged",
-                                                 "size": "100"})
-        else:
-            pipe.hset(k.address(addr), mapping={f"+r{i}": "t-old", "state": "unreferenced",
-                                                 "since": "1", "size": "100"})
-        if len(pipe) >= 5000:
-            pipe.execute()
-    pipe.execute()
+    _records(r, k, range(n), per_slice)
     r.hset(PROGRESS_META, mapping={"topic": "bench", "partitions": "1"})
     r.hset(PROGRESS, "0", str(int((now + 86_400) * 1000)))
     r.close()
@@ -335,7 +387,7 @@ def _child(args: list[str]) -> subprocess.Popen[str]:
 # ----------------------------------------------------------------------------------- main
 
 def bench(n: int, *, inventory: bool, sweep: bool, per_slice: int, per_manifest: int,
-          files: int) -> dict[str, Any]:
+          files: int, incremental: float = 0.0) -> dict[str, Any]:
     from core.settings import load_settings
     from reconciler.job import RunOptions, reconcile
     from reconciler.spark import get_spark
@@ -407,6 +459,9 @@ def bench(n: int, *, inventory: bool, sweep: bool, per_slice: int, per_manifest:
                 if timings.get("sweep_delete_s") else None}
         expected = sum(1 for i in range(n) if role(i) in ("unreferenced", "leaked"))
         listed = summary["mark"]["listed"]
+        incr = (_incremental(spark, settings, endpoint, f"redis://127.0.0.1:{redis.port}/0",
+                             n, max(1, int(n * incremental)), per_slice, wall)
+                if incremental else None)
         return {
             "objects": n, "input": "inventory" if inventory else "s3 listing (MinIO)",
             "mode": "mark+sweep" if sweep else "mark (dry run)",
@@ -423,11 +478,58 @@ def bench(n: int, *, inventory: bool, sweep: bool, per_slice: int, per_manifest:
             "ratio_vs_raw": round((listed / wall) / raw["objects_per_s"], 3),
             "prepare_s": round(prepare_s, 1), "spark_start_s": round(spark_start_s, 1),
             "cores": os.cpu_count(),
+            **({"incremental": incr} if incr else {}),
         }
     finally:
         minio.stop()
         redis.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _marked_keys(s3: Any, summary: dict[str, Any]) -> set[str]:
+    from reconciler.s3io import read_parquet_rows
+
+    return {row[0] for part in summary["mark"]["parts"]
+            for row in read_parquet_rows(s3, BUCKET, part, ("key",))}
+
+
+def _incremental(spark: Any, settings: Any, endpoint: str, redis_url: str, n: int,
+                 extra: int, per_slice: int, baseline_wall: float) -> dict[str, Any]:
+    """After the clean run (mark + sweep): ``extra`` more objects, then an optimized dry
+    run and a clean dry run of the changed namespace, timed, and their marks compared."""
+    from core.clients import s3_client
+    from reconciler.job import RunOptions, reconcile
+
+    subprocess.run([sys.executable, "-m", "sim.bench_reconciler", "_change", endpoint,
+                    redis_url, str(n), str(extra), str(per_slice)], check=True)
+    cutoff = (int(time.time()) + 1) * 1000  # after every object written (whole seconds)
+    while time.time() * 1000 < cutoff + 5:
+        time.sleep(0.05)
+    out: dict[str, Any] = {"baseline_mark_and_sweep_s": round(baseline_wall, 2),
+                           "changed_objects": extra}
+    marks = {}
+    for name, optimized in (("optimized", True), ("clean", False)):
+        t0 = time.monotonic()
+        summary = reconcile(spark, settings, RunOptions(REPO, dry_run=True, cutoff_ms=cutoff,
+                                                        optimized=optimized,
+                                                        allow_large_sweep=True))
+        wall = time.monotonic() - t0
+        if not summary.get("success"):
+            raise RuntimeError(f"the {name} run failed: {summary.get('error')}")
+        marks[name] = _marked_keys(s3_client(settings), summary)
+        out[name] = {"mode": summary["mode"], "mode_note": summary.get("mode_note"),
+                     "wall_s": round(wall, 2), "listed": summary["mark"]["listed"],
+                     "marked": summary["mark"]["marked"],
+                     "manifests_read": next((s.get("files") for s in
+                                             summary["keepset"]["sources"]
+                                             if s["kind"] == "manifests"), None),
+                     "timings": summary.get("timings")}
+    expected = sum(1 for i in range(n, n + extra) if role(i) in ("unreferenced", "leaked"))
+    out["same_mark"] = marks["optimized"] == marks["clean"]
+    out["marked_expected"] = expected
+    out["ratio_optimized_to_clean"] = round(out["optimized"]["wall_s"]
+                                            / out["clean"]["wall_s"], 3)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -445,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "_rawdel":
         print(orjson.dumps(raw_delete(argv[1], int(argv[2]))).decode())
         return 0
+    if argv and argv[0] == "_change":
+        change(argv[1], argv[2], int(argv[3]), int(argv[4]), int(argv[5]))
+        return 0
     if argv and argv[0] == "_redis":
         fill_redis(argv[1], int(argv[2]), int(argv[3]), int(argv[4]))
         return 0
@@ -457,13 +562,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-manifest", type=int, default=250_000)
     parser.add_argument("--files", type=int, default=0,
                         help="inventory files (default: one per 10^6 objects, at least 4)")
+    parser.add_argument("--incremental", action="store_true",
+                        help="after the clean mark and sweep: change --change of the objects, "
+                             "then time an optimized and a clean dry run of the result")
+    parser.add_argument("--change", type=float, default=0.01,
+                        help="share of new objects for --incremental (default 0.01)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.incremental:
+        if args.inventory:
+            parser.error("--incremental lists the live objects (not --inventory)")
+        args.sweep = True  # the optimized run's baseline is a swept run
     if args.sweep and args.inventory:
         parser.error("--sweep needs the live objects (not --inventory)")
     files = args.files or max(4, args.objects // 1_000_000)
     result = bench(args.objects, inventory=args.inventory, sweep=args.sweep,
-                   per_slice=args.per_slice, per_manifest=args.per_manifest, files=files)
+                   per_slice=args.per_slice, per_manifest=args.per_manifest, files=files,
+                   incremental=args.change if args.incremental else 0.0)
     if args.json:
         print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
     else:
