@@ -25,3 +25,25 @@ def records(draw: st.DrawFn) -> AddressRecord:
         issued_until=draw(TIMES), size=draw(st.none() | st.integers(0, 10)),
         lease_until=draw(TIMES), claimer=draw(st.sampled_from([None, "a", "b"])),
         reaped_at=draw(TIMES), doubt=draw(st.sampled_from([False, False, False, True])))
+
+
+ClockReading = tuple[int, int, int | None]  # (real time, node TIME, the reading it went back to)
+
+
+@st.composite
+def clock_traces(draw: st.DrawFn, go_back: bool = False) -> tuple[int, list[ClockReading]]:
+    """A skew and readings of one repository slot's clock in real-time order (schemas/README.md,
+    A7): node errors may fall by any amount (a clock stepping back, a failover to a replica
+    behind) but never rise more than ``skew`` above the lowest seen so far (the forward gain).
+    With ``go_back``, before a reading the slot may go back to its state just after an earlier
+    reading (a failover to a replica that lags, a restore); else the third field is None."""
+    skew = draw(st.integers(0, 5_000))
+    t, lowest, out = 0, draw(st.integers(-50_000, 50_000)), []
+    for i in range(draw(st.integers(2, 12))):
+        t += draw(st.integers(0, 20_000))
+        if draw(st.booleans()):
+            lowest -= draw(st.integers(0, 60_000))
+        error = lowest + draw(st.integers(0, skew))
+        back = draw(st.one_of(st.none(), st.integers(0, i - 1))) if go_back and i else None
+        out.append((t, 10**9 + t + error, back))  # (epoch ms: positive)
+    return skew, out

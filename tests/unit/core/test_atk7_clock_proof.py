@@ -11,32 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.continuity import slot_clock, tick_time
-
-Reading = tuple[int, int, int | None]  # (real time, node TIME, reading the slot went back to)
-
-
-@st.composite
-def traces_with_a_go_back(draw: st.DrawFn) -> tuple[int, list[Reading]]:
-    """A skew and readings of one slot in real-time order, as in test_continuity's
-    ``clock_traces`` (node errors fall by any amount, never rise more than ``skew`` above the
-    lowest so far: A7), where before a reading the slot may go back to its state just after
-    an earlier reading (that reading's high-water mark)."""
-    skew = draw(st.integers(0, 5_000))
-    t, lowest, out = 0, draw(st.integers(-50_000, 50_000)), []
-    for i in range(draw(st.integers(2, 12))):
-        t += draw(st.integers(0, 20_000))
-        if draw(st.booleans()):
-            lowest -= draw(st.integers(0, 60_000))
-        error = lowest + draw(st.integers(0, skew))
-        back = draw(st.one_of(st.none(), st.integers(0, i - 1))) if i > 0 else None
-        out.append((t, 10**9 + t + error, back))
-    return skew, out
+from sim.strategies import ClockReading, clock_traces
 
 
-@given(traces_with_a_go_back(), st.integers(1, 30_000))
+@given(clock_traces(go_back=True), st.integers(1, 30_000))
 @settings(max_examples=300, deadline=None)
 def test_a_tick_certifies_a_since_plus_grace_only_after_grace_of_real_time_across_go_backs(
-        trace: tuple[int, list[Reading]], grace: int) -> None:
+        trace: tuple[int, list[ClockReading]], grace: int) -> None:
     """Held: a watermark certifies only a tick whose reading its slot still holds
     (``C.issue``/``C.issued``, ``hd:{R}:ticks``), so a since and a tick meet in one slot state
     only when both readings are in its history: one chain, on which the high-water mark never

@@ -22,6 +22,7 @@ from core.continuity import (
     slot_clock,
     tick_time,
 )
+from sim.strategies import ClockReading, clock_traces
 
 INC = "i1"
 
@@ -232,36 +233,20 @@ def test_a_rebuild_starts_the_domain_at_the_exports_counter_and_retires_the_old_
 
 # --- A7: the slot clock and the tick's time -------------------------------------------------
 
-@st.composite
-def clock_traces(draw: st.DrawFn) -> tuple[int, list[tuple[int, int]]]:
-    """A skew and readings (real time, node TIME) of one slot in real-time order. Node errors
-    may fall by any amount (a clock stepping back, a failover to a replica behind), but never
-    rise more than ``skew`` above the lowest error seen so far (A7: the forward gain)."""
-    skew = draw(st.integers(0, 5_000))
-    t, lowest, out = 0, draw(st.integers(-50_000, 50_000)), []
-    for _ in range(draw(st.integers(2, 12))):
-        t += draw(st.integers(0, 20_000))
-        if draw(st.booleans()):
-            lowest -= draw(st.integers(0, 60_000))
-        error = lowest + draw(st.integers(0, skew))
-        out.append((t, 10**9 + t + error))  # (epoch ms: positive)
-    return skew, out
-
-
 @given(clock_traces(), st.integers(1, 30_000))  # (grace > 0)
 @settings(max_examples=200, deadline=None)
 def test_a_tick_certifies_a_since_plus_grace_only_after_grace_of_real_time(
-        trace: tuple[int, list[tuple[int, int]]], grace: int) -> None:
+        trace: tuple[int, list[ClockReading]], grace: int) -> None:
     """The proof's first step (schemas/README.md, "Proof"): a since stamped at reading i and a
     tick read at reading j with ``tick_time(c_j) >= c_i + grace`` are at least grace apart in
     real time, the tick last."""
     skew, readings = trace
     high, clocks = 0, []
-    for _, node in readings:
+    for _, node, _ in readings:
         high = slot_clock(high, node)
         clocks.append(high)
-    for i, (t_since, _) in enumerate(readings):
-        for j, (t_tick, _) in enumerate(readings):
+    for i, (t_since, _, _) in enumerate(readings):
+        for j, (t_tick, _, _) in enumerate(readings):
             if tick_time(clocks[j], skew) >= clocks[i] + grace:
                 assert t_tick - t_since >= grace, (i, j, clocks)
 
